@@ -1,0 +1,128 @@
+// Box arithmetic and the n-d region copy.
+#include "meshflow/core/box.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+Box full_box(const Shape& shape) { return Box{std::vector<std::int64_t>(shape.size(), 0), shape}; }
+
+std::int64_t numel(const Box& box) { return numel(box.extent); }
+
+Box intersect(const Box& a, const Box& b) {
+  MESHFLOW_CHECK(a.offset.size() == b.offset.size(), "boxes of rank {} and {}", a.offset.size(),
+                 b.offset.size());
+  Box out{a.offset, a.extent};
+  for (std::size_t d = 0; d < a.offset.size(); ++d) {
+    std::int64_t lo = std::max(a.offset[d], b.offset[d]);
+    std::int64_t hi = std::min(a.offset[d] + a.extent[d], b.offset[d] + b.extent[d]);
+    out.offset[d] = lo;
+    out.extent[d] = std::max<std::int64_t>(0, hi - lo);
+  }
+  return out;
+}
+
+bool contains(const Box& outer, const Box& inner) {
+  if (outer.offset.size() != inner.offset.size()) return false;
+  if (numel(inner) == 0) return true;
+  for (std::size_t d = 0; d < outer.offset.size(); ++d) {
+    if (inner.offset[d] < outer.offset[d]) return false;
+    if (inner.offset[d] + inner.extent[d] > outer.offset[d] + outer.extent[d]) return false;
+  }
+  return true;
+}
+
+std::string to_string(const Box& box) {
+  std::string out = "[";
+  for (std::size_t d = 0; d < box.offset.size(); ++d) {
+    if (d) out += ", ";
+    out += fmt::format("{}:{}", box.offset[d], box.offset[d] + box.extent[d]);
+  }
+  return out + "]";
+}
+
+namespace {
+
+void check_region(const Shape& shape, const std::vector<std::int64_t>& offset,
+                  const std::vector<std::int64_t>& extent, const char* which) {
+  MESHFLOW_CHECK(shape.size() == offset.size() && offset.size() == extent.size(),
+                 "copy_box {} rank mismatch", which);
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    MESHFLOW_CHECK(extent[d] >= 0 && offset[d] >= 0 && offset[d] + extent[d] <= shape[d],
+                   "copy_box {} region {} outside shape {}", which,
+                   to_string(Box{offset, extent}), to_string(shape));
+  }
+}
+
+}  // namespace
+
+void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, MutableBuffer dst,
+              const std::vector<std::int64_t>& dst_offset, const std::vector<std::int64_t>& extent) {
+  MESHFLOW_CHECK(src.elem_size == dst.elem_size);
+  check_region(*src.shape, src_offset, extent, "source");
+  check_region(*dst.shape, dst_offset, extent, "destination");
+  const std::size_t rank = extent.size();
+  if (meshflow::numel(extent) == 0) return;
+  const std::vector<std::int64_t> src_strides = row_major_strides(*src.shape);
+  const std::vector<std::int64_t> dst_strides = row_major_strides(*dst.shape);
+
+  // Merge trailing dims: dims [split, rank) form one contiguous run in both buffers when every
+  // dim after `split` is spanned fully by the region in both shapes.
+  std::size_t split = rank;
+  std::int64_t run = 1;  // elements per contiguous run
+  while (split > 0) {
+    std::size_t d = split - 1;
+    run *= extent[d];
+    --split;
+    if (extent[d] != (*src.shape)[d] || extent[d] != (*dst.shape)[d]) break;
+  }
+  const std::size_t run_bytes = static_cast<std::size_t>(run) * src.elem_size;
+
+  std::int64_t src_base = 0, dst_base = 0;
+  for (std::size_t d = 0; d < rank; ++d) {
+    src_base += src_offset[d] * src_strides[d];
+    dst_base += dst_offset[d] * dst_strides[d];
+  }
+  // Odometer over the outer dims [0, split).
+  std::vector<std::int64_t> index(split, 0);
+  const std::byte* s = src.data + src_base * static_cast<std::int64_t>(src.elem_size);
+  std::byte* t = dst.data + dst_base * static_cast<std::int64_t>(dst.elem_size);
+  const auto es = static_cast<std::int64_t>(src.elem_size);
+  while (true) {
+    std::memcpy(t, s, run_bytes);
+    std::size_t d = split;
+    while (d > 0) {
+      --d;
+      if (++index[d] < extent[d]) {
+        s += src_strides[d] * es;
+        t += dst_strides[d] * es;
+        break;
+      }
+      s -= (extent[d] - 1) * src_strides[d] * es;
+      t -= (extent[d] - 1) * dst_strides[d] * es;
+      index[d] = 0;
+      if (d == 0) return;
+    }
+    if (split == 0) return;
+  }
+}
+
+void copy_box(const Tensor& src, const Box& src_box, Tensor& dst,
+              const std::vector<std::int64_t>& dst_offset) {
+  MESHFLOW_CHECK(src.dtype() == dst.dtype(), "copy_box from {} to {}", to_string(src.dtype()),
+                 to_string(dst.dtype()));
+  copy_box(ConstBuffer{src.bytes(), &src.shape(), size_of(src.dtype())}, src_box.offset,
+           MutableBuffer{dst.bytes(), &dst.shape(), size_of(dst.dtype())}, dst_offset,
+           src_box.extent);
+}
+
+Tensor slice(const Tensor& src, const Box& box) {
+  Tensor out(src.dtype(), box.extent);
+  copy_box(src, box, out, std::vector<std::int64_t>(box.extent.size(), 0));
+  return out;
+}
+
+}  // namespace meshflow

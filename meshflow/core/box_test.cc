@@ -1,0 +1,83 @@
+#include "meshflow/core/box.h"
+
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "meshflow/core/compare.h"
+#include "meshflow/core/random.h"
+
+namespace meshflow {
+namespace {
+
+// Reference: element-by-element copy through flat indices.
+void naive_copy(const Tensor& src, const Box& box, Tensor& dst, const std::vector<std::int64_t>& at) {
+  auto ss = row_major_strides(src.shape());
+  auto ds = row_major_strides(dst.shape());
+  auto s = src.data<float>();
+  auto d = dst.data<float>();
+  std::vector<std::int64_t> idx(box.extent.size(), 0);
+  for (std::int64_t n = 0; n < numel(box); ++n) {
+    std::int64_t rem = n, si = 0, di = 0;
+    for (std::size_t k = box.extent.size(); k-- > 0;) {
+      std::int64_t i = rem % box.extent[k];
+      rem /= box.extent[k];
+      si += (box.offset[k] + i) * ss[k];
+      di += (at[k] + i) * ds[k];
+    }
+    d[di] = s[si];
+  }
+}
+
+TEST(Box, IntersectAndContain) {
+  Box a{{0, 2}, {4, 4}};
+  Box b{{2, 0}, {4, 3}};
+  EXPECT_EQ(intersect(a, b), (Box{{2, 2}, {2, 1}}));
+  EXPECT_EQ(numel(intersect(Box{{0}, {2}}, Box{{5}, {2}})), 0);
+  EXPECT_TRUE(contains(a, Box{{1, 3}, {2, 2}}));
+  EXPECT_FALSE(contains(a, Box{{1, 3}, {2, 4}}));
+  EXPECT_EQ(to_string(a), "[0:4, 2:6]");
+}
+
+TEST(CopyBox, MatchesElementwiseReferenceOnRandomRegions) {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 300; ++trial) {
+    SCOPED_TRACE("seed 1234 trial " + std::to_string(trial));
+    const std::size_t rank = rng() % 4;
+    Shape src_shape(rank), dst_shape(rank);
+    Box box{std::vector<std::int64_t>(rank), std::vector<std::int64_t>(rank)};
+    std::vector<std::int64_t> at(rank);
+    for (std::size_t d = 0; d < rank; ++d) {
+      src_shape[d] = rng() % 6;
+      box.extent[d] = src_shape[d] ? rng() % (src_shape[d] + 1) : 0;
+      box.offset[d] = rng() % (src_shape[d] - box.extent[d] + 1);
+      dst_shape[d] = box.extent[d] + rng() % 3;
+      at[d] = rng() % (dst_shape[d] - box.extent[d] + 1);
+    }
+    Tensor src = random_tensor(DType::kFloat32, src_shape, trial);
+    Tensor got = random_tensor(DType::kFloat32, dst_shape, trial + 1000);
+    Tensor want = got.clone();
+    copy_box(src, box, got, at);
+    naive_copy(src, box, want, at);
+    EXPECT_EQ(compare_exact(got, want), std::nullopt);
+  }
+}
+
+TEST(CopyBox, RegionOutsideShapeIsRejected) {
+  Tensor src(DType::kFloat32, {4, 4});
+  Tensor dst(DType::kFloat32, {2, 2});
+  EXPECT_THROW(copy_box(src, Box{{3, 0}, {2, 2}}, dst, {0, 0}), Error);
+  EXPECT_THROW(copy_box(src, Box{{0, 0}, {2, 2}}, dst, {1, 0}), Error);
+  Tensor other(DType::kInt32, {2, 2});
+  EXPECT_THROW(copy_box(src, Box{{0, 0}, {2, 2}}, other, {0, 0}), Error);
+}
+
+TEST(Slice, TakesTheRegion) {
+  Tensor src = random_tensor(DType::kFloat32, {3, 4}, 5);
+  Tensor s = slice(src, Box{{1, 1}, {2, 2}});
+  EXPECT_EQ(s.shape(), (Shape{2, 2}));
+  EXPECT_EQ(s.data<float>()[3], src.data<float>()[2 * 4 + 2]);
+}
+
+}  // namespace
+}  // namespace meshflow

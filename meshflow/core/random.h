@@ -1,0 +1,17 @@
+// Seeded random fill: reproducible, non-trivial test and benchmark data.
+#pragma once
+
+#include <cstdint>
+
+#include "meshflow/core/tensor.h"
+
+namespace meshflow {
+
+// Fills `tensor` with values drawn from a generator seeded by `seed`: floats uniform in [-1, 1),
+// integers uniform in [-1000, 1000]. The same seed, dtype and shape give the same bits.
+void fill_random(Tensor& tensor, std::uint64_t seed);
+
+// Returns a new tensor of `dtype` and `shape` filled by fill_random(seed).
+Tensor random_tensor(DType dtype, const Shape& shape, std::uint64_t seed);
+
+}  // namespace meshflow

@@ -1,0 +1,89 @@
+// ReduceOp names.
+#include "meshflow/core/reduce_op.h"
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+std::string_view to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "unknown";
+}
+
+ReduceOp parse_reduce_op(std::string_view name) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    if (to_string(op) == name) return op;
+  }
+  fail(ErrorKind::kInvalidArgument, "unknown reduce op \"{}\" (expected sum, avg, max or min)",
+       name);
+}
+
+}  // namespace meshflow
+
+#include <algorithm>
+#include <cstring>
+
+namespace meshflow {
+
+namespace {
+
+// Elements per tile: the accumulator lives on the stack so `out` may alias a term.
+constexpr std::int64_t kReduceTile = 2048;
+
+template <typename T, typename Combine>
+void reduce_typed(std::span<const std::byte* const> terms, std::byte* out, std::int64_t n,
+                  Combine combine) {
+  alignas(64) T acc[kReduceTile];
+  T* dst = reinterpret_cast<T*>(out);
+  for (std::int64_t base = 0; base < n; base += kReduceTile) {
+    const std::int64_t len = std::min(kReduceTile, n - base);
+    const T* first = reinterpret_cast<const T*>(terms[0]) + base;
+    std::copy(first, first + len, acc);
+    for (std::size_t k = 1; k < terms.size(); ++k) {
+      const T* t = reinterpret_cast<const T*>(terms[k]) + base;
+      for (std::int64_t i = 0; i < len; ++i) acc[i] = combine(acc[i], t[i]);
+    }
+    std::copy(acc, acc + len, dst + base);
+  }
+}
+
+}  // namespace
+
+void reduce_terms(ReduceOp op, DType dtype, std::span<const std::byte* const> terms, std::byte* out,
+                  std::int64_t n) {
+  MESHFLOW_CHECK(!terms.empty());
+  if (n <= 0) return;
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        reduce_typed<T>(terms, out, n, [](T a, T b) { return static_cast<T>(a + b); });
+        break;
+      case ReduceOp::kMax:
+        reduce_typed<T>(terms, out, n, [](T a, T b) { return b > a ? b : a; });
+        break;
+      case ReduceOp::kMin:
+        reduce_typed<T>(terms, out, n, [](T a, T b) { return b < a ? b : a; });
+        break;
+    }
+  });
+  if (op == ReduceOp::kAvg) divide_by(dtype, out, n, static_cast<std::int64_t>(terms.size()));
+}
+
+void divide_by(DType dtype, std::byte* data, std::int64_t n, std::int64_t divisor) {
+  if (divisor == 1) return;
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* p = reinterpret_cast<T*>(data);
+    const T d = static_cast<T>(divisor);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / d);
+  });
+}
+
+}  // namespace meshflow

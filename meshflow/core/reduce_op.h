@@ -1,0 +1,38 @@
+// The reductions a Partial placement or a reducing collective can apply: sum, avg, max, min.
+// Lives in core/ because both mesh/ (Partial(op)) and comm/ (all_reduce(op)) name it.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace meshflow {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+// Returns "sum", "avg", "max" or "min".
+std::string_view to_string(ReduceOp op);
+
+// Returns the op named `name` (sum, avg, max, min); throws Error naming `name` otherwise.
+ReduceOp parse_reduce_op(std::string_view name);
+
+}  // namespace meshflow
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "meshflow/core/dtype.h"
+
+namespace meshflow {
+
+// Writes out[i] = op(terms[0][i], terms[1][i], ...) for i < n, combining terms in the order
+// given, so every caller that passes the same terms in the same order gets the same bits. avg
+// is the sum divided by terms.size(). `out` may alias any term. Precondition: terms non-empty.
+void reduce_terms(ReduceOp op, DType dtype, std::span<const std::byte* const> terms, std::byte* out,
+                  std::int64_t n);
+
+// Divides n elements of `data` by `divisor` (integers truncate toward zero, as NumPy's // does
+// not; this matches C++ and MPI).
+void divide_by(DType dtype, std::byte* data, std::int64_t n, std::int64_t divisor);
+
+}  // namespace meshflow

@@ -1,0 +1,52 @@
+// Shape helpers and text form.
+#include "meshflow/core/shape.h"
+
+#include <charconv>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+std::int64_t numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t e : shape) n *= e;
+  return n;
+}
+
+std::string to_string(const Shape& shape) {
+  if (shape.empty()) return "()";
+  std::string out;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += 'x';
+    out += std::to_string(shape[i]);
+  }
+  return out;
+}
+
+Shape parse_shape(std::string_view text) {
+  if (text.empty() || text == "()") return {};
+  Shape shape;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t end = text.find_first_of("x,", pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view part = text.substr(pos, end - pos);
+    std::int64_t value = -1;
+    auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size() || value < 0) {
+      fail(ErrorKind::kInvalidArgument,
+           "malformed shape \"{}\" (expected non-negative extents like 16x16)", text);
+    }
+    shape.push_back(value);
+    pos = end + 1;
+  }
+  return shape;
+}
+
+std::vector<std::int64_t> row_major_strides(const Shape& shape) {
+  std::vector<std::int64_t> strides(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  return strides;
+}
+
+}  // namespace meshflow

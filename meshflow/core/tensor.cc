@@ -1,0 +1,40 @@
+// Tensor storage.
+#include "meshflow/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace meshflow {
+
+void Tensor::FreeAligned::operator()(std::byte* p) const { std::free(p); }
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  for (std::int64_t e : shape_) {
+    if (e < 0) fail(ErrorKind::kInvalidArgument, "tensor shape {} has a negative extent", to_string(shape_));
+  }
+  numel_ = meshflow::numel(shape_);
+  // Always allocate at least one aligned block so data pointers are never null.
+  std::size_t bytes = nbytes();
+  std::size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  if (rounded == 0) rounded = kTensorAlignment;
+  void* p = std::aligned_alloc(kTensorAlignment, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  data_.reset(static_cast<std::byte*>(p));
+}
+
+Tensor Tensor::clone() const {
+  Tensor out(dtype_, shape_);
+  std::memcpy(out.bytes(), bytes(), nbytes());
+  return out;
+}
+
+void Tensor::check_dtype(DType requested) const {
+  if (requested != dtype_) {
+    fail(ErrorKind::kInvalidArgument, "tensor holds {} but was read as {}", to_string(dtype_),
+         to_string(requested));
+  }
+}
+
+}  // namespace meshflow

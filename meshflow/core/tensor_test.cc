@@ -1,0 +1,54 @@
+#include "meshflow/core/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include "meshflow/core/compare.h"
+#include "meshflow/core/random.h"
+
+namespace meshflow {
+namespace {
+
+TEST(Tensor, StorageIsAlignedAndZeroed) {
+  for (const Shape& shape : {Shape{}, Shape{0}, Shape{3, 5}, Shape{7, 0, 2}}) {
+    Tensor t(DType::kFloat64, shape);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.bytes()) % kTensorAlignment, 0u);
+    for (double x : t.data<double>()) EXPECT_EQ(x, 0.0);
+  }
+}
+
+TEST(Tensor, WrongElementTypeIsAnError) {
+  Tensor t(DType::kInt32, {4});
+  EXPECT_THROW(t.data<float>(), Error);
+  EXPECT_THROW(Tensor(DType::kFloat32, {-1}), Error);
+}
+
+TEST(Random, SameSeedSameBitsDifferentSeedDifferentBits) {
+  Tensor a = random_tensor(DType::kFloat32, {64}, 7);
+  Tensor b = random_tensor(DType::kFloat32, {64}, 7);
+  Tensor c = random_tensor(DType::kFloat32, {64}, 8);
+  EXPECT_EQ(compare_exact(a, b), std::nullopt);
+  EXPECT_NE(compare_exact(a, c), std::nullopt);
+  for (float x : a.data<float>()) {
+    EXPECT_GE(x, -1.0f);
+    EXPECT_LT(x, 1.0f);
+  }
+  Tensor i = random_tensor(DType::kInt64, {1000}, 1);
+  std::int64_t distinct_signs = 0;
+  for (auto x : i.data<std::int64_t>()) distinct_signs += x < 0 ? 1 : 0;
+  EXPECT_GT(distinct_signs, 100);
+}
+
+TEST(Compare, CloseAcceptsRoundingButNamesTheWorstElement) {
+  Tensor a = random_tensor(DType::kFloat32, {16}, 3);
+  Tensor b = a.clone();
+  b.data<float>()[5] += 1e-7f;
+  EXPECT_NE(compare_exact(a, b), std::nullopt);
+  EXPECT_EQ(compare_close(a, b, 1e-5, 1e-6), std::nullopt);
+  b.data<float>()[9] += 0.5f;
+  auto diff = compare_close(a, b, 1e-5, 1e-6);
+  ASSERT_TRUE(diff.has_value());
+  EXPECT_NE(diff->find("element 9"), std::string::npos) << *diff;
+}
+
+}  // namespace
+}  // namespace meshflow

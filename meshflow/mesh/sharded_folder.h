@@ -1,0 +1,43 @@
+// The on-disk form of a sharded tensor: a folder with layout.json and rank<i>.npy per mesh
+// device (row-major mesh order). Written to a temporary sibling and renamed into place.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshflow/core/tensor.h"
+#include "meshflow/mesh/layout.h"
+
+namespace meshflow {
+
+// Returns the layout.json object: {"mesh": {"shape", "devices", "names"}, "placements", "shape",
+// "dtype"}.
+nlohmann::json layout_to_json(const Layout& layout);
+
+// Returns the layout the JSON describes; throws Error naming `source` and the bad field.
+Layout layout_from_json(const nlohmann::json& json, std::string_view source);
+
+// A sharded tensor as read from disk.
+struct ShardedTensor {
+  Layout layout;
+  std::vector<Tensor> shards;  // one per mesh device, row-major mesh order
+};
+
+// Returns the layout and shards in folder `dir`; throws Error(kIo) naming the file at fault.
+ShardedTensor read_sharded(const std::filesystem::path& dir);
+
+// Returns the layout in `dir`/layout.json.
+Layout read_layout(const std::filesystem::path& dir);
+
+// Writes `layout` and `shards` as folder `dir`. The folder appears complete or not at all; an
+// existing sharded folder at `dir` is replaced, anything else there is an error.
+void write_sharded(const std::filesystem::path& dir, const Layout& layout,
+                   const std::vector<Tensor>& shards);
+
+// Returns "rank<i>.npy".
+std::string shard_file_name(int mesh_index);
+
+}  // namespace meshflow

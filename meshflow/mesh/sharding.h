@@ -1,0 +1,25 @@
+// Splitting a global tensor into per-device shards under a Layout, and assembling shards back
+// (reducing Partial terms, checking that replicas agree).
+#pragma once
+
+#include <vector>
+
+#include "meshflow/core/tensor.h"
+#include "meshflow/mesh/layout.h"
+
+namespace meshflow {
+
+// Returns one tensor per mesh device (row-major mesh order) holding its shard box of `global`.
+// Preconditions (throws Error): global's shape and dtype match the layout; no Partial placement
+// (a full value cannot be split into terms without choosing a convention; redistribute does it).
+std::vector<Tensor> shard_tensor(const Tensor& global, const Layout& layout);
+
+// Returns the global tensor the shards represent. Partial mesh dims are reduced: when every
+// Partial op is sum or avg, all terms are summed in row-major mesh order and divided by the
+// product of the avg dims' sizes; when all are max (or all min) the same flat order is used;
+// mixed ops reduce the innermost Partial mesh dim first. Replicas must agree (bitwise; within a
+// float tolerance where Partial sums are involved). Throws Error naming the device and box
+// for a wrong shard count, dtype or shape, or for disagreeing replicas.
+Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards);
+
+}  // namespace meshflow
