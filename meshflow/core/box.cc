@@ -86,15 +86,27 @@ void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, Muta
     src_base += src_offset[d] * src_strides[d];
     dst_base += dst_offset[d] * dst_strides[d];
   }
-  // Odometer over the outer dims [0, split).
-  std::vector<std::int64_t> index(split, 0);
+  // Odometer over the outer dims [0, split - 1); the innermost outer dim is a tight loop.
   const std::byte* s = src.data + src_base * static_cast<std::int64_t>(src.elem_size);
   std::byte* t = dst.data + dst_base * static_cast<std::int64_t>(dst.elem_size);
-  const auto es = static_cast<std::int64_t>(src.elem_size);
-  while (true) {
+  if (split == 0) {
     std::memcpy(t, s, run_bytes);
-    std::size_t d = split;
-    while (d > 0) {
+    return;
+  }
+  const auto es = static_cast<std::int64_t>(src.elem_size);
+  const std::size_t inner = split - 1;
+  const std::int64_t inner_count = extent[inner];
+  const std::int64_t s_step = src_strides[inner] * es, t_step = dst_strides[inner] * es;
+  std::vector<std::int64_t> index(inner, 0);
+  while (true) {
+    const std::byte* si = s;
+    std::byte* ti = t;
+    for (std::int64_t i = 0; i < inner_count; ++i, si += s_step, ti += t_step) {
+      std::memcpy(ti, si, run_bytes);
+    }
+    std::size_t d = inner;
+    while (true) {
+      if (d == 0) return;
       --d;
       if (++index[d] < extent[d]) {
         s += src_strides[d] * es;
@@ -104,9 +116,7 @@ void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, Muta
       s -= (extent[d] - 1) * src_strides[d] * es;
       t -= (extent[d] - 1) * dst_strides[d] * es;
       index[d] = 0;
-      if (d == 0) return;
     }
-    if (split == 0) return;
   }
 }
 

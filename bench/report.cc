@@ -1,0 +1,106 @@
+// Benchmark statistics and output.
+#include "bench/report.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace meshflow::bench {
+
+double median(std::vector<double> samples) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const std::size_t n = samples.size();
+  return n % 2 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
+}
+
+namespace {
+
+nlohmann::json ratio_or_null(double num, double den) {
+  return den > 0 ? nlohmann::json(num / den) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const BenchReport& report) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const BenchResult& r : report.results) {
+    const double med = median(r.case_s);
+    const double floor = median(r.floor_s);
+    nlohmann::json j = {
+        {"case", r.case_name},
+        {"backend", r.backend},
+        {"mesh", r.mesh},
+        {"devices", r.devices},
+        {"bytes", r.bytes},
+        {"median_s", med},
+        {"min_s", r.case_s.empty() ? 0 : *std::min_element(r.case_s.begin(), r.case_s.end())},
+        {"max_s", r.case_s.empty() ? 0 : *std::max_element(r.case_s.begin(), r.case_s.end())},
+        {"floor_s", r.floor_s.empty() ? nlohmann::json(nullptr) : nlohmann::json(floor)},
+        {"vs_floor", r.floor_s.empty() ? nlohmann::json(nullptr) : ratio_or_null(med, floor)},
+        {"baseline", r.baseline ? nlohmann::json(*r.baseline) : nlohmann::json(nullptr)},
+        {"vs_baseline", r.baseline ? ratio_or_null(med, median(r.baseline_s)) : nlohmann::json(nullptr)},
+    };
+    for (auto it = r.extra.begin(); it != r.extra.end(); ++it) j[it.key()] = it.value();
+    results.push_back(std::move(j));
+  }
+  return {{"benchmark", report.benchmark}, {"memcpy_gbps", report.memcpy_gbps}, {"results", results}};
+}
+
+namespace {
+
+std::string human_bytes(std::int64_t b) {
+  if (b >= (1 << 30) && b % (1 << 30) == 0) return fmt::format("{} GiB", b >> 30);
+  if (b >= (1 << 20)) return fmt::format("{:.4g} MiB", b / double(1 << 20));
+  if (b >= (1 << 10)) return fmt::format("{:.4g} KiB", b / double(1 << 10));
+  return fmt::format("{} B", b);
+}
+
+std::string human_seconds(double s) {
+  if (s >= 1) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.2f} us", s * 1e6);
+}
+
+}  // namespace
+
+std::string to_table(const BenchReport& report) {
+  std::string out = fmt::format("benchmark {}  (memcpy here: {:.2f} GB/s)\n", report.benchmark, report.memcpy_gbps);
+  out += fmt::format("{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", "case", "backend", "mesh",
+                     "bytes", "median", "floor", "vs_floor", "vs_baseline", "notes");
+  for (const BenchResult& r : report.results) {
+    const double med = median(r.case_s);
+    const double floor = median(r.floor_s);
+    std::string notes;
+    for (auto it = r.extra.begin(); it != r.extra.end(); ++it) {
+      notes += fmt::format("{}={} ", it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+    }
+    out += fmt::format("{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", r.case_name, r.backend,
+                       r.mesh.empty() ? "-" : r.mesh, human_bytes(r.bytes), human_seconds(med),
+                       r.floor_s.empty() ? "-" : human_seconds(floor),
+                       r.floor_s.empty() || floor <= 0 ? "-" : fmt::format("{:.2f}x", med / floor),
+                       r.baseline ? fmt::format("{:.2f}x {}", med / median(r.baseline_s), *r.baseline) : "-",
+                       notes);
+  }
+  return out;
+}
+
+double time_once(const std::function<void()>& fn) {
+  auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void measure_interleaved(BenchResult& result, int warmup, int reps, const std::function<void()>& case_fn,
+                         const std::function<void()>& floor_fn) {
+  for (int i = 0; i < warmup; ++i) {
+    case_fn();
+    if (floor_fn) floor_fn();
+  }
+  for (int i = 0; i < reps; ++i) {
+    result.case_s.push_back(time_once(case_fn));
+    if (floor_fn) result.floor_s.push_back(time_once(floor_fn));
+  }
+}
+
+}  // namespace meshflow::bench

@@ -1,0 +1,53 @@
+// Benchmark results in DESIGN.md's format: a table for people, one JSON object for scripts.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace meshflow::bench {
+
+// Timings of one case and of its floor, measured interleaved in the same run.
+struct BenchResult {
+  std::string case_name;  // "all_gather", "S(0)->R", "copy_box long rows", ...
+  std::string backend;    // "threads", "mpi", "host"
+  std::string mesh;       // "2x2", or "" where no mesh applies
+  int devices = 1;
+  std::int64_t bytes = 0;  // global tensor bytes
+  std::vector<double> case_s;
+  std::vector<double> floor_s;  // empty when the case has no floor
+  std::optional<std::string> baseline;
+  std::vector<double> baseline_s;  // timings of the baseline, when there is one
+  nlohmann::json extra = nlohmann::json::object();  // case-specific columns (algorithm, busbw)
+};
+
+struct BenchReport {
+  std::string benchmark;
+  double memcpy_gbps = 0;
+  std::vector<BenchResult> results;
+};
+
+// Returns the median of `samples` (the mean of the middle two for an even count); 0 if empty.
+double median(std::vector<double> samples);
+
+// Returns the JSON object DESIGN.md specifies.
+nlohmann::json to_json(const BenchReport& report);
+
+// Returns an aligned text table with one row per result.
+std::string to_table(const BenchReport& report);
+
+// Returns the seconds `fn` takes, by the steady clock.
+double time_once(const std::function<void()>& fn);
+
+// Runs `warmup` untimed rounds then `reps` rounds, each timing `case_fn` then `floor_fn` (if
+// any) back to back, so both see the same machine state. Fills result.case_s and floor_s.
+void measure_interleaved(BenchResult& result, int warmup, int reps,
+                         const std::function<void()>& case_fn,
+                         const std::function<void()>& floor_fn);
+
+}  // namespace meshflow::bench

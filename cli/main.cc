@@ -1,0 +1,37 @@
+// Entry point of the `meshflow` command: every error becomes one line on standard error and a
+// non-zero exit (2 for usage errors, 1 for everything else).
+#include <cstdio>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "meshflow/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshflow: tensors spread over device meshes (shard, gather, redistribute, bench)"};
+  app.set_version_flag("--version", "meshflow " MESHFLOW_VERSION);
+  app.require_subcommand(1);
+  meshflow::cli::add_shard(app);
+  meshflow::cli::add_gather(app);
+  meshflow::cli::add_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "meshflow: {} (see meshflow --help)\n", e.what());
+    return 2;
+  } catch (const meshflow::Error& e) {
+    fmt::print(stderr, "meshflow: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "meshflow: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
