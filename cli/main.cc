@@ -15,6 +15,16 @@ int main(int argc, char** argv) {
   meshflow::cli::add_shard(app);
   meshflow::cli::add_gather(app);
   meshflow::cli::add_bench(app);
+  auto known = [&app](const std::string& name) {
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->check_name(name)) return true;
+    }
+    return false;
+  };
+  if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
+    fmt::print(stderr, "meshflow: unknown command \"{}\" (see meshflow --help)\n", argv[1]);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
