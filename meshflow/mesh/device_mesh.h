@@ -8,12 +8,11 @@
 #include <string_view>
 #include <vector>
 
+#include "meshflow/core/device_id.h"
 #include "meshflow/core/shape.h"
 
 namespace meshflow {
 
-// A global device id: the thread index under `threads`, the MPI world rank under `mpi`.
-using DeviceId = int;
 // An index into a DeviceMesh's dims (0 = outermost).
 using MeshDim = int;
 

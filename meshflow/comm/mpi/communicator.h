@@ -1,0 +1,59 @@
+// The `mpi` backend's Communicator: each process is one device (device id = MPI world rank).
+// Collectives map onto MPI's own; asynchronous forms use MPI's non-blocking calls and complete
+// when the waiting thread's MPI_Testall says so.
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include <mpi.h>
+
+#include "meshflow/comm/communicator.h"
+
+namespace meshflow::mpi {
+
+// What this process owns across its communicators: the group cache and the default timeout.
+struct ProcessContext {
+  Timeout timeout;
+  std::map<std::vector<DeviceId>, std::shared_ptr<Communicator>> groups;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm`; `context` must outlive this communicator.
+  MpiCommunicator(ProcessContext* context, MPI_Comm comm, std::vector<DeviceId> devices);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  std::string_view backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(devices_.size()); }
+  const std::vector<DeviceId>& devices() const override { return devices_; }
+  Timeout default_timeout() const override { return context_->timeout; }
+
+  Event all_reduce(const AllReduceOptions& o, Completion c) override;
+  Event all_gather(const AllGatherOptions& o, Completion c) override;
+  Event reduce_scatter(const ReduceScatterOptions& o, Completion c) override;
+  Event all_to_all(const AllToAllOptions& o, Completion c) override;
+  Event broadcast(const BroadcastOptions& o, Completion c) override;
+  Event send(const SendOptions& o, Completion c) override;
+  Event recv(const RecvOptions& o, Completion c) override;
+  Event collective_permute(const PermuteOptions& o, Completion c) override;
+  Event barrier(const BarrierOptions& o, Completion c) override;
+  std::shared_ptr<Communicator> group(const std::vector<DeviceId>& devices) override;
+
+  MPI_Comm handle() const { return comm_; }
+
+ private:
+  ProcessContext* context_;
+  MPI_Comm comm_;       // collectives and user point-to-point
+  MPI_Comm internal_;   // collective_permute, so its messages never match user receives
+  std::vector<DeviceId> devices_;
+  int rank_ = 0;
+};
+
+// Returns the communicator over world ranks 0..devices-1; collective over those ranks only.
+std::shared_ptr<Communicator> make_world_communicator(ProcessContext& context, int devices);
+
+}  // namespace meshflow::mpi

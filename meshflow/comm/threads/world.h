@@ -1,0 +1,128 @@
+// The state shared by the device threads of one `threads` launch: the registry of groups, each
+// group's rendezvous slots and point-to-point channels, and the failure and exit status of every
+// device, so that no wait outlives a failed or finished peer.
+//
+// Rendezvous protocol. Every collective a rank issues on a group gets the group-local sequence
+// number `seq` (ranks issue collectives in the same order, so numbers match). The slot for `seq`
+// counts, per phase, which ranks have arrived. Phase 0 publishes each rank's options (its buffer
+// pointers); each later phase is a barrier between steps of the algorithm; the last phase is
+// the exit barrier after which no rank reads another's buffers. A rank waits for a phase until
+// all ranks arrived, a device failed, a missing rank's device exited, or the deadline passed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "meshflow/comm/communicator.h"
+
+namespace meshflow::threads {
+
+class World;
+
+// One group of devices (a communicator's members, by rank).
+class Group {
+ public:
+  Group(World& world, std::vector<DeviceId> devices) : world_(world), devices_(std::move(devices)) {}
+
+  const std::vector<DeviceId>& devices() const { return devices_; }
+  int size() const { return static_cast<int>(devices_.size()); }
+
+  // Rank `rank` arrives at `phase` of collective `seq`, publishing `args` (phase 0 only).
+  // Returns every rank's published args once all ranks arrived. Throws Error(kCommunication)
+  // when a device failed or a missing device exited, Error(kTimeout) after `timeout`; `what`
+  // names the collective in messages.
+  std::vector<const void*> arrive(std::uint64_t seq, int rank, int phase, const void* args,
+                                  Timeout timeout, const std::string& what);
+  // Rank `rank` is done with collective `seq` (after its final arrive).
+  void leave(std::uint64_t seq, int rank);
+
+  // Point to point. A send and a recv with the same (source, destination, tag) match in issue
+  // order; whichever arrives second copies and completes both events.
+  void post_send(int src, int dst, int tag, const std::byte* data, std::int64_t bytes,
+                 std::shared_ptr<EventState> done);
+  void post_recv(int src, int dst, int tag, std::byte* data, std::int64_t bytes,
+                 std::shared_ptr<EventState> done);
+
+  // Fails every pending point-to-point event with `error` and wakes every waiter.
+  void abort_pending(std::exception_ptr error);
+  // Wakes every waiter and fails pending point-to-point events whose peer is `device`, which
+  // finished its program and so will never match them.
+  void on_exit(DeviceId device);
+
+ private:
+  struct Slot {
+    std::vector<const void*> args;
+    std::vector<std::vector<char>> arrived;  // [phase][rank]
+    std::vector<int> count;                  // ranks arrived per phase
+    int left = 0;
+    // Set when a rank gave up on this collective (timeout, failure): its options may be gone,
+    // so a late rank must fail rather than read them.
+    std::optional<std::string> abandoned;
+  };
+  struct PendingSend {
+    const std::byte* data;
+    std::int64_t bytes;
+    std::shared_ptr<EventState> done;
+  };
+  struct PendingRecv {
+    std::byte* data;
+    std::int64_t bytes;
+    std::shared_ptr<EventState> done;
+  };
+  struct Channel {
+    std::deque<PendingSend> sends;
+    std::deque<PendingRecv> recvs;
+  };
+
+  World& world_;
+  const std::vector<DeviceId> devices_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, Slot> slots_;
+  std::map<std::tuple<int, int, int>, Channel> channels_;
+};
+
+class World {
+ public:
+  World(int devices, Timeout timeout);
+
+  int size() const { return static_cast<int>(exited_.size()); }
+  Timeout timeout() const { return timeout_; }
+
+  // Returns the group over `devices` (created once, shared by all members).
+  std::shared_ptr<Group> group(const std::vector<DeviceId>& devices);
+
+  // Records that `device` failed with `what` (the first failure is kept) and wakes every waiter.
+  void mark_failed(DeviceId device, const std::string& what);
+  // Records that `device` finished its program and wakes every waiter.
+  void mark_exited(DeviceId device);
+
+  // Returns the failure message if a device failed.
+  std::optional<std::string> failure() const;
+  // Returns the device that failed first, if any.
+  std::optional<DeviceId> first_failed() const;
+  bool exited(DeviceId device) const { return exited_[device].load(); }
+
+ private:
+  void wake_all(std::exception_ptr error);
+
+  const Timeout timeout_;
+  mutable std::mutex mu_;
+  std::map<std::vector<DeviceId>, std::shared_ptr<Group>> groups_;
+  std::atomic<bool> failed_{false};
+  std::optional<DeviceId> failed_device_;
+  std::string failure_;
+  std::vector<std::atomic<bool>> exited_;
+};
+
+}  // namespace meshflow::threads

@@ -1,0 +1,324 @@
+// The conformance checks. Data is seeded per (check, device) so every device can rebuild any
+// peer's input and compute the expected result on its own with plain loops.
+#include "tests/comm_conformance.h"
+
+#include <gtest/gtest.h>
+
+#include "meshflow/core/compare.h"
+#include "meshflow/core/random.h"
+#include "meshflow/mesh/device_mesh.h"
+
+namespace meshflow::conformance {
+
+namespace {
+
+const DType kDtypes[] = {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+
+std::uint64_t seed_of(int check, int variant, DeviceId device) {
+  return 1000003ull * check + 1009ull * variant + device;
+}
+
+// Returns op over `terms` element-wise, combining in the given order in T (the reference).
+Tensor reference_reduce(ReduceOp op, const std::vector<Tensor>& terms) {
+  Tensor out = terms[0].clone();
+  visit_dtype(out.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    auto acc = out.data<T>();
+    for (std::size_t k = 1; k < terms.size(); ++k) {
+      auto x = terms[k].data<T>();
+      for (std::size_t i = 0; i < acc.size(); ++i) {
+        if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc[i] = static_cast<T>(acc[i] + x[i]);
+        if (op == ReduceOp::kMax) acc[i] = std::max(acc[i], x[i]);
+        if (op == ReduceOp::kMin) acc[i] = std::min(acc[i], x[i]);
+      }
+    }
+    if (op == ReduceOp::kAvg) {
+      for (auto& a : acc) a = static_cast<T>(a / static_cast<T>(terms.size()));
+    }
+  });
+  return out;
+}
+
+void expect_result(const Tensor& got, const Tensor& want, ReduceOp op, const Env& env, const std::string& what) {
+  const bool exact = env.rank_order_reductions || !is_floating(got.dtype()) || op == ReduceOp::kMax ||
+                     op == ReduceOp::kMin;
+  auto diff = exact ? compare_exact(got, want) : compare_close(got, want, 1e-5, 1e-6);
+  EXPECT_EQ(diff, std::nullopt) << what;
+}
+
+// Expects every rank of `comm` to hold the same bytes in `t`.
+void expect_bitwise_agreement(Communicator& comm, const Tensor& t, const std::string& what) {
+  const int n = comm.size();
+  Tensor all(t.dtype(), {static_cast<std::int64_t>(n), t.numel()});
+  all_gather(comm, {.send = t.bytes(), .recv = all.bytes(), .recv_counts = std::vector<std::int64_t>(n, t.numel()), .dtype = t.dtype()});
+  for (int k = 0; k < n; ++k) {
+    EXPECT_EQ(std::memcmp(all.bytes() + k * t.nbytes(), t.bytes(), t.nbytes()), 0)
+        << what << ": device " << comm.device() << " and rank " << k << " disagree";
+  }
+}
+
+std::string label(std::string_view name, DType d, ReduceOp op, std::int64_t count) {
+  return fmt::format("{} {} {} count {}", name, to_string(d), to_string(op), count);
+}
+
+void check_all_reduce(Communicator& comm, const Env& env, const std::vector<std::int64_t>& counts, int id) {
+  int variant = 0;
+  for (DType d : kDtypes) {
+    for (ReduceOp op : kOps) {
+      for (std::int64_t count : counts) {
+        for (bool in_place : {false, true}) {
+          ++variant;
+          std::vector<Tensor> inputs;
+          for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(d, {count}, seed_of(id, variant, dev)));
+          Tensor send = inputs[comm.rank()].clone();
+          Tensor recv(d, {count});
+          Tensor& out = in_place ? send : recv;
+          all_reduce(comm, {.send = send.bytes(), .recv = out.bytes(), .count = count, .dtype = d, .op = op});
+          const std::string what = label(in_place ? "all_reduce in place" : "all_reduce", d, op, count);
+          expect_result(out, reference_reduce(op, inputs), op, env, what);
+          expect_bitwise_agreement(comm, out, what);
+        }
+      }
+    }
+  }
+}
+
+std::vector<std::int64_t> uneven_counts(int n, int salt) {
+  std::vector<std::int64_t> c(n);
+  for (int k = 0; k < n; ++k) c[k] = (k * 7 + salt) % 5;  // includes zeros
+  return c;
+}
+
+void check_all_gather(Communicator& comm, const Env&, int id) {
+  const int n = comm.size();
+  int variant = 0;
+  for (DType d : kDtypes) {
+    for (int salt : {0, 3}) {
+      for (bool in_place : {false, true}) {
+        ++variant;
+        auto counts = uneven_counts(n, salt);
+        if (salt == 3) counts.assign(n, 1);
+        const auto displ = displacements(counts);
+        Tensor want(d, {displ[n]});
+        for (int k = 0; k < n; ++k) {
+          Tensor part = random_tensor(d, {counts[k]}, seed_of(id, variant, comm.devices()[k]));
+          std::memcpy(want.bytes() + displ[k] * size_of(d), part.bytes(), part.nbytes());
+        }
+        Tensor recv(d, {displ[n]});
+        Tensor mine = random_tensor(d, {counts[comm.rank()]}, seed_of(id, variant, comm.device()));
+        const std::byte* send = mine.bytes();
+        if (in_place) {
+          std::memcpy(recv.bytes() + displ[comm.rank()] * size_of(d), mine.bytes(), mine.nbytes());
+          send = recv.bytes() + displ[comm.rank()] * size_of(d);
+        }
+        all_gather(comm, {.send = send, .recv = recv.bytes(), .recv_counts = counts, .dtype = d});
+        EXPECT_EQ(compare_exact(recv, want), std::nullopt) << "all_gather " << to_string(d) << " salt " << salt << (in_place ? " in place" : "");
+      }
+    }
+  }
+}
+
+void check_reduce_scatter(Communicator& comm, const Env& env, int id) {
+  const int n = comm.size();
+  int variant = 0;
+  for (DType d : kDtypes) {
+    for (ReduceOp op : kOps) {
+      ++variant;
+      auto counts = uneven_counts(n, variant % 5);
+      const auto displ = displacements(counts);
+      std::vector<Tensor> inputs;
+      for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(d, {displ[n]}, seed_of(id, variant, dev)));
+      Tensor recv(d, {counts[comm.rank()]});
+      reduce_scatter(comm, {.send = inputs[comm.rank()].bytes(), .recv = recv.bytes(), .recv_counts = counts, .dtype = d, .op = op});
+      std::vector<Tensor> blocks;
+      for (const Tensor& in : inputs) {
+        Tensor b(d, {counts[comm.rank()]});
+        std::memcpy(b.bytes(), in.bytes() + displ[comm.rank()] * size_of(d), b.nbytes());
+        blocks.push_back(std::move(b));
+      }
+      expect_result(recv, reference_reduce(op, blocks), op, env, label("reduce_scatter", d, op, counts[comm.rank()]));
+    }
+  }
+}
+
+void check_all_to_all(Communicator& comm, const Env&, int id) {
+  const int n = comm.size(), r = comm.rank();
+  // Rank a sends (a + 2b) % 4 elements to rank b.
+  auto count = [](int a, int b) -> std::int64_t { return (a + 2 * b) % 4; };
+  for (DType d : kDtypes) {
+    std::vector<std::int64_t> sc(n), rc(n);
+    for (int k = 0; k < n; ++k) {
+      sc[k] = count(r, k);
+      rc[k] = count(k, r);
+    }
+    auto input_of = [&](int rank) {
+      std::vector<std::int64_t> c(n);
+      for (int k = 0; k < n; ++k) c[k] = count(rank, k);
+      return random_tensor(d, {displacements(c)[n]}, seed_of(id, static_cast<int>(d), comm.devices()[rank]));
+    };
+    Tensor send = input_of(r);
+    Tensor recv(d, {displacements(rc)[n]});
+    all_to_all(comm, {.send = send.bytes(), .send_counts = sc, .recv = recv.bytes(), .recv_counts = rc, .dtype = d});
+    Tensor want(d, {displacements(rc)[n]});
+    const auto rdispl = displacements(rc);
+    for (int k = 0; k < n; ++k) {
+      Tensor peer = input_of(k);
+      std::vector<std::int64_t> pc(n);
+      for (int j = 0; j < n; ++j) pc[j] = count(k, j);
+      std::memcpy(want.bytes() + rdispl[k] * size_of(d), peer.bytes() + displacements(pc)[r] * size_of(d), rc[k] * size_of(d));
+    }
+    EXPECT_EQ(compare_exact(recv, want), std::nullopt) << "all_to_all " << to_string(d);
+  }
+}
+
+void check_broadcast(Communicator& comm, const Env&, int id) {
+  for (int root = 0; root < comm.size(); ++root) {
+    for (std::int64_t count : {0, 1, 1001}) {
+      Tensor want = random_tensor(DType::kFloat64, {count}, seed_of(id, root, comm.devices()[root]));
+      Tensor buf = comm.rank() == root ? want.clone() : random_tensor(DType::kFloat64, {count}, 99);
+      broadcast(comm, {.data = buf.bytes(), .count = count, .dtype = DType::kFloat64, .root = root});
+      EXPECT_EQ(compare_exact(buf, want), std::nullopt) << "broadcast root " << root << " count " << count;
+    }
+  }
+}
+
+void check_send_recv(Communicator& comm, const Env&, int id) {
+  const int n = comm.size(), r = comm.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // A ring, both directions in flight, and two tags received in the opposite order.
+  Tensor a = random_tensor(DType::kInt64, {37}, seed_of(id, 1, comm.device()));
+  Tensor b = random_tensor(DType::kInt64, {5}, seed_of(id, 2, comm.device()));
+  Tensor got_a(DType::kInt64, {37}), got_b(DType::kInt64, {5});
+  Event sa = send_async(comm, {.data = a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = next, .tag = 1});
+  Event sb = send_async(comm, {.data = b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = next, .tag = 2});
+  recv(comm, {.data = got_b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = prev, .tag = 2});
+  recv(comm, {.data = got_a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = prev, .tag = 1});
+  when_all({sa, sb}).wait(comm.default_timeout());
+  EXPECT_EQ(compare_exact(got_a, random_tensor(DType::kInt64, {37}, seed_of(id, 1, comm.devices()[prev]))), std::nullopt);
+  EXPECT_EQ(compare_exact(got_b, random_tensor(DType::kInt64, {5}, seed_of(id, 2, comm.devices()[prev]))), std::nullopt);
+}
+
+void check_permute(Communicator& comm, const Env&, int id) {
+  const int n = comm.size(), r = comm.rank();
+  Tensor mine = random_tensor(DType::kFloat32, {r + 3}, seed_of(id, 0, comm.device()));
+  for (int shift = -1; shift <= n; ++shift) {
+    const int from = ((r + shift) % n + n) % n, to = ((r - shift) % n + n) % n;
+    Tensor got(DType::kFloat32, {from + 3});
+    collective_permute(comm, {.send = mine.bytes(), .send_count = r + 3, .recv = got.bytes(), .recv_count = from + 3,
+                              .dtype = DType::kFloat32, .shift = shift});
+    EXPECT_EQ(compare_exact(got, random_tensor(DType::kFloat32, {from + 3}, seed_of(id, 0, comm.devices()[from]))), std::nullopt)
+        << "permute shift " << shift << " (sends to " << to << ")";
+  }
+  // An all-gather is n - 1 permutes plus the local block.
+  const std::int64_t block = 64;
+  Tensor local = random_tensor(DType::kFloat32, {block}, seed_of(id, 1, comm.device()));
+  Tensor gathered(DType::kFloat32, {n * block}), via_permutes(DType::kFloat32, {n * block});
+  all_gather(comm, {.send = local.bytes(), .recv = gathered.bytes(), .recv_counts = std::vector<std::int64_t>(n, block)});
+  std::memcpy(via_permutes.bytes() + r * block * 4, local.bytes(), block * 4);
+  for (int k = 1; k < n; ++k) {
+    collective_permute(comm, {.send = local.bytes(), .send_count = block, .recv = via_permutes.bytes() + ((r + k) % n) * block * 4,
+                              .recv_count = block, .shift = k});
+  }
+  EXPECT_EQ(compare_exact(via_permutes, gathered), std::nullopt);
+}
+
+// The group checks run on the mesh the world size allows: 2x2x2 (8), 2x2 (4), or (n).
+DeviceMesh conformance_mesh(int n) {
+  if (n == 8) return make_mesh({2, 2, 2});
+  if (n == 4) return make_mesh({2, 2});
+  return make_mesh({n});
+}
+
+std::vector<std::vector<MeshDim>> dim_sets(int ndims) {
+  std::vector<std::vector<MeshDim>> out;
+  for (int mask = 1; mask < (1 << ndims); ++mask) {
+    std::vector<MeshDim> dims;
+    for (int d = 0; d < ndims; ++d) {
+      if (mask & (1 << d)) dims.push_back(d);
+    }
+    out.push_back(dims);
+  }
+  return out;
+}
+
+void check_groups(Communicator& comm, const Env& env, int id) {
+  DeviceMesh mesh = conformance_mesh(comm.size());
+  int variant = 0;
+  for (const auto& dims : dim_sets(ndim(mesh))) {
+    ++variant;
+    const std::vector<DeviceId> members = group_along(mesh, comm.device(), dims);
+    auto g = comm.group(members);
+    EXPECT_EQ(g.get(), comm.group(members).get()) << "groups are cached";
+    ASSERT_EQ(g->size(), static_cast<int>(members.size()));
+    EXPECT_EQ(g->device(), comm.device());
+    std::vector<Tensor> inputs;
+    for (DeviceId dev : members) inputs.push_back(random_tensor(DType::kFloat32, {1027}, seed_of(id, variant, dev)));
+    Tensor out(DType::kFloat32, {1027});
+    all_reduce(*g, {.send = inputs[g->rank()].bytes(), .recv = out.bytes(), .count = 1027, .op = ReduceOp::kSum});
+    expect_result(out, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env, "group all_reduce");
+    expect_bitwise_agreement(*g, out, "group all_reduce");
+  }
+}
+
+void check_async(Communicator& comm, const Env& env, int id) {
+  const int n = comm.size();
+  std::vector<Tensor> inputs;
+  for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(DType::kFloat64, {4099}, seed_of(id, 0, dev)));
+  Tensor reduced(DType::kFloat64, {4099});
+  Tensor piece = random_tensor(DType::kInt32, {10}, seed_of(id, 1, comm.device()));
+  Tensor gathered(DType::kInt32, {10 * n});
+  Event e1 = all_reduce_async(comm, {.send = inputs[comm.rank()].bytes(), .recv = reduced.bytes(), .count = 4099,
+                                     .dtype = DType::kFloat64, .op = ReduceOp::kSum});
+  Event e2 = all_gather_async(comm, {.send = piece.bytes(), .recv = gathered.bytes(),
+                                     .recv_counts = std::vector<std::int64_t>(n, 10), .dtype = DType::kInt32});
+  // Both are in flight; the second completes no earlier than issue order allows.
+  when_all({e2, e1}).wait(comm.default_timeout());
+  expect_result(reduced, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env, "async all_reduce");
+  for (int k = 0; k < n; ++k) {
+    Tensor want = random_tensor(DType::kInt32, {10}, seed_of(id, 1, comm.devices()[k]));
+    EXPECT_EQ(std::memcmp(gathered.bytes() + k * 40, want.bytes(), 40), 0) << "async all_gather block " << k;
+  }
+  barrier(comm);
+  barrier_async(comm).wait(comm.default_timeout());
+}
+
+void check_large(Communicator& comm, const Env& env, int id) {
+  const int n = comm.size();
+  const std::int64_t count = (16 << 20) / 4;  // 16 MiB of float32
+  std::vector<Tensor> inputs;
+  for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(DType::kFloat32, {count}, seed_of(id, 0, dev)));
+  Tensor out(DType::kFloat32, {count});
+  all_reduce(comm, {.send = inputs[comm.rank()].bytes(), .recv = out.bytes(), .count = count, .op = ReduceOp::kSum});
+  expect_result(out, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env, "16 MiB all_reduce");
+  expect_bitwise_agreement(comm, out, "16 MiB all_reduce");
+  // all_gather of 16 MiB in total.
+  std::vector<std::int64_t> counts(n, count / n);
+  counts[n - 1] += count % n;
+  Tensor gathered(DType::kFloat32, {count});
+  const auto displ = displacements(counts);
+  all_gather(comm, {.send = inputs[comm.rank()].bytes(), .recv = gathered.bytes(), .recv_counts = counts});
+  for (int k = 0; k < n; ++k) {
+    EXPECT_EQ(std::memcmp(gathered.bytes() + displ[k] * 4, inputs[k].bytes(), counts[k] * 4), 0) << "16 MiB all_gather block " << k;
+  }
+}
+
+}  // namespace
+
+const std::vector<Check>& checks() {
+  static const std::vector<Check> all = {
+      {"AllReduceEveryDtypeOpAndSize", [](Communicator& c, const Env& e) { check_all_reduce(c, e, {0, 1, 13, 4099}, 1); }},
+      {"AllGatherUnevenEveryDtype", [](Communicator& c, const Env& e) { check_all_gather(c, e, 2); }},
+      {"ReduceScatterUnevenEveryDtypeAndOp", [](Communicator& c, const Env& e) { check_reduce_scatter(c, e, 3); }},
+      {"AllToAllUnevenEveryDtype", [](Communicator& c, const Env& e) { check_all_to_all(c, e, 4); }},
+      {"BroadcastFromEveryRoot", [](Communicator& c, const Env& e) { check_broadcast(c, e, 5); }},
+      {"SendRecvMatchesByTag", [](Communicator& c, const Env& e) { check_send_recv(c, e, 6); }},
+      {"CollectivePermuteEveryShift", [](Communicator& c, const Env& e) { check_permute(c, e, 7); }},
+      {"GroupsAlongEveryMeshDimSet", [](Communicator& c, const Env& e) { check_groups(c, e, 8); }},
+      {"TwoAsyncCollectivesInFlight", [](Communicator& c, const Env& e) { check_async(c, e, 9); }},
+      {"SixteenMiB", [](Communicator& c, const Env& e) { check_large(c, e, 10); }},
+  };
+  return all;
+}
+
+}  // namespace meshflow::conformance

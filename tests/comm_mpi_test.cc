@@ -1,0 +1,46 @@
+// The conformance suite on the mpi backend; run by ctest under `mpirun -n 4` and `-n 3`. Every
+// rank runs every check; a failure on any rank fails the job. Only rank 0 prints the report.
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include "meshflow/comm/launch.h"
+#include "meshflow/comm/mpi/launch.h"
+#include "tests/comm_conformance.h"
+
+namespace meshflow {
+namespace {
+
+class MpiConformance : public ::testing::TestWithParam<const conformance::Check*> {};
+
+TEST_P(MpiConformance, Runs) {
+  launch({.backend = Backend::kMpi, .devices = 0, .timeout = std::chrono::seconds(60)},
+         [&](Communicator& comm) { GetParam()->run(comm, conformance::Env{.rank_order_reductions = false}); });
+}
+
+std::vector<const conformance::Check*> params() {
+  std::vector<const conformance::Check*> out;
+  for (const auto& c : conformance::checks()) out.push_back(&c);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Checks, MpiConformance, ::testing::ValuesIn(params()),
+                         [](const auto& p) { return p.param->name; });
+
+}  // namespace
+}  // namespace meshflow
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rank = meshflow::mpi::world_rank();
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int failed = RUN_ALL_TESTS();
+  // Every rank reports; the job fails if any rank failed.
+  int any = failed;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && any && !failed) std::fprintf(stderr, "a check failed on another rank\n");
+  return any;
+}
