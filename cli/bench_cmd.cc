@@ -1,6 +1,7 @@
 // `meshflow bench NAME`: runs a benchmark and prints its table, or its JSON with --json.
 #include <fmt/format.h>
 
+#include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
 #include "cli/commands.h"
 
@@ -29,6 +30,34 @@ void add_bench(CLI::App& app) {
   c->add_option("--reps", copy->reps, "timed repetitions")->check(CLI::PositiveNumber);
   c->add_flag("--json", *copy_json, "print JSON");
   c->callback([copy, copy_json] { print_report(bench::run_copy_bench(*copy), *copy_json); });
+
+  struct CollArgs {
+    std::string backend;
+    int devices = 4;
+    std::vector<std::string> sizes{"16M", "256M"};
+    std::vector<std::string> collectives;
+    int reps = 7;
+    bool json = false;
+  };
+  auto coll = std::make_shared<CollArgs>();
+  CLI::App* k = bench->add_subcommand("collectives", "every collective against its memcpy floor (threads) or raw MPI (mpi)");
+  k->add_option("--backend", coll->backend, "threads or mpi (default: mpi under mpirun, else threads)");
+  k->add_option("--devices", coll->devices, "device threads (threads); devices of the world (mpi, 0 = all)");
+  k->add_option("--sizes", coll->sizes, "global bytes per case, e.g. 4K,16M,256M")->delimiter(',');
+  k->add_option("--collectives", coll->collectives, "subset, e.g. all_gather,all_reduce")->delimiter(',');
+  k->add_option("--reps", coll->reps, "timed repetitions")->check(CLI::PositiveNumber);
+  k->add_flag("--json", coll->json, "print JSON");
+  k->callback([coll] {
+    bench::CollectivesBenchOptions o;
+    o.backend = coll->backend.empty() ? detect_backend() : parse_backend(coll->backend);
+    o.devices = coll->devices;
+    for (const auto& s : coll->sizes) o.sizes.push_back(bench::parse_bytes(s));
+    o.collectives = coll->collectives;
+    o.reps = coll->reps;
+    bool printer = false;
+    bench::BenchReport report = bench::run_collectives_bench(o, &printer);
+    if (printer) print_report(report, coll->json);
+  });
 }
 
 }  // namespace meshflow::cli

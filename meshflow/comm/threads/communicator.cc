@@ -65,14 +65,15 @@ Event ThreadsCommunicator::start(std::string_view name, const Options& o, Comple
   const std::uint64_t seq = next_seq_++;
   auto what = std::make_shared<std::string>(describe(name, devices()));
   auto state = std::make_shared<EventState>(*what);
-  auto opts = std::make_shared<Options>(o);
+  auto opts = std::make_shared<const Options>(o);
   const Timeout timeout = resolve_timeout(*this, o.timeout);
   context_->worker.post([this, seq, what, state, opts, timeout, body] {
     try {
-      body(seq, *opts, timeout, *what);
+      body(seq, opts, timeout, *what);
       group_->leave(seq, rank_);
       state->complete();
     } catch (...) {
+      group_->leave(seq, rank_);
       state->fail(std::current_exception());
     }
   });
@@ -112,8 +113,9 @@ void check_agree(const std::vector<const Options*>& p, const std::vector<DeviceI
 
 Event ThreadsCommunicator::all_gather(const AllGatherOptions& o, Completion c) {
   check_counts(*this, "all_gather", "recv_counts", o.recv_counts);
-  return start("all_gather", o, c, [this](std::uint64_t seq, const AllGatherOptions& me, Timeout t, const std::string& what) {
-    auto p = as<AllGatherOptions>(group_->arrive(seq, rank_, 0, &me, t, what));
+  return start("all_gather", o, c, [this](std::uint64_t seq, const std::shared_ptr<const AllGatherOptions>& opts, Timeout t, const std::string& what) {
+    const AllGatherOptions& me = *opts;
+    auto p = as<AllGatherOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
     check_agree(p, devices(), what, "recv_counts", [](const AllGatherOptions& x) { return x.recv_counts; });
     check_agree(p, devices(), what, "dtype", [](const AllGatherOptions& x) { return x.dtype; });
     const auto es = static_cast<std::int64_t>(size_of(me.dtype));
@@ -129,8 +131,9 @@ Event ThreadsCommunicator::all_gather(const AllGatherOptions& o, Completion c) {
 
 Event ThreadsCommunicator::reduce_scatter(const ReduceScatterOptions& o, Completion c) {
   check_counts(*this, "reduce_scatter", "recv_counts", o.recv_counts);
-  return start("reduce_scatter", o, c, [this](std::uint64_t seq, const ReduceScatterOptions& me, Timeout t, const std::string& what) {
-    auto p = as<ReduceScatterOptions>(group_->arrive(seq, rank_, 0, &me, t, what));
+  return start("reduce_scatter", o, c, [this](std::uint64_t seq, const std::shared_ptr<const ReduceScatterOptions>& opts, Timeout t, const std::string& what) {
+    const ReduceScatterOptions& me = *opts;
+    auto p = as<ReduceScatterOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
     check_agree(p, devices(), what, "recv_counts", [](const ReduceScatterOptions& x) { return x.recv_counts; });
     check_agree(p, devices(), what, "dtype and op", [](const ReduceScatterOptions& x) { return std::pair(x.dtype, x.op); });
     const auto es = static_cast<std::int64_t>(size_of(me.dtype));
@@ -144,8 +147,9 @@ Event ThreadsCommunicator::reduce_scatter(const ReduceScatterOptions& o, Complet
 
 Event ThreadsCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
   if (o.count < 0) fail(ErrorKind::kInvalidArgument, "{}: negative count {}", describe("all_reduce", devices()), o.count);
-  return start("all_reduce", o, c, [this](std::uint64_t seq, const AllReduceOptions& me, Timeout t, const std::string& what) {
-    auto p = as<AllReduceOptions>(group_->arrive(seq, rank_, 0, &me, t, what));
+  return start("all_reduce", o, c, [this](std::uint64_t seq, const std::shared_ptr<const AllReduceOptions>& opts, Timeout t, const std::string& what) {
+    const AllReduceOptions& me = *opts;
+    auto p = as<AllReduceOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
     check_agree(p, devices(), what, "count, dtype and op",
                 [](const AllReduceOptions& x) { return std::tuple(x.count, x.dtype, x.op); });
     const int n = size();
@@ -170,8 +174,9 @@ Event ThreadsCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
 Event ThreadsCommunicator::all_to_all(const AllToAllOptions& o, Completion c) {
   check_counts(*this, "all_to_all", "send_counts", o.send_counts);
   check_counts(*this, "all_to_all", "recv_counts", o.recv_counts);
-  return start("all_to_all", o, c, [this](std::uint64_t seq, const AllToAllOptions& me, Timeout t, const std::string& what) {
-    auto p = as<AllToAllOptions>(group_->arrive(seq, rank_, 0, &me, t, what));
+  return start("all_to_all", o, c, [this](std::uint64_t seq, const std::shared_ptr<const AllToAllOptions>& opts, Timeout t, const std::string& what) {
+    const AllToAllOptions& me = *opts;
+    auto p = as<AllToAllOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
     check_agree(p, devices(), what, "dtype", [](const AllToAllOptions& x) { return x.dtype; });
     const int n = size();
     for (int k = 0; k < n; ++k) {
@@ -195,8 +200,9 @@ Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
   if (o.root < 0 || o.root >= size()) {
     fail(ErrorKind::kInvalidArgument, "{}: root rank {} out of range", describe("broadcast", devices()), o.root);
   }
-  return start("broadcast", o, c, [this](std::uint64_t seq, const BroadcastOptions& me, Timeout t, const std::string& what) {
-    auto p = as<BroadcastOptions>(group_->arrive(seq, rank_, 0, &me, t, what));
+  return start("broadcast", o, c, [this](std::uint64_t seq, const std::shared_ptr<const BroadcastOptions>& opts, Timeout t, const std::string& what) {
+    const BroadcastOptions& me = *opts;
+    auto p = as<BroadcastOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
     check_agree(p, devices(), what, "count, dtype and root",
                 [](const BroadcastOptions& x) { return std::tuple(x.count, x.dtype, x.root); });
     if (rank_ != me.root) copy_block(me.data, p[me.root]->data, me.count * static_cast<std::int64_t>(size_of(me.dtype)));
@@ -205,8 +211,9 @@ Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
 }
 
 Event ThreadsCommunicator::collective_permute(const PermuteOptions& o, Completion c) {
-  return start("collective_permute", o, c, [this](std::uint64_t seq, const PermuteOptions& me, Timeout t, const std::string& what) {
-    auto p = as<PermuteOptions>(group_->arrive(seq, rank_, 0, &me, t, what));
+  return start("collective_permute", o, c, [this](std::uint64_t seq, const std::shared_ptr<const PermuteOptions>& opts, Timeout t, const std::string& what) {
+    const PermuteOptions& me = *opts;
+    auto p = as<PermuteOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
     check_agree(p, devices(), what, "shift and dtype", [](const PermuteOptions& x) { return std::pair(x.shift, x.dtype); });
     const int n = size();
     const int from = ((rank_ + me.shift) % n + n) % n;
@@ -220,8 +227,8 @@ Event ThreadsCommunicator::collective_permute(const PermuteOptions& o, Completio
 }
 
 Event ThreadsCommunicator::barrier(const BarrierOptions& o, Completion c) {
-  return start("barrier", o, c, [this](std::uint64_t seq, const BarrierOptions& me, Timeout t, const std::string& what) {
-    group_->arrive(seq, rank_, 0, &me, t, what);
+  return start("barrier", o, c, [this](std::uint64_t seq, const std::shared_ptr<const BarrierOptions>& opts, Timeout t, const std::string& what) {
+    group_->arrive(seq, rank_, 0, opts, t, what);
   });
 }
 

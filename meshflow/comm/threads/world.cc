@@ -17,18 +17,25 @@ std::string list(const std::vector<DeviceId>& ids) {
 
 }  // namespace
 
-std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase, const void* args,
-                                       Timeout timeout, const std::string& what) {
+std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
+                                       std::shared_ptr<const void> args, Timeout timeout,
+                                       const std::string& what) {
   const int n = size();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(mu_);
   Slot& slot = slots_[seq];
-  if (slot.args.empty()) slot.args.assign(n, nullptr);
+  if (slot.args.empty()) {
+    slot.args.assign(n, nullptr);
+    slot.keep.resize(n);
+  }
   if (static_cast<int>(slot.count.size()) <= phase) {
     slot.count.resize(phase + 1, 0);
     slot.arrived.resize(phase + 1, std::vector<char>(n, 0));
   }
-  if (phase == 0) slot.args[rank] = args;
+  if (phase == 0) {
+    slot.args[rank] = args.get();
+    slot.keep[rank] = std::move(args);
+  }
   slot.arrived[phase][rank] = 1;
   if (++slot.count[phase] == n) cv_.notify_all();
 

@@ -37,13 +37,16 @@ class Group {
   const std::vector<DeviceId>& devices() const { return devices_; }
   int size() const { return static_cast<int>(devices_.size()); }
 
-  // Rank `rank` arrives at `phase` of collective `seq`, publishing `args` (phase 0 only).
+  // Rank `rank` arrives at `phase` of collective `seq`, publishing `args` (phase 0 only; the
+  // slot keeps them alive until every rank has left, so no peer ever reads freed options).
   // Returns every rank's published args once all ranks arrived. Throws Error(kCommunication)
   // when a device failed or a missing device exited, Error(kTimeout) after `timeout`; `what`
   // names the collective in messages.
-  std::vector<const void*> arrive(std::uint64_t seq, int rank, int phase, const void* args,
-                                  Timeout timeout, const std::string& what);
-  // Rank `rank` is done with collective `seq` (after its final arrive).
+  std::vector<const void*> arrive(std::uint64_t seq, int rank, int phase,
+                                  std::shared_ptr<const void> args, Timeout timeout,
+                                  const std::string& what);
+  // Rank `rank` is done with collective `seq`, whether it succeeded or failed; the slot is freed
+  // once every rank has left.
   void leave(std::uint64_t seq, int rank);
 
   // Point to point. A send and a recv with the same (source, destination, tag) match in issue
@@ -62,6 +65,7 @@ class Group {
  private:
   struct Slot {
     std::vector<const void*> args;
+    std::vector<std::shared_ptr<const void>> keep;  // owners of args
     std::vector<std::vector<char>> arrived;  // [phase][rank]
     std::vector<int> count;                  // ranks arrived per phase
     int left = 0;
