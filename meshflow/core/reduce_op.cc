@@ -35,20 +35,45 @@ namespace {
 // Elements per tile: the accumulator lives on the stack so `out` may alias a term.
 constexpr std::int64_t kReduceTile = 2048;
 
+// Per tile of kReduceTile elements: acc = t0 op t1, then acc = acc op tk for the middle terms,
+// and the last term is combined straight into `out`: one pass over each term, n - 1 passes over
+// an L1-resident tile, and `out` written once (after every term of that tile was read).
 template <typename T, typename Combine>
 void reduce_typed(std::span<const std::byte* const> terms, std::byte* out, std::int64_t n,
                   Combine combine) {
   alignas(64) T acc[kReduceTile];
   T* dst = reinterpret_cast<T*>(out);
+  const std::size_t k_terms = terms.size();
+  auto term = [&](std::size_t k, std::int64_t base) { return reinterpret_cast<const T*>(terms[k]) + base; };
   for (std::int64_t base = 0; base < n; base += kReduceTile) {
     const std::int64_t len = std::min(kReduceTile, n - base);
-    const T* first = reinterpret_cast<const T*>(terms[0]) + base;
-    std::copy(first, first + len, acc);
-    for (std::size_t k = 1; k < terms.size(); ++k) {
-      const T* t = reinterpret_cast<const T*>(terms[k]) + base;
+    if (k_terms == 1) {
+      const T* a = term(0, base);
+      std::copy(a, a + len, acc);
+      std::copy(acc, acc + len, dst + base);
+      continue;
+    }
+    if (k_terms == 2) {
+      const T* a = term(0, base);
+      const T* b = term(1, base);
+      for (std::int64_t i = 0; i < len; ++i) acc[i] = combine(a[i], b[i]);
+      std::copy(acc, acc + len, dst + base);
+      continue;
+    }
+    {
+      const T* a = term(0, base);
+      const T* b = term(1, base);
+      for (std::int64_t i = 0; i < len; ++i) acc[i] = combine(a[i], b[i]);
+    }
+    for (std::size_t k = 2; k + 1 < k_terms; ++k) {
+      const T* t = term(k, base);
       for (std::int64_t i = 0; i < len; ++i) acc[i] = combine(acc[i], t[i]);
     }
-    std::copy(acc, acc + len, dst + base);
+    // The last term may alias `out` at this tile: every read of it happens before the write of
+    // the same element.
+    const T* last = term(k_terms - 1, base);
+    T* o = dst + base;
+    for (std::int64_t i = 0; i < len; ++i) o[i] = combine(acc[i], last[i]);
   }
 }
 

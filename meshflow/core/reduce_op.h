@@ -27,7 +27,8 @@ namespace meshflow {
 
 // Writes out[i] = op(terms[0][i], terms[1][i], ...) for i < n, combining terms in the order
 // given, so every caller that passes the same terms in the same order gets the same bits. avg
-// is the sum divided by terms.size(). `out` may alias any term. Precondition: terms non-empty.
+// is the sum divided by terms.size(). `out` may be any term itself (the same elements, as in an
+// in-place all-reduce). Precondition: terms non-empty.
 void reduce_terms(ReduceOp op, DType dtype, std::span<const std::byte* const> terms, std::byte* out,
                   std::int64_t n);
 

@@ -29,6 +29,11 @@ void Worker::post(std::function<void()> task) {
   cv_.notify_one();
 }
 
+bool Worker::idle() {
+  std::lock_guard lock(mu_);
+  return tasks_.empty() && !running_;
+}
+
 void Worker::drain() {
   {
     std::lock_guard lock(mu_);
@@ -47,8 +52,11 @@ void Worker::loop() {
       if (tasks_.empty()) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
+      running_ = true;
     }
     task();
+    std::lock_guard lock(mu_);
+    running_ = false;
   }
 }
 
@@ -67,7 +75,7 @@ Event ThreadsCommunicator::start(std::string_view name, const Options& o, Comple
   auto state = std::make_shared<EventState>(*what);
   auto opts = std::make_shared<const Options>(o);
   const Timeout timeout = resolve_timeout(*this, o.timeout);
-  context_->worker.post([this, seq, what, state, opts, timeout, body] {
+  auto task = [this, seq, what, state, opts, timeout, body] {
     try {
       body(seq, opts, timeout, *what);
       group_->leave(seq, rank_);
@@ -76,8 +84,14 @@ Event ThreadsCommunicator::start(std::string_view name, const Options& o, Comple
       group_->leave(seq, rank_);
       state->fail(std::current_exception());
     }
-  });
+  };
   Event event(state);
+  if (c == Completion::kWait && context_->worker.idle()) {
+    // Nothing is queued before it: run on the calling thread and save two thread hand-offs.
+    task();
+  } else {
+    context_->worker.post(std::move(task));
+  }
   // The worker reports a peer's timeout or failure precisely; waiting here for every phase's
   // bound is only a backstop, so a blocking call returns the worker's own error.
   if (c == Completion::kWait) event.wait(timeout * (kMaxPhases + 1));

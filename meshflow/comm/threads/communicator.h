@@ -24,6 +24,9 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
   void post(std::function<void()> task);
+  // Returns true when no task is queued or running, so the device's thread may run one itself
+  // without reordering its collectives.
+  bool idle();
   // Runs every posted task, then stops the thread.
   void drain();
 
@@ -32,6 +35,7 @@ class Worker {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
+  bool running_ = false;
   bool stop_ = false;
   std::thread thread_;
 };
