@@ -1,4 +1,6 @@
 // `meshflow bench NAME`: runs a benchmark and prints its table, or its JSON with --json.
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "bench/collectives_bench.h"
@@ -33,7 +35,7 @@ void add_bench(CLI::App& app) {
 
   struct CollArgs {
     std::string backend;
-    int devices = 4;
+    std::optional<int> devices;
     std::vector<std::string> sizes{"16M", "256M"};
     std::vector<std::string> collectives;
     int reps = 7;
@@ -42,7 +44,7 @@ void add_bench(CLI::App& app) {
   auto coll = std::make_shared<CollArgs>();
   CLI::App* k = bench->add_subcommand("collectives", "every collective against its memcpy floor (threads) or raw MPI (mpi)");
   k->add_option("--backend", coll->backend, "threads or mpi (default: mpi under mpirun, else threads)");
-  k->add_option("--devices", coll->devices, "device threads (threads); devices of the world (mpi, 0 = all)");
+  k->add_option("--devices", coll->devices, "device threads (threads, default 4); devices of the world (mpi, default all)");
   k->add_option("--sizes", coll->sizes, "global bytes per case, e.g. 4K,16M,256M")->delimiter(',');
   k->add_option("--collectives", coll->collectives, "subset, e.g. all_gather,all_reduce")->delimiter(',');
   k->add_option("--reps", coll->reps, "timed repetitions")->check(CLI::PositiveNumber);
@@ -50,7 +52,7 @@ void add_bench(CLI::App& app) {
   k->callback([coll] {
     bench::CollectivesBenchOptions o;
     o.backend = coll->backend.empty() ? detect_backend() : parse_backend(coll->backend);
-    o.devices = coll->devices;
+    o.devices = coll->devices.value_or(o.backend == Backend::kThreads ? 4 : 0);
     for (const auto& s : coll->sizes) o.sizes.push_back(bench::parse_bytes(s));
     o.collectives = coll->collectives;
     o.reps = coll->reps;
