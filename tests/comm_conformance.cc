@@ -303,6 +303,34 @@ void check_large(Communicator& comm, const Env& env, int id) {
   }
 }
 
+void check_exchange_boxes(Communicator& comm, const Env&, int id) {
+  const int n = comm.size(), r = comm.rank();
+  for (DType d : kDtypes) {
+    const Shape shape{2 * n, 5};
+    Tensor src = random_tensor(d, shape, seed_of(id, static_cast<int>(d), comm.device()));
+    Tensor dst(d, shape);
+    ExchangeBoxesOptions o{.src = src.bytes(), .src_shape = shape, .dst = dst.bytes(), .dst_shape = shape, .dtype = d};
+    o.send.resize(n);
+    o.recv.resize(n);
+    for (int k = 0; k < n; ++k) {
+      // Two regions per pair, placed at different offsets than they came from; rank 1 sends an
+      // empty region too.
+      o.send[k] = {Box{{2 * k, 0}, {1, 3}}, Box{{2 * k + 1, 1}, {1, 4}}};
+      o.recv[k] = {Box{{2 * k, 2}, {1, 3}}, Box{{2 * k + 1, 0}, {1, 4}}};
+      if (k == 1) o.send[k].push_back(Box{{0, 0}, {0, 5}});
+      if (r == 1) o.recv[k].push_back(Box{{3, 0}, {0, 5}});
+    }
+    exchange_boxes(comm, o);
+    Tensor want(d, shape);
+    for (int k = 0; k < n; ++k) {
+      Tensor theirs = random_tensor(d, shape, seed_of(id, static_cast<int>(d), comm.devices()[k]));
+      copy_box(theirs, Box{{2 * r, 0}, {1, 3}}, want, {2 * k, 2});
+      copy_box(theirs, Box{{2 * r + 1, 1}, {1, 4}}, want, {2 * k + 1, 0});
+    }
+    EXPECT_EQ(compare_exact(dst, want), std::nullopt) << "exchange_boxes " << to_string(d);
+  }
+}
+
 }  // namespace
 
 const std::vector<Check>& checks() {
@@ -316,6 +344,7 @@ const std::vector<Check>& checks() {
       {"CollectivePermuteEveryShift", [](Communicator& c, const Env& e) { check_permute(c, e, 7); }},
       {"GroupsAlongEveryMeshDimSet", [](Communicator& c, const Env& e) { check_groups(c, e, 8); }},
       {"TwoAsyncCollectivesInFlight", [](Communicator& c, const Env& e) { check_async(c, e, 9); }},
+      {"ExchangeBoxesMovesRegionsBetweenRanks", [](Communicator& c, const Env& e) { check_exchange_boxes(c, e, 11); }},
       {"SixteenMiB", [](Communicator& c, const Env& e) { check_large(c, e, 10); }},
   };
   return all;

@@ -32,6 +32,23 @@ void check_counts(const Communicator& comm, std::string_view collective, std::st
   }
 }
 
+void check_exchange(const Communicator& comm, const ExchangeBoxesOptions& o) {
+  const std::string what = describe("exchange_boxes", comm.devices());
+  if (static_cast<int>(o.send.size()) != comm.size() || static_cast<int>(o.recv.size()) != comm.size()) {
+    fail(ErrorKind::kInvalidArgument, "{}: send and recv need one region list per rank ({}), got {} and {}", what,
+         comm.size(), o.send.size(), o.recv.size());
+  }
+  auto inside = [&](const Box& b, const Shape& shape, const char* which) {
+    if (!contains(full_box(shape), b) || b.offset.size() != shape.size()) {
+      fail(ErrorKind::kInvalidArgument, "{}: {} region {} lies outside shape {}", what, which, to_string(b), to_string(shape));
+    }
+  };
+  for (int k = 0; k < comm.size(); ++k) {
+    for (const Box& b : o.send[k]) inside(b, o.src_shape, "send");
+    for (const Box& b : o.recv[k]) inside(b, o.dst_shape, "recv");
+  }
+}
+
 #define MESHFLOW_COLLECTIVE(name, Options)                                                   \
   void name(Communicator& comm, const Options& o) {                                          \
     comm.name(o, Completion::kWait).wait(resolve_timeout(comm, o.timeout));                  \
@@ -47,6 +64,7 @@ MESHFLOW_COLLECTIVE(send, SendOptions)
 MESHFLOW_COLLECTIVE(recv, RecvOptions)
 MESHFLOW_COLLECTIVE(collective_permute, PermuteOptions)
 MESHFLOW_COLLECTIVE(barrier, BarrierOptions)
+MESHFLOW_COLLECTIVE(exchange_boxes, ExchangeBoxesOptions)
 
 #undef MESHFLOW_COLLECTIVE
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "meshflow/core/box.h"
 #include "meshflow/core/device_id.h"
 #include "meshflow/core/dtype.h"
 #include "meshflow/core/event.h"
@@ -112,6 +113,22 @@ struct BarrierOptions {
   Timeout timeout{0};
 };
 
+// Moves n-d regions between ranks in one step: the general data movement of redistribution.
+// src and dst are row-major tensors of src_shape and dst_shape (not overlapping). send[k] lists
+// regions of src for rank k; recv[k] lists the regions of dst filled from rank k, in the order
+// rank k sends them (equal extents). Regions sent to this rank itself are copied locally. On
+// shared memory each byte is copied once, from the sender's src straight into the receiver's dst.
+struct ExchangeBoxesOptions {
+  const std::byte* src = nullptr;
+  Shape src_shape;
+  std::byte* dst = nullptr;
+  Shape dst_shape;
+  DType dtype = DType::kFloat32;
+  std::vector<std::vector<Box>> send;
+  std::vector<std::vector<Box>> recv;
+  Timeout timeout{0};
+};
+
 // Whether a call returns once the work is done (kWait: the returned event is complete) or as
 // soon as it is started (kAsync).
 enum class Completion { kWait, kAsync };
@@ -140,6 +157,7 @@ class Communicator {
   virtual Event recv(const RecvOptions& o, Completion c) = 0;
   virtual Event collective_permute(const PermuteOptions& o, Completion c) = 0;
   virtual Event barrier(const BarrierOptions& o, Completion c) = 0;
+  virtual Event exchange_boxes(const ExchangeBoxesOptions& o, Completion c) = 0;
 
   // Returns the communicator over `devices` (global ids, in rank order), which must include this
   // device. Created on first use and cached; every member must ask for the group, in the same
@@ -157,6 +175,7 @@ void send(Communicator& comm, const SendOptions& o);
 void recv(Communicator& comm, const RecvOptions& o);
 void collective_permute(Communicator& comm, const PermuteOptions& o);
 void barrier(Communicator& comm, const BarrierOptions& o = {});
+void exchange_boxes(Communicator& comm, const ExchangeBoxesOptions& o);
 
 // Asynchronous forms: return at once; the buffers must stay valid until the event completes.
 Event all_reduce_async(Communicator& comm, const AllReduceOptions& o);
@@ -168,6 +187,7 @@ Event send_async(Communicator& comm, const SendOptions& o);
 Event recv_async(Communicator& comm, const RecvOptions& o);
 Event collective_permute_async(Communicator& comm, const PermuteOptions& o);
 Event barrier_async(Communicator& comm, const BarrierOptions& o = {});
+Event exchange_boxes_async(Communicator& comm, const ExchangeBoxesOptions& o);
 
 // Returns the timeout `requested` resolves to on `comm` (its default when 0).
 Timeout resolve_timeout(const Communicator& comm, Timeout requested);
@@ -177,6 +197,10 @@ std::string describe(std::string_view collective, const std::vector<DeviceId>& d
 
 // Returns the prefix sums of `counts` (displacements), with one extra final entry (the total).
 std::vector<std::int64_t> displacements(const std::vector<std::int64_t>& counts);
+
+// Checks that `o` has one region list per rank in send and recv, each region inside its
+// tensor; throws Error naming the offending region otherwise.
+void check_exchange(const Communicator& comm, const ExchangeBoxesOptions& o);
 
 // Checks that a per-rank count vector has one non-negative entry per rank; throws Error naming
 // `collective` and `field` otherwise.

@@ -239,6 +239,68 @@ Event MpiCommunicator::barrier(const BarrierOptions&, Completion c) {
   return finish_event(what, {req}, nullptr);
 }
 
+Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion c) {
+  // Packs every outgoing region into one buffer in rank order, exchanges with MPI_Alltoallv and
+  // unpacks into dst.
+  const std::string what = describe("exchange_boxes", devices_);
+  check_exchange(*this, o);
+  const int n = size();
+  struct State {
+    std::vector<int> sc, sd, rc, rd;
+    std::vector<std::byte> sendbuf, recvbuf;
+  };
+  auto st = std::make_shared<State>();
+  const std::size_t es = size_of(o.dtype);
+  auto total = [](const std::vector<Box>& boxes) {
+    std::int64_t t = 0;
+    for (const Box& b : boxes) t += numel(b);
+    return t;
+  };
+  std::vector<std::int64_t> scount(n), rcount(n);
+  for (int k = 0; k < n; ++k) {
+    scount[k] = total(o.send[k]);
+    rcount[k] = total(o.recv[k]);
+  }
+  st->sc = as_ints(scount, what);
+  st->sd = int_displacements(st->sc, what);
+  st->rc = as_ints(rcount, what);
+  st->rd = int_displacements(st->rc, what);
+  st->sendbuf.resize(static_cast<std::size_t>(displacements(scount)[n]) * es + 1);
+  st->recvbuf.resize(static_cast<std::size_t>(displacements(rcount)[n]) * es + 1);
+  std::int64_t at = 0;
+  for (int k = 0; k < n; ++k) {
+    for (const Box& b : o.send[k]) {
+      Shape ext = b.extent;
+      // Pack as a row-major block of shape b.extent at element `at`.
+      copy_box(ConstBuffer{o.src, &o.src_shape, es}, b.offset,
+               MutableBuffer{st->sendbuf.data() + at * es, &ext, es}, std::vector<std::int64_t>(ext.size(), 0), b.extent);
+      at += numel(b);
+    }
+  }
+  auto unpack = [st, o, es, n] {
+    std::int64_t pos = 0;
+    for (int k = 0; k < n; ++k) {
+      for (const Box& b : o.recv[k]) {
+        Shape ext = b.extent;
+        copy_box(ConstBuffer{st->recvbuf.data() + pos * es, &ext, es}, std::vector<std::int64_t>(ext.size(), 0),
+                 MutableBuffer{o.dst, &o.dst_shape, es}, b.offset, b.extent);
+        pos += numel(b);
+      }
+    }
+  };
+  const MPI_Datatype t = mpi_type(o.dtype);
+  if (c == Completion::kWait) {
+    check(MPI_Alltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(), st->rc.data(),
+                        st->rd.data(), t, comm_), what);
+    unpack();
+    return Event();
+  }
+  MPI_Request req;
+  check(MPI_Ialltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(), st->rc.data(),
+                       st->rd.data(), t, comm_, &req), what);
+  return finish_event(what, {req}, unpack, st);
+}
+
 std::shared_ptr<Communicator> MpiCommunicator::group(const std::vector<DeviceId>& members) {
   auto it = context_->groups.find(members);
   if (it != context_->groups.end()) return it->second;

@@ -246,6 +246,35 @@ Event ThreadsCommunicator::barrier(const BarrierOptions& o, Completion c) {
   });
 }
 
+Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion c) {
+  check_exchange(*this, o);
+  return start("exchange_boxes", o, c, [this](std::uint64_t seq, const std::shared_ptr<const ExchangeBoxesOptions>& opts, Timeout t, const std::string& what) {
+    const ExchangeBoxesOptions& me = *opts;
+    auto p = as<ExchangeBoxesOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
+    check_agree(p, devices(), what, "dtype", [](const ExchangeBoxesOptions& x) { return x.dtype; });
+    const int n = size();
+    const std::size_t es = size_of(me.dtype);
+    for (int i = 0; i < n; ++i) {
+      const int k = (rank_ + i) % n;
+      const auto& theirs = p[k]->send[rank_];
+      const auto& mine = me.recv[k];
+      if (theirs.size() != mine.size()) {
+        fail(ErrorKind::kInvalidArgument, "{}: device {} sends {} regions to device {}, which expects {}", what,
+             devices()[k], theirs.size(), device(), mine.size());
+      }
+      for (std::size_t j = 0; j < mine.size(); ++j) {
+        if (theirs[j].extent != mine[j].extent) {
+          fail(ErrorKind::kInvalidArgument, "{}: region {} from device {} does not fit region {} of device {}", what,
+               to_string(theirs[j]), devices()[k], to_string(mine[j]), device());
+        }
+        copy_box(ConstBuffer{p[k]->src, &p[k]->src_shape, es}, theirs[j].offset,
+                 MutableBuffer{me.dst, &me.dst_shape, es}, mine[j].offset, mine[j].extent);
+      }
+    }
+    group_->arrive(seq, rank_, 1, nullptr, t, what);
+  });
+}
+
 namespace {
 
 void check_peer(const Communicator& comm, std::string_view op, int peer, std::int64_t count) {

@@ -69,6 +69,7 @@ class ThreadsCommunicator final : public Communicator {
   Event recv(const RecvOptions& o, Completion c) override;
   Event collective_permute(const PermuteOptions& o, Completion c) override;
   Event barrier(const BarrierOptions& o, Completion c) override;
+  Event exchange_boxes(const ExchangeBoxesOptions& o, Completion c) override;
   std::shared_ptr<Communicator> group(const std::vector<DeviceId>& devices) override;
 
  private:
