@@ -9,7 +9,13 @@ namespace meshflow {
 
 void Tensor::FreeAligned::operator()(std::byte* p) const { std::free(p); }
 
-Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+Tensor::Tensor(DType dtype, Shape shape) : Tensor(dtype, std::move(shape), NoFill{}) {
+  std::memset(data_.get(), 0, nbytes());
+}
+
+Tensor Tensor::uninitialized(DType dtype, Shape shape) { return Tensor(dtype, std::move(shape), NoFill{}); }
+
+Tensor::Tensor(DType dtype, Shape shape, NoFill) : dtype_(dtype), shape_(std::move(shape)) {
   for (std::int64_t e : shape_) {
     if (e < 0) fail(ErrorKind::kInvalidArgument, "tensor shape {} has a negative extent", to_string(shape_));
   }
@@ -20,12 +26,11 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
   if (rounded == 0) rounded = kTensorAlignment;
   void* p = std::aligned_alloc(kTensorAlignment, rounded);
   if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, rounded);
   data_.reset(static_cast<std::byte*>(p));
 }
 
 Tensor Tensor::clone() const {
-  Tensor out(dtype_, shape_);
+  Tensor out = uninitialized(dtype_, shape_);
   std::memcpy(out.bytes(), bytes(), nbytes());
   return out;
 }

@@ -21,6 +21,9 @@ class Tensor {
  public:
   Tensor() : Tensor(DType::kFloat32, Shape{0}) {}
   Tensor(DType dtype, Shape shape);
+  // Returns a tensor whose elements are unspecified, for buffers every element of which is
+  // about to be written (saves a pass over memory).
+  static Tensor uninitialized(DType dtype, Shape shape);
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(Tensor&&) noexcept = default;
   Tensor(const Tensor&) = delete;
@@ -53,6 +56,8 @@ class Tensor {
   struct FreeAligned {
     void operator()(std::byte* p) const;
   };
+  struct NoFill {};
+  Tensor(DType dtype, Shape shape, NoFill);
   void check_dtype(DType requested) const;
 
   DType dtype_;

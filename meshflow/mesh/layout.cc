@@ -27,6 +27,24 @@ Layout make_layout(DeviceMesh mesh, std::vector<Placement> placements, Shape sha
   return Layout{std::move(mesh), std::move(placements), std::move(shape), dtype};
 }
 
+std::size_t hash_value(const Layout& layout) {
+  std::size_t h = 1469598103934665603ull;
+  auto mix = [&h](std::int64_t v) { h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull; };
+  for (auto e : layout.mesh.shape) mix(e);
+  mix(-1);
+  for (auto d : layout.mesh.devices) mix(d);
+  mix(-2);
+  for (const Placement& p : layout.placements) {
+    mix(static_cast<int>(p.kind));
+    mix(p.dim);
+    mix(static_cast<int>(p.op));
+  }
+  mix(-3);
+  for (auto e : layout.shape) mix(e);
+  mix(static_cast<int>(layout.dtype));
+  return h;
+}
+
 std::string to_string(const Layout& layout) {
   return fmt::format("mesh {} placements {} shape {} {}", to_string(layout.mesh),
                      to_string(layout.placements), to_string(layout.shape), to_string(layout.dtype));
@@ -41,7 +59,10 @@ Chunk chunk(std::int64_t size, std::int64_t parts, std::int64_t index) {
 }
 
 Box shard_box(const Layout& layout, DeviceId device) {
-  const std::vector<std::int64_t> coords = coordinates(layout.mesh, device);
+  return shard_box_at(layout, coordinates(layout.mesh, device));
+}
+
+Box shard_box_at(const Layout& layout, const std::vector<std::int64_t>& coords) {
   Box box = full_box(layout.shape);
   for (std::size_t m = 0; m < layout.placements.size(); ++m) {
     const Placement& p = layout.placements[m];

@@ -28,6 +28,9 @@ struct Layout {
 Layout make_layout(DeviceMesh mesh, std::vector<Placement> placements, Shape shape,
                    DType dtype = DType::kFloat32);
 
+// Returns a hash of every field (for plan caches).
+std::size_t hash_value(const Layout& layout);
+
 // Returns "mesh 2x2 placements S(0),R shape 8x8 float32".
 std::string to_string(const Layout& layout);
 
@@ -42,6 +45,9 @@ Chunk chunk(std::int64_t size, std::int64_t parts, std::int64_t index);
 // Returns the box of the global tensor that `device` holds. Mesh dims that shard the same
 // tensor dim apply the chunk rule outer mesh dim first. Throws Error if the mesh lacks `device`.
 Box shard_box(const Layout& layout, DeviceId device);
+
+// Returns the box of the device at mesh coordinates `coords` (no device lookup).
+Box shard_box_at(const Layout& layout, const std::vector<std::int64_t>& coords);
 
 // Returns the local shape `device` holds (the extent of its shard box).
 Shape local_shape(const Layout& layout, DeviceId device);

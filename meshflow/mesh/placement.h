@@ -24,7 +24,7 @@ struct Placement {
   bool is_shard() const { return kind == Kind::kShard; }
   bool is_replicate() const { return kind == Kind::kReplicate; }
   bool is_partial() const { return kind == Kind::kPartial; }
-  bool operator==(const Placement&) const = default;
+  auto operator<=>(const Placement&) const = default;
 };
 
 // Returns the canonical text form: "S(0)", "R" or "P(sum)".

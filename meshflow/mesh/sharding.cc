@@ -1,7 +1,6 @@
 // shard_tensor and assemble.
 #include "meshflow/mesh/sharding.h"
 
-#include <functional>
 
 #include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
@@ -26,6 +25,37 @@ std::vector<Tensor> shard_tensor(const Tensor& global, const Layout& layout) {
   return shards;
 }
 
+void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes, DType dtype,
+                          const std::vector<const std::byte*>& terms, std::byte* out, std::int64_t n) {
+  MESHFLOW_CHECK(ops.size() == sizes.size() && !terms.empty());
+  bool all_sum_avg = true, all_same = true;
+  std::int64_t avg_divisor = 1;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    all_sum_avg = all_sum_avg && (ops[i] == ReduceOp::kSum || ops[i] == ReduceOp::kAvg);
+    all_same = all_same && ops[i] == ops[0];
+    if (ops[i] == ReduceOp::kAvg) avg_divisor *= sizes[i];
+  }
+  if (ops.empty() || all_sum_avg || all_same) {
+    const ReduceOp op = ops.empty() || all_sum_avg ? ReduceOp::kSum : ops[0];
+    reduce_terms(op, dtype, terms, out, n);
+    if (all_sum_avg) divide_by(dtype, out, n, avg_divisor);
+    return;
+  }
+  // Mixed ops: value = op_0(op_1(...)): reduce each block of terms sharing the outer
+  // coordinates over the innermost dim, then recurse on the outer dims.
+  const std::int64_t inner = sizes.back();
+  const std::size_t es = size_of(dtype);
+  std::vector<std::vector<std::byte>> partial(terms.size() / inner, std::vector<std::byte>(static_cast<std::size_t>(n) * es + 1));
+  std::vector<const std::byte*> next;
+  for (std::size_t g = 0; g < partial.size(); ++g) {
+    std::vector<const std::byte*> block(terms.begin() + g * inner, terms.begin() + (g + 1) * inner);
+    reduce_partial_terms({ops.back()}, {inner}, dtype, block, partial[g].data(), n);
+    next.push_back(partial[g].data());
+  }
+  reduce_partial_terms(std::vector<ReduceOp>(ops.begin(), ops.end() - 1), std::vector<std::int64_t>(sizes.begin(), sizes.end() - 1),
+                       dtype, next, out, n);
+}
+
 namespace {
 
 // Returns the full value of the Partial group containing `device` (whose Partial coordinates
@@ -33,39 +63,19 @@ namespace {
 Tensor reduce_partial(const Layout& layout, const std::vector<Tensor>& shards, DeviceId device) {
   const DeviceMesh& mesh = layout.mesh;
   const std::vector<MeshDim> pdims = partial_dims(layout);
-  auto shard_of = [&](DeviceId d) -> const Tensor& { return shards[*find_device(mesh, d)]; };
-  if (pdims.empty()) return shard_of(device).clone();
-
-  bool all_sum_avg = true, all_same = true;
-  std::int64_t avg_divisor = 1;
+  const Tensor& mine = shards[*find_device(mesh, device)];
+  if (pdims.empty()) return mine.clone();
+  std::vector<ReduceOp> ops;
+  std::vector<std::int64_t> sizes;
   for (MeshDim m : pdims) {
-    ReduceOp op = layout.placements[m].op;
-    all_sum_avg = all_sum_avg && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
-    all_same = all_same && op == layout.placements[pdims[0]].op;
-    if (op == ReduceOp::kAvg) avg_divisor *= mesh.shape[m];
+    ops.push_back(layout.placements[m].op);
+    sizes.push_back(mesh.shape[m]);
   }
-  const Tensor& mine = shard_of(device);
+  std::vector<const std::byte*> terms;
+  for (DeviceId d : group_along(mesh, device, pdims)) terms.push_back(shards[*find_device(mesh, d)].bytes());
   Tensor out(mine.dtype(), mine.shape());
-  if (all_sum_avg || all_same) {
-    std::vector<const std::byte*> terms;
-    for (DeviceId d : group_along(mesh, device, pdims)) terms.push_back(shard_of(d).bytes());
-    ReduceOp op = all_sum_avg ? ReduceOp::kSum : layout.placements[pdims[0]].op;
-    reduce_terms(op, out.dtype(), terms, out.bytes(), out.numel());
-    if (all_sum_avg) divide_by(out.dtype(), out.bytes(), out.numel(), avg_divisor);
-    return out;
-  }
-  // Mixed ops: value = op_outer(op_inner(...)), so recurse from the outermost Partial dim.
-  std::function<Tensor(std::size_t, DeviceId)> reduce_from = [&](std::size_t k, DeviceId d) -> Tensor {
-    if (k == pdims.size()) return shard_of(d).clone();
-    std::vector<Tensor> parts;
-    for (DeviceId member : group_along(mesh, d, {pdims[k]})) parts.push_back(reduce_from(k + 1, member));
-    std::vector<const std::byte*> terms;
-    for (const Tensor& t : parts) terms.push_back(t.bytes());
-    Tensor r(mine.dtype(), mine.shape());
-    reduce_terms(layout.placements[pdims[k]].op, r.dtype(), terms, r.bytes(), r.numel());
-    return r;
-  };
-  return reduce_from(0, device);
+  reduce_partial_terms(ops, sizes, out.dtype(), terms, out.bytes(), out.numel());
+  return out;
 }
 
 }  // namespace

@@ -1,0 +1,88 @@
+// Plan text and JSON forms.
+#include "meshflow/plan/plan.h"
+
+#include <set>
+
+#include <fmt/format.h>
+
+namespace meshflow {
+
+std::string_view to_string(StepKind kind) {
+  switch (kind) {
+    case StepKind::kAllGather: return "all_gather";
+    case StepKind::kAllReduce: return "all_reduce";
+    case StepKind::kReduceScatter: return "reduce_scatter";
+    case StepKind::kAllToAll: return "all_to_all";
+    case StepKind::kPointToPoint: return "point_to_point";
+    case StepKind::kLocal: return "local";
+  }
+  return "?";
+}
+
+std::vector<DeviceId> step_devices(const Plan& plan, const Step& step) {
+  if (step.kind != StepKind::kPointToPoint) return plan.from.mesh.devices;
+  std::set<DeviceId> ids;
+  for (const Transfer& t : step.transfers) {
+    ids.insert(t.src);
+    ids.insert(t.dst);
+  }
+  for (DeviceId d : plan.to.mesh.devices) ids.insert(d);
+  return {ids.begin(), ids.end()};
+}
+
+namespace {
+
+std::string dims_text(const std::vector<MeshDim>& dims) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) out += (i ? "," : "") + std::to_string(dims[i]);
+  return out + "]";
+}
+
+std::string seconds(double s) { return fmt::format("{:.3g} us", s * 1e6); }
+
+}  // namespace
+
+std::string to_text(const Plan& plan) {
+  std::string out = fmt::format("plan {} {} on {}: {} -> {}", to_string(plan.from.shape), to_string(plan.from.dtype),
+                                to_string(plan.from.mesh), to_string(plan.from.placements), to_string(plan.to.placements));
+  if (!(plan.to.mesh == plan.from.mesh)) out += fmt::format(" on {}", to_string(plan.to.mesh));
+  out += fmt::format("\nplanner {}: {} steps, est {}, moves {} bytes (lower bound {})\n", plan.planner, plan.steps.size(),
+                     seconds(plan.est_s), plan.total_bytes, plan.min_bytes);
+  for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
+    out += fmt::format("  {}. {}", i + 1, to_string(s.kind));
+    if (s.kind == StepKind::kPointToPoint) {
+      out += fmt::format(" {} transfers, {} terms", s.transfers.size(), s.terms);
+    } else {
+      out += fmt::format(" mesh_dims {} {} -> {}", dims_text(s.mesh_dims), to_string(s.before), to_string(s.after));
+    }
+    out += fmt::format(", {} bytes/device, {} total, est {}\n", s.bytes_per_device, s.total_bytes, seconds(s.est_s));
+  }
+  for (const Alternative& a : plan.alternatives) {
+    out += fmt::format("  alternative {}: {} steps, est {}, moves {} bytes\n", a.planner, a.steps, seconds(a.est_s), a.total_bytes);
+  }
+  return out;
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const Step& s : plan.steps) {
+    steps.push_back({{"kind", to_string(s.kind)},
+                     {"mesh_dims", s.mesh_dims},
+                     {"devices", step_devices(plan, s)},
+                     {"before", to_string(s.before)},
+                     {"after", to_string(s.after)},
+                     {"bytes_per_device", s.bytes_per_device},
+                     {"total_bytes", s.total_bytes},
+                     {"est_s", s.est_s}});
+  }
+  nlohmann::json alternatives = nlohmann::json::array();
+  for (const Alternative& a : plan.alternatives) {
+    alternatives.push_back({{"planner", a.planner}, {"est_s", a.est_s}, {"total_bytes", a.total_bytes}, {"steps", a.steps}});
+  }
+  return {{"planner", plan.planner},          {"est_s", plan.est_s},
+          {"min_bytes", plan.min_bytes},      {"total_bytes", plan.total_bytes},
+          {"steps", steps},                   {"alternatives", alternatives}};
+}
+
+}  // namespace meshflow

@@ -1,0 +1,77 @@
+// Plan: what a redistribution planner returns, as plain data: ordered steps (a collective on
+// groups along mesh dims, a local chunk or scale, or one point-to-point exchange), with bytes
+// and estimated time per step, a canonical text form (for golden files) and JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshflow/core/box.h"
+#include "meshflow/mesh/layout.h"
+
+namespace meshflow {
+
+enum class StepKind { kAllGather, kAllReduce, kReduceScatter, kAllToAll, kPointToPoint, kLocal };
+
+// Returns "all_gather", ..., "point_to_point", "local".
+std::string_view to_string(StepKind kind);
+
+// One region a point-to-point step moves: box (global coordinates) of partial term `term` (0
+// when the source is not reduced) from device src to device dst.
+struct Transfer {
+  DeviceId src;
+  DeviceId dst;
+  int term;
+  Box box;
+  bool operator==(const Transfer&) const = default;
+};
+
+// Invariants: collective and local steps run on the source mesh and turn placements `before`
+// into `after`, changing exactly the mesh dims in `mesh_dims` (ascending); a point-to-point
+// step turns the source layout into the destination layout (its `before`/`after` are those
+// layouts' placements) and lists every transfer.
+struct Step {
+  StepKind kind = StepKind::kLocal;
+  std::vector<MeshDim> mesh_dims;
+  std::vector<Placement> before, after;
+  std::int64_t bytes_per_device = 0;  // the most any device receives
+  std::int64_t total_bytes = 0;       // received, summed over devices
+  double est_s = 0;
+  std::vector<Transfer> transfers;    // point_to_point only
+  int terms = 1;                      // point_to_point: partial terms each device reduces
+  bool operator==(const Step&) const = default;
+};
+
+// A candidate that lost, for `meshflow plan` to show.
+struct Alternative {
+  std::string planner;
+  double est_s = 0;
+  std::int64_t total_bytes = 0;
+  int steps = 0;
+};
+
+struct Plan {
+  Layout from, to;
+  std::string planner;  // which candidate won: per_dim, per_dim_merged, search, point_to_point
+  std::vector<Step> steps;
+  double est_s = 0;
+  std::int64_t total_bytes = 0;
+  std::int64_t min_bytes = 0;  // lower bound on total_bytes for any plan
+  std::vector<Alternative> alternatives;
+};
+
+// Returns the canonical multi-line text form (stable; golden files depend on it).
+std::string to_text(const Plan& plan);
+
+// Returns DESIGN.md's plan JSON: {"planner", "est_s", "min_bytes", "steps": [{"kind",
+// "mesh_dims", "devices", "bytes_per_device", "est_s"}], ...} plus "total_bytes" and
+// "alternatives".
+nlohmann::json to_json(const Plan& plan);
+
+// Returns the devices a step involves (the source mesh's devices for collectives; senders and
+// receivers for point_to_point).
+std::vector<DeviceId> step_devices(const Plan& plan, const Step& step);
+
+}  // namespace meshflow

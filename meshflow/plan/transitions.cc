@@ -1,0 +1,293 @@
+// Move validity, step construction, byte counts and the lower bound.
+#include "meshflow/plan/transitions.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+Layout with_placements(const Layout& layout, std::vector<Placement> placements) {
+  Layout out = layout;
+  out.placements = std::move(placements);
+  return out;
+}
+
+void check_redistributable(const Layout& from, const Layout& to) {
+  if (from.shape != to.shape || from.dtype != to.dtype) {
+    fail(ErrorKind::kShapeMismatch, "cannot redistribute a {} {} tensor into a layout for {} {}", to_string(from.shape),
+         to_string(from.dtype), to_string(to.shape), to_string(to.dtype));
+  }
+  if (!(from.mesh == to.mesh)) return;  // cross-mesh: values are rebuilt on the destination
+  for (std::size_t m = 0; m < from.placements.size(); ++m) {
+    const Placement& a = from.placements[m];
+    const Placement& b = to.placements[m];
+    if (a.is_shard() && b.is_partial()) {
+      fail(ErrorKind::kInvalidArgument,
+           "cannot redistribute mesh dim {} from {} to {}: a shard cannot become a partial term", m, to_string(a),
+           to_string(b));
+    }
+    if (a.is_partial() && b.is_partial() && a.op != b.op) {
+      fail(ErrorKind::kInvalidArgument, "cannot redistribute mesh dim {} from {} to {}: partial ops differ", m,
+           to_string(a), to_string(b));
+    }
+  }
+}
+
+std::vector<Placement> settle_unit_dims(const DeviceMesh& mesh, std::vector<Placement> placements,
+                                        const std::vector<Placement>& target) {
+  for (std::size_t m = 0; m < placements.size(); ++m) {
+    if (mesh.shape[m] == 1) placements[m] = target[m];
+  }
+  return placements;
+}
+
+namespace {
+
+// Returns true when a mesh dim of size > 1, not in `dims` and inner to min(dims), shards
+// tensor dim `d` in `placements`.
+bool inner_shard_outside(const Layout& layout, const std::vector<Placement>& placements,
+                         const std::vector<MeshDim>& dims, int d) {
+  for (std::size_t m = dims.front() + 1; m < placements.size(); ++m) {
+    if (layout.mesh.shape[m] == 1 || std::find(dims.begin(), dims.end(), static_cast<MeshDim>(m)) != dims.end()) continue;
+    if (placements[m] == Placement::shard(d)) return true;
+  }
+  return false;
+}
+
+// Returns true when tensor dim d divides evenly by the product of the sizes of the mesh dims
+// sharding it in `placements` up to and including mesh dim `last`, plus `dims`.
+bool divides_evenly(const Layout& layout, const std::vector<Placement>& placements,
+                    const std::vector<MeshDim>& dims, int d) {
+  std::int64_t parts = 1;
+  for (int m = 0; m <= dims.back(); ++m) {
+    bool in = std::find(dims.begin(), dims.end(), m) != dims.end();
+    if (in || placements[m] == Placement::shard(d)) parts *= layout.mesh.shape[m];
+  }
+  return layout.shape[d] % parts == 0;
+}
+
+// Returns true when a Partial dim of size > 1, not in `dims` and inner to some dim of `dims`,
+// has an op incompatible with the op of that dim (invariant 4).
+bool incompatible_inner_partial(const Layout& layout, const std::vector<Placement>& placements,
+                                const std::vector<MeshDim>& dims) {
+  for (MeshDim m : dims) {
+    for (std::size_t m2 = m + 1; m2 < placements.size(); ++m2) {
+      if (layout.mesh.shape[m2] == 1 || std::find(dims.begin(), dims.end(), static_cast<MeshDim>(m2)) != dims.end()) continue;
+      if (placements[m2].is_partial() && !compatible_ops(placements[m2].op, placements[m].op)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool compatible_ops(ReduceOp a, ReduceOp b) {
+  auto additive = [](ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kAvg; };
+  return a == b || (additive(a) && additive(b));
+}
+
+std::optional<StepKind> classify_move(const Layout& before, const std::vector<Placement>& after,
+                                      const std::vector<MeshDim>& dims) {
+  if (dims.empty()) return std::nullopt;
+  const auto& cur = before.placements;
+  std::optional<StepKind> kind;
+  for (MeshDim m : dims) {
+    const Placement& p = cur[m];
+    const Placement& q = after[m];
+    std::optional<StepKind> k;
+    if (p == q) return std::nullopt;
+    if (p.is_shard() && q.is_replicate()) k = StepKind::kAllGather;
+    if (p.is_partial() && q.is_replicate()) k = StepKind::kAllReduce;
+    if (p.is_partial() && q.is_shard()) k = StepKind::kReduceScatter;
+    if (p.is_shard() && q.is_shard()) k = StepKind::kAllToAll;
+    if (p.is_replicate()) k = StepKind::kLocal;
+    if (!k || (kind && *kind != *k)) return std::nullopt;
+    kind = k;
+  }
+  const bool merged = dims.size() > 1;
+  const Placement& first_before = cur[dims[0]];
+  const Placement& first_after = after[dims[0]];
+  switch (*kind) {
+    case StepKind::kAllGather: {
+      const int d = first_before.dim;
+      for (MeshDim m : dims) {
+        if (cur[m].dim != d) return std::nullopt;
+      }
+      if (inner_shard_outside(before, cur, dims, d)) return std::nullopt;
+      if (merged && !divides_evenly(before, cur, dims, d)) return std::nullopt;
+      break;
+    }
+    case StepKind::kAllReduce: {
+      bool sum_avg = true, same = true;
+      for (MeshDim m : dims) {
+        sum_avg = sum_avg && (cur[m].op == ReduceOp::kSum || cur[m].op == ReduceOp::kAvg);
+        same = same && cur[m].op == first_before.op;
+      }
+      if (!sum_avg && !same) return std::nullopt;
+      if (incompatible_inner_partial(before, cur, dims)) return std::nullopt;
+      break;
+    }
+    case StepKind::kReduceScatter: {
+      const int d = first_after.dim;
+      for (MeshDim m : dims) {
+        if (after[m].dim != d || cur[m].op != first_before.op) return std::nullopt;
+      }
+      if (inner_shard_outside(before, cur, dims, d)) return std::nullopt;
+      if (merged && !divides_evenly(before, cur, dims, d)) return std::nullopt;
+      if (incompatible_inner_partial(before, cur, dims)) return std::nullopt;
+      break;
+    }
+    case StepKind::kAllToAll: {
+      if (merged) return std::nullopt;
+      if (inner_shard_outside(before, cur, dims, first_before.dim) ||
+          inner_shard_outside(before, cur, dims, first_after.dim)) {
+        return std::nullopt;
+      }
+      break;
+    }
+    case StepKind::kLocal: {
+      for (MeshDim m : dims) {
+        if (after[m].is_shard() && inner_shard_outside(before, cur, {m}, after[m].dim)) return std::nullopt;
+        // Chunking several dims at once must follow the outer-first rule among themselves too.
+        for (MeshDim m2 : dims) {
+          if (m2 > m && after[m].is_shard() && cur[m2] == Placement::shard(after[m].dim)) return std::nullopt;
+        }
+      }
+      break;
+    }
+    case StepKind::kPointToPoint: return std::nullopt;
+  }
+  return kind;
+}
+
+namespace {
+
+std::vector<std::int64_t> zero_coords(const Layout& l) { return std::vector<std::int64_t>(l.mesh.shape.size(), 0); }
+
+std::int64_t group_size(const Layout& l, const std::vector<MeshDim>& dims) {
+  std::int64_t n = 1;
+  for (MeshDim m : dims) n *= l.mesh.shape[m];
+  return n;
+}
+
+// Returns the bytes the device at `coords` receives in the step.
+std::int64_t received(const Layout& before, const Layout& after, StepKind kind, const std::vector<MeshDim>& dims,
+                      const std::vector<std::int64_t>& coords) {
+  const std::int64_t es = static_cast<std::int64_t>(size_of(before.dtype));
+  const Box b = shard_box_at(before, coords);
+  const Box a = shard_box_at(after, coords);
+  const std::int64_t n = group_size(before, dims);
+  switch (kind) {
+    case StepKind::kAllGather: return (numel(a) - numel(b)) * es;
+    case StepKind::kReduceScatter: return (n - 1) * numel(a) * es;
+    case StepKind::kAllReduce: return 2 * (n - 1) * numel(b) / n * es;
+    case StepKind::kAllToAll: return (numel(a) - numel(intersect(a, b))) * es;
+    default: return 0;
+  }
+}
+
+LinkClass slowest_link(const MachineModel& machine, const std::vector<MeshDim>& dims) {
+  LinkClass out = link_of(machine, dims.empty() ? 0 : dims[0]);
+  for (MeshDim m : dims) {
+    const LinkClass& l = link_of(machine, m);
+    out.bandwidth_gbps = std::min(out.bandwidth_gbps, l.bandwidth_gbps);
+    out.latency_us = std::max(out.latency_us, l.latency_us);
+  }
+  return out;
+}
+
+}  // namespace
+
+Step make_step(const Layout& before, const Move& move, const MachineModel& machine) {
+  const Layout after = with_placements(before, move.after);
+  Step step{.kind = move.kind, .mesh_dims = move.dims, .before = before.placements, .after = move.after};
+  const auto origin = zero_coords(before);  // the device with the largest shard
+  step.bytes_per_device = received(before, after, move.kind, move.dims, origin);
+  const LinkClass link = slowest_link(machine, move.dims);
+  const double alpha = link.latency_us * 1e-6, beta = link.bandwidth_gbps * 1e9, mem = machine.memcpy_gbps * 1e9;
+  const double n = static_cast<double>(group_size(before, move.dims));
+  const double es = static_cast<double>(size_of(before.dtype));
+  const double in_bytes = numel(shard_box_at(before, origin)) * es;
+  const double out_bytes = numel(shard_box_at(after, origin)) * es;
+  switch (move.kind) {
+    case StepKind::kAllGather: step.est_s = (n - 1) * alpha + step.bytes_per_device / beta; break;
+    case StepKind::kReduceScatter: step.est_s = (n - 1) * alpha + step.bytes_per_device / beta + n * out_bytes / mem; break;
+    case StepKind::kAllReduce: step.est_s = 2 * (n - 1) * alpha + step.bytes_per_device / beta + in_bytes / mem; break;
+    case StepKind::kAllToAll: step.est_s = (n - 1) * alpha + step.bytes_per_device / beta; break;
+    case StepKind::kLocal: {
+      bool scales = false;
+      for (MeshDim m : move.dims) scales = scales || (move.after[m].is_partial() && move.after[m].op == ReduceOp::kSum);
+      bool chunks = out_bytes != in_bytes;
+      step.est_s = (chunks ? out_bytes / mem : 0) + (scales ? out_bytes / mem : 0) + 1e-9;
+      break;
+    }
+    case StepKind::kPointToPoint: break;
+  }
+  return step;
+}
+
+std::int64_t fill_totals(const Layout& from, std::vector<Step>& steps) {
+  std::int64_t total = 0;
+  for (Step& s : steps) {
+    if (s.kind == StepKind::kPointToPoint) {
+      total += s.total_bytes;  // computed by the point-to-point planner from its transfers
+      continue;
+    }
+    const Layout before = with_placements(from, s.before), after = with_placements(from, s.after);
+    s.total_bytes = 0;
+    for (DeviceId d : from.mesh.devices) {
+      s.total_bytes += received(before, after, s.kind, s.mesh_dims, coordinates(from.mesh, d));
+    }
+    total += s.total_bytes;
+  }
+  return total;
+}
+
+std::vector<MeshDim> reduced_partial_dims(const Layout& from, const Layout& to) {
+  const bool same_mesh = from.mesh == to.mesh;
+  const std::size_t k = from.placements.size();
+  std::vector<bool> reduced(k, false);
+  for (std::size_t m = 0; m < k; ++m) {
+    const bool kept = same_mesh && from.placements[m].is_partial() && to.placements[m] == from.placements[m];
+    reduced[m] = from.placements[m].is_partial() && !kept;
+  }
+  // A Partial dim can keep its terms only if no outer reduced dim has an incompatible op
+  // (inner dims reduce first, so such a dim's terms do not survive the outer reduction).
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (std::size_t m = 0; m < k; ++m) {
+      if (reduced[m] || !from.placements[m].is_partial()) continue;
+      for (std::size_t r = 0; r < m; ++r) {
+        if (reduced[r] && !compatible_ops(from.placements[r].op, from.placements[m].op)) reduced[m] = grew = true;
+      }
+    }
+  }
+  std::vector<MeshDim> dims;
+  for (std::size_t m = 0; m < k; ++m) {
+    if (reduced[m]) dims.push_back(static_cast<MeshDim>(m));
+  }
+  return dims;
+}
+
+std::int64_t min_bytes(const Layout& from, const Layout& to) {
+  const std::int64_t es = static_cast<std::int64_t>(size_of(from.dtype));
+  // Terms each destination element needs, from the source's Partial dims not kept as Partial.
+  std::int64_t terms = 1;
+  for (MeshDim m : reduced_partial_dims(from, to)) terms *= from.mesh.shape[m];
+  std::int64_t total = 0;
+  for (DeviceId d : to.mesh.devices) {
+    const Box want = shard_box(to, d);
+    if (terms > 1) {
+      total += numel(want) * (terms - 1) / terms * es;
+      continue;
+    }
+    std::int64_t held = 0;
+    if (find_device(from.mesh, d)) held = numel(intersect(want, shard_box(from, d)));
+    total += (numel(want) - held) * es;
+  }
+  return total;
+}
+
+}  // namespace meshflow
