@@ -9,5 +9,7 @@ namespace meshflow::cli {
 void add_shard(CLI::App& app);
 void add_gather(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_plan(CLI::App& app);
+void add_redistribute(CLI::App& app);
 
 }  // namespace meshflow::cli

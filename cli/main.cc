@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   meshflow::cli::add_shard(app);
   meshflow::cli::add_gather(app);
+  meshflow::cli::add_plan(app);
+  meshflow::cli::add_redistribute(app);
   meshflow::cli::add_bench(app);
   auto known = [&app](const std::string& name) {
     for (const CLI::App* sub : app.get_subcommands({})) {

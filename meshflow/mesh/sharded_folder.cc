@@ -62,55 +62,70 @@ Layout read_layout(const fs::path& dir) {
   return layout_from_json(json, file.string());
 }
 
+Tensor read_shard(const fs::path& dir, const Layout& layout, int mesh_index) {
+  const fs::path file = dir / shard_file_name(mesh_index);
+  Tensor t = read_npy(file);
+  const DeviceId d = layout.mesh.devices[mesh_index];
+  const Box box = shard_box(layout, d);
+  if (t.dtype() != layout.dtype || t.shape() != box.extent) {
+    fail(ErrorKind::kIo, "{}: holds {} {} but layout.json gives device {} box {} ({} {})", file.string(),
+         to_string(t.shape()), to_string(t.dtype()), d, to_string(box), to_string(box.extent), to_string(layout.dtype));
+  }
+  return t;
+}
+
 ShardedTensor read_sharded(const fs::path& dir) {
   ShardedTensor st{read_layout(dir), {}};
-  for (int i = 0; i < size(st.layout.mesh); ++i) {
-    const fs::path file = dir / shard_file_name(i);
-    Tensor t = read_npy(file);
-    const DeviceId d = st.layout.mesh.devices[i];
-    const Box box = shard_box(st.layout, d);
-    if (t.dtype() != st.layout.dtype || t.shape() != box.extent) {
-      fail(ErrorKind::kIo, "{}: holds {} {} but layout.json gives device {} box {} ({} {})",
-           file.string(), to_string(t.shape()), to_string(t.dtype()), d, to_string(box),
-           to_string(box.extent), to_string(st.layout.dtype));
-    }
-    st.shards.push_back(std::move(t));
-  }
+  for (int i = 0; i < size(st.layout.mesh); ++i) st.shards.push_back(read_shard(dir, st.layout, i));
   return st;
 }
 
-void write_sharded(const fs::path& dir, const Layout& layout, const std::vector<Tensor>& shards) {
-  MESHFLOW_CHECK(shards.size() == layout.mesh.devices.size());
+fs::path stage_folder(const fs::path& dir, const std::string& tag) {
   std::error_code ec;
   if (fs::exists(dir) && !(fs::is_directory(dir) && (fs::is_empty(dir) || fs::exists(dir / "layout.json")))) {
-    fail(ErrorKind::kIo, "refusing to replace \"{}\": it exists and is not a sharded tensor folder",
-         dir.string());
+    fail(ErrorKind::kIo, "refusing to replace \"{}\": it exists and is not a sharded tensor folder", dir.string());
   }
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent)) fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", dir.string(), parent.string());
+  if (!fs::is_directory(parent)) {
+    fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", dir.string(), parent.string());
+  }
   fs::path tmp = dir;
-  tmp += fmt::format(".tmp-{}", ::getpid());
+  tmp += tag;
   fs::remove_all(tmp, ec);
-  if (!fs::create_directory(tmp, ec)) {
-    fail(ErrorKind::kIo, "cannot create \"{}\": {}", tmp.string(), ec.message());
-  }
-  try {
-    write_file_atomic(tmp / "layout.json", layout_to_json(layout).dump(2) + "\n");
-    for (std::size_t i = 0; i < shards.size(); ++i) write_npy(tmp / shard_file_name(static_cast<int>(i)), shards[i]);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  if (!fs::create_directory(tmp, ec)) fail(ErrorKind::kIo, "cannot create \"{}\": {}", tmp.string(), ec.message());
+  return tmp;
+}
+
+void commit_folder(const fs::path& staged, const fs::path& dir) {
+  std::error_code ec;
   fs::path old = dir;
   old += fmt::format(".old-{}", ::getpid());
   const bool replacing = fs::exists(dir);
   if (replacing) fs::rename(dir, old, ec);
-  if (!ec) fs::rename(tmp, dir, ec);
+  if (!ec) fs::rename(staged, dir, ec);
   if (ec) {
-    fs::remove_all(tmp, ec);
+    discard_folder(staged);
     fail(ErrorKind::kIo, "cannot move the new folder into \"{}\"", dir.string());
   }
   if (replacing) fs::remove_all(old, ec);
+}
+
+void discard_folder(const fs::path& staged) {
+  std::error_code ignored;
+  fs::remove_all(staged, ignored);
+}
+
+void write_sharded(const fs::path& dir, const Layout& layout, const std::vector<Tensor>& shards) {
+  MESHFLOW_CHECK(shards.size() == layout.mesh.devices.size());
+  const fs::path tmp = stage_folder(dir, fmt::format(".tmp-{}", ::getpid()));
+  try {
+    write_file_atomic(tmp / "layout.json", layout_to_json(layout).dump(2) + "\n");
+    for (std::size_t i = 0; i < shards.size(); ++i) write_npy(tmp / shard_file_name(static_cast<int>(i)), shards[i]);
+  } catch (...) {
+    discard_folder(tmp);
+    throw;
+  }
+  commit_folder(tmp, dir);
 }
 
 }  // namespace meshflow

@@ -37,6 +37,17 @@ Layout read_layout(const std::filesystem::path& dir);
 void write_sharded(const std::filesystem::path& dir, const Layout& layout,
                    const std::vector<Tensor>& shards);
 
+// Returns the shard of the `mesh_index`-th device stored in `dir`, checked against `layout`.
+Tensor read_shard(const std::filesystem::path& dir, const Layout& layout, int mesh_index);
+
+// Writing a folder in stages, for writers spread over devices: stage_folder checks that `dir`
+// may be replaced and creates the empty temporary sibling `dir` + `tag` (returned); files are
+// written into it; commit_folder moves it into place (replacing an old sharded folder), and
+// discard_folder removes it after a failure.
+std::filesystem::path stage_folder(const std::filesystem::path& dir, const std::string& tag);
+void commit_folder(const std::filesystem::path& staged, const std::filesystem::path& dir);
+void discard_folder(const std::filesystem::path& staged);
+
 // Returns "rank<i>.npy".
 std::string shard_file_name(int mesh_index);
 

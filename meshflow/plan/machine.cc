@@ -7,14 +7,17 @@
 namespace meshflow {
 
 const MachineModel& default_machine() {
-  // Measured on the reference machine: memcpy ~18 GB/s single thread; a 4-device threads
-  // all-gather sustains ~4 GB/s bus bandwidth per device with ~15 us per collective round.
+  // Measured on the reference machine (`meshflow bench copy`, `meshflow bench collectives`):
+  // memcpy ~18 GB/s on one thread; a 4-device threads collective costs ~40 us to rendezvous
+  // whatever its size and sustains ~4 GB/s of bus bandwidth per device. The network class is
+  // a typical 100 Gb/s fabric, for meshes spanning nodes under mpi.
   static const MachineModel model{
-      .links = {{"shared_memory", LinkClass{.bandwidth_gbps = 4.0, .latency_us = 15.0}},
+      .links = {{"shared_memory", LinkClass{.bandwidth_gbps = 4.0, .latency_us = 2.0}},
                 {"network", LinkClass{.bandwidth_gbps = 10.0, .latency_us = 20.0}}},
       .default_link = "shared_memory",
       .dim_links = {},
       .memcpy_gbps = 18.0,
+      .collective_overhead_us = 40.0,
   };
   return model;
 }
@@ -39,10 +42,12 @@ MachineModel machine_from_json(const nlohmann::json& json, std::string_view sour
     m.default_link = json.at("default_link").get<std::string>();
     if (json.contains("dim_links")) m.dim_links = json.at("dim_links").get<std::vector<std::string>>();
     m.memcpy_gbps = json.at("memcpy_gbps").get<double>();
+    m.collective_overhead_us = json.at("collective_overhead_us").get<double>();
   } catch (const nlohmann::json::exception& e) {
     fail(ErrorKind::kInvalidArgument, "{}: {}", source, e.what());
   }
   if (!(m.memcpy_gbps > 0)) fail(ErrorKind::kInvalidArgument, "{}: memcpy_gbps must be > 0", source);
+  if (m.collective_overhead_us < 0) fail(ErrorKind::kInvalidArgument, "{}: collective_overhead_us must be >= 0", source);
   if (!m.links.contains(m.default_link)) {
     fail(ErrorKind::kInvalidArgument, "{}: default_link \"{}\" is not among the links", source, m.default_link);
   }
@@ -65,7 +70,8 @@ MachineModel load_machine(const std::filesystem::path& path) {
 nlohmann::json to_json(const MachineModel& model) {
   nlohmann::json links = nlohmann::json::object();
   for (const auto& [name, l] : model.links) links[name] = {{"bandwidth_gbps", l.bandwidth_gbps}, {"latency_us", l.latency_us}};
-  return {{"links", links}, {"default_link", model.default_link}, {"dim_links", model.dim_links}, {"memcpy_gbps", model.memcpy_gbps}};
+  return {{"links", links}, {"default_link", model.default_link}, {"dim_links", model.dim_links}, {"memcpy_gbps", model.memcpy_gbps},
+          {"collective_overhead_us", model.collective_overhead_us}};
 }
 
 }  // namespace meshflow

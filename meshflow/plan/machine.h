@@ -15,7 +15,7 @@ namespace meshflow {
 // One class of link between devices (threads in one process, processes on one node, nodes).
 struct LinkClass {
   double bandwidth_gbps = 0;  // per device, each direction
-  double latency_us = 0;      // per message / collective round
+  double latency_us = 0;      // per round of a collective (one message hop)
   bool operator==(const LinkClass&) const = default;
 };
 
@@ -24,6 +24,7 @@ struct MachineModel {
   std::string default_link;             // the class of every mesh dim not in dim_links
   std::vector<std::string> dim_links;   // optional: the link class of mesh dim i
   double memcpy_gbps = 0;               // local copies, chunking and reductions
+  double collective_overhead_us = 0;    // fixed cost of starting and finishing one collective
   bool operator==(const MachineModel&) const = default;
 };
 
@@ -35,7 +36,8 @@ const MachineModel& default_machine();
 const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 
 // Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us"}},
-// "default_link", "dim_links" (optional), "memcpy_gbps"}; throws Error naming the bad field.
+// "default_link", "dim_links" (optional), "memcpy_gbps", "collective_overhead_us"}; throws
+// Error naming the bad field.
 MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
 MachineModel load_machine(const std::filesystem::path& path);
 nlohmann::json to_json(const MachineModel& model);

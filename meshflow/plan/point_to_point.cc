@@ -121,8 +121,8 @@ Step plan_point_to_point(const Layout& from, const Layout& to, const MachineMode
   }
   const LinkClass& link = link_of(machine, 0);
   const double local_bytes = static_cast<double>(numel(shard_box_at(to, std::vector<std::int64_t>(to.mesh.shape.size(), 0))) * es);
-  step.est_s = static_cast<double>(max_peers) * link.latency_us * 1e-6 + step.bytes_per_device / (link.bandwidth_gbps * 1e9) +
-               step.terms * local_bytes / (machine.memcpy_gbps * 1e9);
+  step.est_s = machine.collective_overhead_us * 1e-6 + static_cast<double>(max_peers) * link.latency_us * 1e-6 +
+               step.bytes_per_device / (link.bandwidth_gbps * 1e9) + step.terms * local_bytes / (machine.memcpy_gbps * 1e9);
   return step;
 }
 

@@ -208,14 +208,20 @@ Step make_step(const Layout& before, const Move& move, const MachineModel& machi
   const LinkClass link = slowest_link(machine, move.dims);
   const double alpha = link.latency_us * 1e-6, beta = link.bandwidth_gbps * 1e9, mem = machine.memcpy_gbps * 1e9;
   const double n = static_cast<double>(group_size(before, move.dims));
+  const double rounds = std::ceil(std::log2(std::max(n, 1.0)));  // tree / recursive doubling
+  const double overhead = machine.collective_overhead_us * 1e-6;
   const double es = static_cast<double>(size_of(before.dtype));
   const double in_bytes = numel(shard_box_at(before, origin)) * es;
   const double out_bytes = numel(shard_box_at(after, origin)) * es;
   switch (move.kind) {
-    case StepKind::kAllGather: step.est_s = (n - 1) * alpha + step.bytes_per_device / beta; break;
-    case StepKind::kReduceScatter: step.est_s = (n - 1) * alpha + step.bytes_per_device / beta + n * out_bytes / mem; break;
-    case StepKind::kAllReduce: step.est_s = 2 * (n - 1) * alpha + step.bytes_per_device / beta + in_bytes / mem; break;
-    case StepKind::kAllToAll: step.est_s = (n - 1) * alpha + step.bytes_per_device / beta; break;
+    case StepKind::kAllGather: step.est_s = overhead + rounds * alpha + step.bytes_per_device / beta; break;
+    case StepKind::kReduceScatter:
+      step.est_s = overhead + rounds * alpha + step.bytes_per_device / beta + n * out_bytes / mem;
+      break;
+    case StepKind::kAllReduce:
+      step.est_s = overhead + 2 * rounds * alpha + step.bytes_per_device / beta + in_bytes / mem;
+      break;
+    case StepKind::kAllToAll: step.est_s = overhead + (n - 1) * alpha + step.bytes_per_device / beta; break;
     case StepKind::kLocal: {
       bool scales = false;
       for (MeshDim m : move.dims) scales = scales || (move.after[m].is_partial() && move.after[m].op == ReduceOp::kSum);

@@ -1,0 +1,33 @@
+// Redistributing a sharded folder on disk: every device reads its own shard, runs the plan and
+// writes its new shard; the output folder appears complete or not at all.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+
+#include "meshflow/comm/launch.h"
+#include "meshflow/plan/plan.h"
+#include "meshflow/plan/planner.h"
+
+namespace meshflow {
+
+struct RedistributeFolderOptions {
+  std::filesystem::path in, out;
+  std::vector<Placement> to;            // destination placements
+  std::optional<DeviceMesh> to_mesh;    // default: the source mesh
+  Backend backend = Backend::kThreads;
+  PlanOptions plan;
+  Timeout timeout{std::chrono::seconds(60)};
+};
+
+struct RedistributeFolderResult {
+  Plan plan;
+  double seconds = 0;       // wall time of the plan's execution on device 0 of the source mesh
+  bool reporter = false;    // true on the process that should print (always under threads)
+};
+
+// Runs the redistribution. Throws Error for bad input (naming the file or value) before any
+// output exists; under mpi a device that fails aborts the job and the output is not created.
+RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& options);
+
+}  // namespace meshflow
