@@ -5,6 +5,7 @@
 
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
+#include "bench/redistribute_bench.h"
 #include "cli/commands.h"
 
 namespace meshflow::cli {
@@ -59,6 +60,27 @@ void add_bench(CLI::App& app) {
     bool printer = false;
     bench::BenchReport report = bench::run_collectives_bench(o, &printer);
     if (printer) print_report(report, coll->json);
+  });
+
+  auto red = std::make_shared<CollArgs>();
+  red->collectives.clear();
+  CLI::App* rd = bench->add_subcommand("redistribute", "S(0)->R, S(0)->S(1), P(sum)->S(0), P(sum)->R against memcpy floors; planning times");
+  rd->add_option("--backend", red->backend, "threads or mpi (default: mpi under mpirun, else threads)");
+  rd->add_option("--devices", red->devices, "device threads (threads, default 4); devices of the world (mpi, default all)");
+  rd->add_option("--sizes", red->sizes, "global bytes per case, e.g. 16M,256M")->delimiter(',');
+  rd->add_option("--cases", red->collectives, "subset, e.g. \"S(0)->R\"")->delimiter(',');
+  rd->add_option("--reps", red->reps, "timed repetitions")->check(CLI::PositiveNumber);
+  rd->add_flag("--json", red->json, "print JSON");
+  rd->callback([red] {
+    bench::RedistributeBenchOptions o;
+    o.backend = red->backend.empty() ? detect_backend() : parse_backend(red->backend);
+    o.devices = red->devices.value_or(o.backend == Backend::kThreads ? 4 : 0);
+    for (const auto& s : red->sizes) o.sizes.push_back(bench::parse_bytes(s));
+    o.cases = red->collectives;
+    o.reps = red->reps;
+    bool printer = false;
+    bench::BenchReport report = bench::run_redistribute_bench(o, &printer);
+    if (printer) print_report(report, red->json);
   });
 }
 

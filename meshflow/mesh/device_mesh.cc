@@ -100,8 +100,12 @@ std::optional<int> find_device(const DeviceMesh& mesh, DeviceId device) {
 std::vector<std::int64_t> coordinates(const DeviceMesh& mesh, DeviceId device) {
   std::optional<int> pos = find_device(mesh, device);
   if (!pos) fail(ErrorKind::kInvalidArgument, "device {} is not in mesh {}", device, to_string(mesh));
+  return coordinates_at(mesh, *pos);
+}
+
+std::vector<std::int64_t> coordinates_at(const DeviceMesh& mesh, std::int64_t index) {
   std::vector<std::int64_t> coords(mesh.shape.size());
-  std::int64_t rem = *pos;
+  std::int64_t rem = index;
   for (std::size_t d = mesh.shape.size(); d-- > 0;) {
     coords[d] = rem % mesh.shape[d];
     rem /= mesh.shape[d];

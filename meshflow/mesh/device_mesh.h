@@ -50,6 +50,9 @@ std::optional<int> find_device(const DeviceMesh& mesh, DeviceId device);
 // Returns the coordinates of `device`; throws Error if the mesh does not hold it.
 std::vector<std::int64_t> coordinates(const DeviceMesh& mesh, DeviceId device);
 
+// Returns the coordinates of the device at row-major position `index`.
+std::vector<std::int64_t> coordinates_at(const DeviceMesh& mesh, std::int64_t index);
+
 // Returns the device at `coords`.
 DeviceId device_at(const DeviceMesh& mesh, const std::vector<std::int64_t>& coords);
 

@@ -243,8 +243,8 @@ std::int64_t fill_totals(const Layout& from, std::vector<Step>& steps) {
     }
     const Layout before = with_placements(from, s.before), after = with_placements(from, s.after);
     s.total_bytes = 0;
-    for (DeviceId d : from.mesh.devices) {
-      s.total_bytes += received(before, after, s.kind, s.mesh_dims, coordinates(from.mesh, d));
+    for (int i = 0; i < size(from.mesh); ++i) {
+      s.total_bytes += received(before, after, s.kind, s.mesh_dims, coordinates_at(from.mesh, i));
     }
     total += s.total_bytes;
   }
@@ -282,15 +282,21 @@ std::int64_t min_bytes(const Layout& from, const Layout& to) {
   // Terms each destination element needs, from the source's Partial dims not kept as Partial.
   std::int64_t terms = 1;
   for (MeshDim m : reduced_partial_dims(from, to)) terms *= from.mesh.shape[m];
+  const bool same_mesh = from.mesh == to.mesh;
   std::int64_t total = 0;
-  for (DeviceId d : to.mesh.devices) {
-    const Box want = shard_box(to, d);
+  for (int i = 0; i < size(to.mesh); ++i) {
+    const auto coords = coordinates_at(to.mesh, i);
+    const Box want = shard_box_at(to, coords);
     if (terms > 1) {
       total += numel(want) * (terms - 1) / terms * es;
       continue;
     }
     std::int64_t held = 0;
-    if (find_device(from.mesh, d)) held = numel(intersect(want, shard_box(from, d)));
+    if (same_mesh) {
+      held = numel(intersect(want, shard_box_at(from, coords)));
+    } else if (find_device(from.mesh, to.mesh.devices[i])) {
+      held = numel(intersect(want, shard_box(from, to.mesh.devices[i])));
+    }
     total += (numel(want) - held) * es;
   }
   return total;
