@@ -6,6 +6,7 @@
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/core/error.h"
+#include "meshflow/core/random.h"
 #include "tests/redistribute_check.h"
 
 namespace meshflow {
@@ -93,6 +94,24 @@ TEST(CrossMesh, DifferentShapesDeviceSetsAndPartialSources) {
       {L("2x2", "R,P(sum)", {4, 4}), L("2x2@3,2,1,0", "P(sum),R", {4, 4})},
   };
   run_pairs(8, pairs, 5);
+}
+
+TEST(MergedAllReduce, AvgAvgSumOfTheSameValueGivesTwiceIt) {
+  // Every device holds the same x (small integers, so every sum is exact): the value of
+  // [P(avg),P(avg),P(sum)] is avg(avg(x + x)) = 2x, reached with one all-reduce over all 8.
+  const Layout from = L("2x2x2", "P(avg),P(avg),P(sum)", {6, 5});
+  const Layout to = L("2x2x2", "R,R,R", {6, 5});
+  Tensor x(DType::kFloat32, {6, 5});
+  Tensor ints = random_tensor(DType::kInt32, {6, 5}, 3);
+  for (int i = 0; i < 30; ++i) x.data<float>()[i] = static_cast<float>(ints.data<std::int32_t>()[i]);
+  const Plan plan = plan_redistribute(from, to);
+  ASSERT_EQ(plan.steps.size(), 1u) << to_text(plan);
+  EXPECT_EQ(plan.steps[0].kind, StepKind::kAllReduce);
+  EXPECT_EQ(plan.steps[0].mesh_dims, (std::vector<MeshDim>{0, 1, 2}));
+  launch({.backend = Backend::kThreads, .devices = 8}, [&](Communicator& world) {
+    Tensor got = execute_plan(plan, world, x);
+    for (int i = 0; i < 30; ++i) ASSERT_EQ(got.data<float>()[i], 2 * x.data<float>()[i]) << "device " << world.device();
+  });
 }
 
 TEST(InvalidPairs, ErrorsNameTheMeshDimAndPlacements) {
