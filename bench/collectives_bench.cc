@@ -29,7 +29,7 @@ namespace meshflow::bench {
 
 const std::vector<std::string>& collective_names() {
   static const std::vector<std::string> names = {"all_gather", "all_reduce", "reduce_scatter",
-                                                 "all_to_all", "broadcast", "collective_permute"};
+                                                 "all_to_all", "broadcast",  "collective_permute"};
   return names;
 }
 
@@ -52,7 +52,8 @@ double measure_memcpy_seconds(std::int64_t bytes) {
   Tensor a = random_tensor(DType::kFloat32, {bytes / 4}, 1);
   Tensor b(DType::kFloat32, {bytes / 4});
   std::vector<double> t;
-  for (int i = 0; i < 5; ++i) t.push_back(time_once([&] { std::memcpy(b.bytes(), a.bytes(), a.nbytes()); }));
+  for (int i = 0; i < 5; ++i)
+    t.push_back(time_once([&] { std::memcpy(b.bytes(), a.bytes(), a.nbytes()); }));
   return median(t);
 }
 
@@ -70,7 +71,8 @@ struct Buffers {
 std::vector<std::int64_t> chunks(std::int64_t count, int n) {
   std::vector<std::int64_t> out(n);
   const std::int64_t c = (count + n - 1) / n;
-  for (int k = 0; k < n; ++k) out[k] = std::max<std::int64_t>(0, std::min(count, (k + 1) * c) - std::min(count, k * c));
+  for (int k = 0; k < n; ++k)
+    out[k] = std::max<std::int64_t>(0, std::min(count, (k + 1) * c) - std::min(count, k * c));
   return out;
 }
 
@@ -91,9 +93,14 @@ std::map<std::string, Spec> specs(int n) {
   std::map<std::string, Spec> s;
   s["all_gather"] = {
       "direct copy", ring,
-      [](std::int64_t count, int n_, int r) { return Buffers{random_tensor(kDtype, {chunks(count, n_)[r]}, r), Tensor(kDtype, {count})}; },
+      [](std::int64_t count, int n_, int r) {
+        return Buffers{random_tensor(kDtype, {chunks(count, n_)[r]}, r), Tensor(kDtype, {count})};
+      },
       [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
-        all_gather(c, {.send = b.send.bytes(), .recv = b.recv.bytes(), .recv_counts = chunks(count, c.size()), .dtype = kDtype});
+        all_gather(c, {.send = b.send.bytes(),
+                       .recv = b.recv.bytes(),
+                       .recv_counts = chunks(count, c.size()),
+                       .dtype = kDtype});
       },
       [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t count) {
         auto cs = chunks(count, n_);
@@ -105,56 +112,76 @@ std::map<std::string, Spec> specs(int n) {
       }};
   s["reduce_scatter"] = {
       "direct reduce", ring,
-      [](std::int64_t count, int n_, int r) { return Buffers{random_tensor(kDtype, {count}, r), Tensor(kDtype, {chunks(count, n_)[r]})}; },
+      [](std::int64_t count, int n_, int r) {
+        return Buffers{random_tensor(kDtype, {count}, r), Tensor(kDtype, {chunks(count, n_)[r]})};
+      },
       [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
-        reduce_scatter(c, {.send = b.send.bytes(), .recv = b.recv.bytes(), .recv_counts = chunks(count, c.size()), .dtype = kDtype, .op = ReduceOp::kSum});
+        reduce_scatter(c, {.send = b.send.bytes(),
+                           .recv = b.recv.bytes(),
+                           .recv_counts = chunks(count, c.size()),
+                           .dtype = kDtype,
+                           .op = ReduceOp::kSum});
       },
       [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t count) {
         auto cs = chunks(count, n_);
         auto d = displacements(cs);
-        for (int k = 0; k < n_; ++k) mcopy(p[r]->recv.bytes(), p[k]->send.bytes() + d[r] * kElem, cs[r]);
+        for (int k = 0; k < n_; ++k)
+          mcopy(p[r]->recv.bytes(), p[k]->send.bytes() + d[r] * kElem, cs[r]);
       }};
   s["all_reduce"] = {
       "reduce-scatter + all-gather", 2 * ring,
-      [](std::int64_t count, int, int r) { return Buffers{random_tensor(kDtype, {count}, r), Tensor(kDtype, {count})}; },
+      [](std::int64_t count, int, int r) {
+        return Buffers{random_tensor(kDtype, {count}, r), Tensor(kDtype, {count})};
+      },
       [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
-        all_reduce(c, {.send = b.send.bytes(), .recv = b.recv.bytes(), .count = count, .dtype = kDtype, .op = ReduceOp::kSum});
+        all_reduce(c, {.send = b.send.bytes(),
+                       .recv = b.recv.bytes(),
+                       .count = count,
+                       .dtype = kDtype,
+                       .op = ReduceOp::kSum});
       },
       [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t count) {
         auto cs = chunks(count, n_);
         auto d = displacements(cs);
-        for (int k = 0; k < n_; ++k) mcopy(p[r]->recv.bytes() + d[r] * kElem, p[k]->send.bytes() + d[r] * kElem, cs[r]);
+        for (int k = 0; k < n_; ++k)
+          mcopy(p[r]->recv.bytes() + d[r] * kElem, p[k]->send.bytes() + d[r] * kElem, cs[r]);
         for (int i = 1; i < n_; ++i) {
           int k = (r + i) % n_;
           mcopy(p[r]->recv.bytes() + d[k] * kElem, p[k]->recv.bytes() + d[k] * kElem, cs[k]);
         }
       }};
-  s["all_to_all"] = {
-      "direct copy", ring,
-      [](std::int64_t count, int n_, int r) {
-        std::int64_t mine = chunks(count, n_)[0] / n_ * n_;
-        return Buffers{random_tensor(kDtype, {mine}, r), Tensor(kDtype, {mine})};
-      },
-      [](Communicator& c, Buffers& b, std::int64_t, Completion) {
-        std::vector<std::int64_t> per(c.size(), b.send.numel() / c.size());
-        all_to_all(c, {.send = b.send.bytes(), .send_counts = per, .recv = b.recv.bytes(), .recv_counts = per, .dtype = kDtype});
-      },
-      [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t) {
-        const std::int64_t per = p[r]->send.numel() / n_;
-        for (int i = 0; i < n_; ++i) {
-          int k = (r + i) % n_;
-          mcopy(p[r]->recv.bytes() + k * per * kElem, p[k]->send.bytes() + r * per * kElem, per);
-        }
-      }};
-  s["broadcast"] = {
-      "direct copy", 1.0,
-      [](std::int64_t count, int, int r) { return Buffers{Tensor(kDtype, {0}), random_tensor(kDtype, {count}, r)}; },
-      [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
-        broadcast(c, {.data = b.recv.bytes(), .count = count, .dtype = kDtype, .root = 0});
-      },
-      [](int r, int, const std::vector<Buffers*>& p, std::int64_t count) {
-        if (r != 0) mcopy(p[r]->recv.bytes(), p[0]->recv.bytes(), count);
-      }};
+  s["all_to_all"] = {"direct copy", ring,
+                     [](std::int64_t count, int n_, int r) {
+                       std::int64_t mine = chunks(count, n_)[0] / n_ * n_;
+                       return Buffers{random_tensor(kDtype, {mine}, r), Tensor(kDtype, {mine})};
+                     },
+                     [](Communicator& c, Buffers& b, std::int64_t, Completion) {
+                       std::vector<std::int64_t> per(c.size(), b.send.numel() / c.size());
+                       all_to_all(c, {.send = b.send.bytes(),
+                                      .send_counts = per,
+                                      .recv = b.recv.bytes(),
+                                      .recv_counts = per,
+                                      .dtype = kDtype});
+                     },
+                     [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t) {
+                       const std::int64_t per = p[r]->send.numel() / n_;
+                       for (int i = 0; i < n_; ++i) {
+                         int k = (r + i) % n_;
+                         mcopy(p[r]->recv.bytes() + k * per * kElem,
+                               p[k]->send.bytes() + r * per * kElem, per);
+                       }
+                     }};
+  s["broadcast"] = {"direct copy", 1.0,
+                    [](std::int64_t count, int, int r) {
+                      return Buffers{Tensor(kDtype, {0}), random_tensor(kDtype, {count}, r)};
+                    },
+                    [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
+                      broadcast(
+                          c, {.data = b.recv.bytes(), .count = count, .dtype = kDtype, .root = 0});
+                    },
+                    [](int r, int, const std::vector<Buffers*>& p, std::int64_t count) {
+                      if (r != 0) mcopy(p[r]->recv.bytes(), p[0]->recv.bytes(), count);
+                    }};
   s["collective_permute"] = {
       "direct copy", 1.0 / n,
       [](std::int64_t count, int n_, int r) {
@@ -162,8 +189,12 @@ std::map<std::string, Spec> specs(int n) {
         return Buffers{random_tensor(kDtype, {mine}, r), Tensor(kDtype, {mine})};
       },
       [](Communicator& c, Buffers& b, std::int64_t, Completion) {
-        collective_permute(c, {.send = b.send.bytes(), .send_count = b.send.numel(), .recv = b.recv.bytes(),
-                               .recv_count = b.recv.numel(), .dtype = kDtype, .shift = 1});
+        collective_permute(c, {.send = b.send.bytes(),
+                               .send_count = b.send.numel(),
+                               .recv = b.recv.bytes(),
+                               .recv_count = b.recv.numel(),
+                               .dtype = kDtype,
+                               .shift = 1});
       },
       [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t) {
         mcopy(p[r]->recv.bytes(), p[(r + 1) % n_]->send.bytes(), p[r]->recv.numel());
@@ -180,18 +211,24 @@ void raw_mpi(const std::string& name, Communicator& comm, Buffers& b, std::int64
   for (auto c : chunks(count, n)) cs.push_back(static_cast<int>(c));
   std::vector<int> d(n, 0);
   for (int k = 1; k < n; ++k) d[k] = d[k - 1] + cs[k - 1];
-  if (name == "all_gather") MPI_Allgatherv(b.send.bytes(), cs[r], MPI_FLOAT, b.recv.bytes(), cs.data(), d.data(), MPI_FLOAT, h);
-  if (name == "reduce_scatter") MPI_Reduce_scatter(b.send.bytes(), b.recv.bytes(), cs.data(), MPI_FLOAT, MPI_SUM, h);
-  if (name == "all_reduce") MPI_Allreduce(b.send.bytes(), b.recv.bytes(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, h);
+  if (name == "all_gather")
+    MPI_Allgatherv(b.send.bytes(), cs[r], MPI_FLOAT, b.recv.bytes(), cs.data(), d.data(), MPI_FLOAT,
+                   h);
+  if (name == "reduce_scatter")
+    MPI_Reduce_scatter(b.send.bytes(), b.recv.bytes(), cs.data(), MPI_FLOAT, MPI_SUM, h);
+  if (name == "all_reduce")
+    MPI_Allreduce(b.send.bytes(), b.recv.bytes(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, h);
   if (name == "all_to_all") {
     std::vector<int> per(n, static_cast<int>(b.send.numel() / n)), pd(n);
     for (int k = 0; k < n; ++k) pd[k] = k * per[0];
-    MPI_Alltoallv(b.send.bytes(), per.data(), pd.data(), MPI_FLOAT, b.recv.bytes(), per.data(), pd.data(), MPI_FLOAT, h);
+    MPI_Alltoallv(b.send.bytes(), per.data(), pd.data(), MPI_FLOAT, b.recv.bytes(), per.data(),
+                  pd.data(), MPI_FLOAT, h);
   }
   if (name == "broadcast") MPI_Bcast(b.recv.bytes(), static_cast<int>(count), MPI_FLOAT, 0, h);
   if (name == "collective_permute") {
-    MPI_Sendrecv(b.send.bytes(), static_cast<int>(b.send.numel()), MPI_FLOAT, (r + n - 1) % n, 7, b.recv.bytes(),
-                 static_cast<int>(b.recv.numel()), MPI_FLOAT, (r + 1) % n, 7, h, MPI_STATUS_IGNORE);
+    MPI_Sendrecv(b.send.bytes(), static_cast<int>(b.send.numel()), MPI_FLOAT, (r + n - 1) % n, 7,
+                 b.recv.bytes(), static_cast<int>(b.recv.numel()), MPI_FLOAT, (r + 1) % n, 7, h,
+                 MPI_STATUS_IGNORE);
   }
 }
 #endif
@@ -199,9 +236,11 @@ void raw_mpi(const std::string& name, Communicator& comm, Buffers& b, std::int64
 }  // namespace
 
 BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* printer) {
-  std::vector<std::string> names = options.collectives.empty() ? collective_names() : options.collectives;
+  std::vector<std::string> names =
+      options.collectives.empty() ? collective_names() : options.collectives;
   for (const std::string& name : names) {
-    if (std::find(collective_names().begin(), collective_names().end(), name) == collective_names().end()) {
+    if (std::find(collective_names().begin(), collective_names().end(), name) ==
+        collective_names().end()) {
       fail(ErrorKind::kInvalidArgument, "unknown collective \"{}\"", name);
     }
   }
@@ -210,7 +249,8 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
   std::mutex report_mu;
   std::vector<Buffers*> peers;
   const bool threads = options.backend == Backend::kThreads;
-  LaunchOptions launch_options{.backend = options.backend, .devices = options.devices, .timeout = std::chrono::seconds(600)};
+  LaunchOptions launch_options{
+      .backend = options.backend, .devices = options.devices, .timeout = std::chrono::seconds(600)};
   launch(launch_options, [&](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
     if (r == 0) {
@@ -228,8 +268,11 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
         Buffers mine = spec.make(count, n, r);
         if (threads) peers[r] = &mine;
         barrier(comm);
-        BenchResult result{.case_name = name, .backend = std::string(to_string(options.backend)), .mesh = std::to_string(n),
-                           .devices = n, .bytes = count * kElem};
+        BenchResult result{.case_name = name,
+                           .backend = std::string(to_string(options.backend)),
+                           .mesh = std::to_string(n),
+                           .devices = n,
+                           .bytes = count * kElem};
         auto timed = [&](const std::function<void()>& fn) {
           barrier(comm);
           return time_once([&] {

@@ -12,8 +12,8 @@ namespace meshflow::bench {
 
 struct CollectivesBenchOptions {
   Backend backend = Backend::kThreads;
-  int devices = 4;                    // threads: device threads; mpi: 0 = the world
-  std::vector<std::int64_t> sizes;    // global (gathered) bytes per case
+  int devices = 4;                       // threads: device threads; mpi: 0 = the world
+  std::vector<std::int64_t> sizes;       // global (gathered) bytes per case
   std::vector<std::string> collectives;  // empty = all
   int reps = 7;
   int warmup = 2;

@@ -20,7 +20,11 @@ BenchResult copy_case(const std::string& name, std::int64_t region_bytes, std::i
   Tensor dst(DType::kFloat32, {rows, cols});
   Tensor flat_src = random_tensor(DType::kFloat32, {rows, 2 * cols}, 2);
   const Box box{{0, cols / 2}, {rows, cols}};
-  BenchResult r{.case_name = name, .backend = "host", .mesh = "", .devices = 1, .bytes = static_cast<std::int64_t>(dst.nbytes())};
+  BenchResult r{.case_name = name,
+                .backend = "host",
+                .mesh = "",
+                .devices = 1,
+                .bytes = static_cast<std::int64_t>(dst.nbytes())};
   r.extra["row_bytes"] = row_bytes;
   r.baseline = "flat memcpy";
   const std::size_t run = static_cast<std::size_t>(row_bytes);

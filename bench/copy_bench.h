@@ -12,9 +12,10 @@ struct CopyBenchOptions {
 };
 
 // Returns the report: "copy_box long rows" (64 KiB rows), "copy_box 16 KiB rows" and
-// "copy_box short rows" (64 B rows), each a region of half the columns of its source. The floor is memcpy of the same rows from
-// where they live; the baseline is one flat memcpy of the same bytes (memcpy bandwidth), so
-// 1 / vs_baseline is the fraction of memcpy bandwidth copy_box reaches. All three interleave.
+// "copy_box short rows" (64 B rows), each a region of half the columns of its source. The floor is
+// memcpy of the same rows from where they live; the baseline is one flat memcpy of the same bytes
+// (memcpy bandwidth), so 1 / vs_baseline is the fraction of memcpy bandwidth copy_box reaches. All
+// three interleave.
 BenchReport run_copy_bench(const CopyBenchOptions& options);
 
 }  // namespace meshflow::bench

@@ -21,7 +21,8 @@
 namespace meshflow::bench {
 
 const std::vector<std::string>& redistribute_case_names() {
-  static const std::vector<std::string> names = {"S(0)->R", "S(0)->S(1)", "P(sum)->S(0)", "P(sum)->R"};
+  static const std::vector<std::string> names = {"S(0)->R", "S(0)->S(1)", "P(sum)->S(0)",
+                                                 "P(sum)->R"};
   return names;
 }
 
@@ -43,7 +44,8 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
   if (name == "S(0)->R") {
     for (int i = 0; i < n; ++i) {
       const int k = (r + i) % n;
-      std::memcpy(out + shard_box(from, k).offset[0] * row, peers[k]->in.bytes(), peers[k]->in.nbytes());
+      std::memcpy(out + shard_box(from, k).offset[0] * row, peers[k]->in.bytes(),
+                  peers[k]->in.nbytes());
     }
   } else if (name == "S(0)->S(1)") {
     const std::size_t out_row = mine.extent[1] * kElem;
@@ -51,7 +53,8 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
       const int k = (r + i) % n;
       const Box b = shard_box(from, k);
       for (std::int64_t y = 0; y < b.extent[0]; ++y) {
-        std::memcpy(out + (b.offset[0] + y) * out_row, peers[k]->in.bytes() + y * row + mine.offset[1] * kElem, out_row);
+        std::memcpy(out + (b.offset[0] + y) * out_row,
+                    peers[k]->in.bytes() + y * row + mine.offset[1] * kElem, out_row);
       }
     }
   } else if (name == "P(sum)->S(0)") {
@@ -64,12 +67,14 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
     const Box own = shard_box(rows, r);
     for (int i = 0; i < n; ++i) {
       const int k = (r + i) % n;
-      std::memcpy(out + own.offset[0] * row, peers[k]->in.bytes() + own.offset[0] * row, own.extent[0] * row);
+      std::memcpy(out + own.offset[0] * row, peers[k]->in.bytes() + own.offset[0] * row,
+                  own.extent[0] * row);
     }
     for (int i = 1; i < n; ++i) {
       const int k = (r + i) % n;
       const Box b = shard_box(rows, k);
-      std::memcpy(out + b.offset[0] * row, peers[k]->out.bytes() + b.offset[0] * row, b.extent[0] * row);
+      std::memcpy(out + b.offset[0] * row, peers[k]->out.bytes() + b.offset[0] * row,
+                  b.extent[0] * row);
     }
   }
 }
@@ -89,25 +94,32 @@ double median_of(int reps, const std::function<void()>& fn) {
 void add_planning_rows(BenchReport& report, int reps) {
   // A cached plan: the lookup a training step pays every time.
   PlanCache cache;
-  const Layout a = make_layout(make_mesh({2, 2, 2}), parse_placements("P(sum),R,S(0)"), {64, 64, 64});
+  const Layout a =
+      make_layout(make_mesh({2, 2, 2}), parse_placements("P(sum),R,S(0)"), {64, 64, 64});
   const Layout b = make_layout(make_mesh({2, 2, 2}), parse_placements("R,S(1),S(0)"), {64, 64, 64});
   cache.get(a, b);
   constexpr int kLookups = 10000;
-  BenchResult cached{.case_name = "plan cached (2x2x2)", .backend = "none", .mesh = "2x2x2", .devices = 8};
+  BenchResult cached{
+      .case_name = "plan cached (2x2x2)", .backend = "none", .mesh = "2x2x2", .devices = 8};
   for (int i = 0; i < reps; ++i) {
     cached.case_s.push_back(time_once([&] {
-      for (int j = 0; j < kLookups; ++j) cache.get(a, b);
-    }) / kLookups);
+                              for (int j = 0; j < kLookups; ++j) cache.get(a, b);
+                            }) /
+                            kLookups);
   }
   cached.extra["target_s"] = 2e-6;
   report.results.push_back(cached);
-  BenchResult fresh{.case_name = "plan fresh (2x2x2)", .backend = "none", .mesh = "2x2x2", .devices = 8};
+  BenchResult fresh{
+      .case_name = "plan fresh (2x2x2)", .backend = "none", .mesh = "2x2x2", .devices = 8};
   fresh.case_s.push_back(median_of(reps, [&] { plan_redistribute(a, b); }));
   fresh.extra["target_s"] = 1e-3;
   report.results.push_back(fresh);
-  const Layout c = make_layout(make_mesh({16, 16, 16}), parse_placements("S(0),P(sum),S(1)"), {4096, 4096});
-  const Layout d = make_layout(make_mesh({16, 16, 16}), parse_placements("R,S(1),S(0)"), {4096, 4096});
-  BenchResult big{.case_name = "plan fresh (16x16x16)", .backend = "none", .mesh = "16x16x16", .devices = 4096};
+  const Layout c =
+      make_layout(make_mesh({16, 16, 16}), parse_placements("S(0),P(sum),S(1)"), {4096, 4096});
+  const Layout d =
+      make_layout(make_mesh({16, 16, 16}), parse_placements("R,S(1),S(0)"), {4096, 4096});
+  BenchResult big{
+      .case_name = "plan fresh (16x16x16)", .backend = "none", .mesh = "16x16x16", .devices = 4096};
   big.case_s.push_back(median_of(reps, [&] { plan_redistribute(c, d); }));
   big.extra["target_s"] = 50e-3;
   report.results.push_back(big);
@@ -116,10 +128,13 @@ void add_planning_rows(BenchReport& report, int reps) {
 }  // namespace
 
 BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool* printer) {
-  std::vector<std::string> names = options.cases.empty() ? redistribute_case_names() : options.cases;
+  std::vector<std::string> names =
+      options.cases.empty() ? redistribute_case_names() : options.cases;
   for (const std::string& name : names) {
-    if (std::find(redistribute_case_names().begin(), redistribute_case_names().end(), name) == redistribute_case_names().end()) {
-      fail(ErrorKind::kInvalidArgument, "unknown case \"{}\" (expected S(0)->R, S(0)->S(1), P(sum)->S(0) or P(sum)->R)", name);
+    if (std::find(redistribute_case_names().begin(), redistribute_case_names().end(), name) ==
+        redistribute_case_names().end()) {
+      fail(ErrorKind::kInvalidArgument,
+           "unknown case \"{}\" (expected S(0)->R, S(0)->S(1), P(sum)->S(0) or P(sum)->R)", name);
     }
   }
   BenchReport report{.benchmark = "redistribute"};
@@ -128,57 +143,68 @@ BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool
   std::vector<DeviceBuffers*> peers;
   const bool threads = options.backend == Backend::kThreads;
   PlanCache cache;
-  launch({.backend = options.backend, .devices = options.devices, .timeout = std::chrono::seconds(600)}, [&](Communicator& comm) {
-    const int n = comm.size(), r = comm.rank();
-    if (r == 0) {
-      std::lock_guard lock(mu);
-      report.memcpy_gbps = (64 << 20) / measure_memcpy_seconds(64 << 20) / 1e9;
-      peers.assign(n, nullptr);
-      *printer = true;
-    }
-    barrier(comm);
-    const DeviceMesh mesh = make_mesh({n});
-    for (const std::string& name : names) {
-      for (std::int64_t bytes : options.sizes) {
-        const Shape shape{std::max<std::int64_t>(1, bytes / static_cast<std::int64_t>(kElem) / kCols), kCols};
-        const auto [from_text, to_text_] = split_case(name);
-        const Layout from = make_layout(mesh, parse_placements(from_text), shape);
-        const Layout to = make_layout(mesh, parse_placements(to_text_), shape);
-        std::shared_ptr<const Plan> plan = cache.get(from, to);
-        DeviceBuffers mine{random_tensor(DType::kFloat32, local_shape(from, r), r + 1),
-                           Tensor(DType::kFloat32, local_shape(to, r))};
-        if (threads) peers[r] = &mine;
-        barrier(comm);
-        BenchResult result{.case_name = name, .backend = std::string(to_string(options.backend)), .mesh = to_string(mesh),
-                           .devices = n, .bytes = numel(shape) * static_cast<std::int64_t>(kElem)};
-        auto timed = [&](const std::function<void()>& fn) {
-          barrier(comm);
-          return time_once([&] {
-            fn();
-            barrier(comm);
-          });
-        };
-        auto run_case = [&] { mine.out = execute_plan(*plan, comm, mine.in, std::move(mine.out)); };
-        auto run_floor = [&] { floor_pattern(name, from, to, r, peers); };
-        for (int i = 0; i < options.warmup; ++i) {
-          timed(run_case);
-          if (threads) timed(run_floor);
-        }
-        for (int i = 0; i < options.reps; ++i) {
-          result.case_s.push_back(timed(run_case));
-          if (threads) result.floor_s.push_back(timed(run_floor));
-        }
-        std::string steps;
-        for (const Step& s : plan->steps) steps += (steps.empty() ? "" : "+") + std::string(meshflow::to_string(s.kind));
-        result.extra["plan"] = plan->planner + ": " + steps;
-        barrier(comm);
-        if (r == 0) {
-          std::lock_guard lock(mu);
-          report.results.push_back(std::move(result));
-        }
-      }
-    }
-  });
+  launch({.backend = options.backend,
+          .devices = options.devices,
+          .timeout = std::chrono::seconds(600)},
+         [&](Communicator& comm) {
+           const int n = comm.size(), r = comm.rank();
+           if (r == 0) {
+             std::lock_guard lock(mu);
+             report.memcpy_gbps = (64 << 20) / measure_memcpy_seconds(64 << 20) / 1e9;
+             peers.assign(n, nullptr);
+             *printer = true;
+           }
+           barrier(comm);
+           const DeviceMesh mesh = make_mesh({n});
+           for (const std::string& name : names) {
+             for (std::int64_t bytes : options.sizes) {
+               const Shape shape{
+                   std::max<std::int64_t>(1, bytes / static_cast<std::int64_t>(kElem) / kCols),
+                   kCols};
+               const auto [from_text, to_text_] = split_case(name);
+               const Layout from = make_layout(mesh, parse_placements(from_text), shape);
+               const Layout to = make_layout(mesh, parse_placements(to_text_), shape);
+               std::shared_ptr<const Plan> plan = cache.get(from, to);
+               DeviceBuffers mine{random_tensor(DType::kFloat32, local_shape(from, r), r + 1),
+                                  Tensor(DType::kFloat32, local_shape(to, r))};
+               if (threads) peers[r] = &mine;
+               barrier(comm);
+               BenchResult result{.case_name = name,
+                                  .backend = std::string(to_string(options.backend)),
+                                  .mesh = to_string(mesh),
+                                  .devices = n,
+                                  .bytes = numel(shape) * static_cast<std::int64_t>(kElem)};
+               auto timed = [&](const std::function<void()>& fn) {
+                 barrier(comm);
+                 return time_once([&] {
+                   fn();
+                   barrier(comm);
+                 });
+               };
+               auto run_case = [&] {
+                 mine.out = execute_plan(*plan, comm, mine.in, std::move(mine.out));
+               };
+               auto run_floor = [&] { floor_pattern(name, from, to, r, peers); };
+               for (int i = 0; i < options.warmup; ++i) {
+                 timed(run_case);
+                 if (threads) timed(run_floor);
+               }
+               for (int i = 0; i < options.reps; ++i) {
+                 result.case_s.push_back(timed(run_case));
+                 if (threads) result.floor_s.push_back(timed(run_floor));
+               }
+               std::string steps;
+               for (const Step& s : plan->steps)
+                 steps += (steps.empty() ? "" : "+") + std::string(meshflow::to_string(s.kind));
+               result.extra["plan"] = plan->planner + ": " + steps;
+               barrier(comm);
+               if (r == 0) {
+                 std::lock_guard lock(mu);
+                 report.results.push_back(std::move(result));
+               }
+             }
+           }
+         });
   if (*printer) add_planning_rows(report, options.reps);
   return report;
 }

@@ -1,9 +1,9 @@
 // Benchmark statistics and output.
 #include "bench/report.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace meshflow::bench {
 
@@ -39,12 +39,14 @@ nlohmann::json to_json(const BenchReport& report) {
         {"floor_s", r.floor_s.empty() ? nlohmann::json(nullptr) : nlohmann::json(floor)},
         {"vs_floor", r.floor_s.empty() ? nlohmann::json(nullptr) : ratio_or_null(med, floor)},
         {"baseline", r.baseline ? nlohmann::json(*r.baseline) : nlohmann::json(nullptr)},
-        {"vs_baseline", r.baseline ? ratio_or_null(med, median(r.baseline_s)) : nlohmann::json(nullptr)},
+        {"vs_baseline",
+         r.baseline ? ratio_or_null(med, median(r.baseline_s)) : nlohmann::json(nullptr)},
     };
     for (auto it = r.extra.begin(); it != r.extra.end(); ++it) j[it.key()] = it.value();
     results.push_back(std::move(j));
   }
-  return {{"benchmark", report.benchmark}, {"memcpy_gbps", report.memcpy_gbps}, {"results", results}};
+  return {
+      {"benchmark", report.benchmark}, {"memcpy_gbps", report.memcpy_gbps}, {"results", results}};
 }
 
 namespace {
@@ -65,22 +67,27 @@ std::string human_seconds(double s) {
 }  // namespace
 
 std::string to_table(const BenchReport& report) {
-  std::string out = fmt::format("benchmark {}  (memcpy here: {:.2f} GB/s)\n", report.benchmark, report.memcpy_gbps);
-  out += fmt::format("{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", "case", "backend", "mesh",
-                     "bytes", "median", "floor", "vs_floor", "vs_baseline", "notes");
+  std::string out = fmt::format("benchmark {}  (memcpy here: {:.2f} GB/s)\n", report.benchmark,
+                                report.memcpy_gbps);
+  out +=
+      fmt::format("{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", "case", "backend",
+                  "mesh", "bytes", "median", "floor", "vs_floor", "vs_baseline", "notes");
   for (const BenchResult& r : report.results) {
     const double med = median(r.case_s);
     const double floor = median(r.floor_s);
     std::string notes;
     for (auto it = r.extra.begin(); it != r.extra.end(); ++it) {
-      notes += fmt::format("{}={} ", it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+      notes +=
+          fmt::format("{}={} ", it.key(),
+                      it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
     }
-    out += fmt::format("{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", r.case_name, r.backend,
-                       r.mesh.empty() ? "-" : r.mesh, human_bytes(r.bytes), human_seconds(med),
-                       r.floor_s.empty() ? "-" : human_seconds(floor),
-                       r.floor_s.empty() || floor <= 0 ? "-" : fmt::format("{:.2f}x", med / floor),
-                       r.baseline ? fmt::format("{:.2f}x {}", med / median(r.baseline_s), *r.baseline) : "-",
-                       notes);
+    out += fmt::format(
+        "{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", r.case_name, r.backend,
+        r.mesh.empty() ? "-" : r.mesh, human_bytes(r.bytes), human_seconds(med),
+        r.floor_s.empty() ? "-" : human_seconds(floor),
+        r.floor_s.empty() || floor <= 0 ? "-" : fmt::format("{:.2f}x", med / floor),
+        r.baseline ? fmt::format("{:.2f}x {}", med / median(r.baseline_s), *r.baseline) : "-",
+        notes);
   }
   return out;
 }
@@ -91,7 +98,8 @@ double time_once(const std::function<void()>& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void measure_interleaved(BenchResult& result, int warmup, int reps, const std::function<void()>& case_fn,
+void measure_interleaved(BenchResult& result, int warmup, int reps,
+                         const std::function<void()>& case_fn,
                          const std::function<void()>& floor_fn) {
   for (int i = 0; i < warmup; ++i) {
     case_fn();

@@ -4,11 +4,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace meshflow::bench {
 
@@ -22,7 +21,7 @@ struct BenchResult {
   std::vector<double> case_s;
   std::vector<double> floor_s;  // empty when the case has no floor
   std::optional<std::string> baseline;
-  std::vector<double> baseline_s;  // timings of the baseline, when there is one
+  std::vector<double> baseline_s;                   // timings of the baseline, when there is one
   nlohmann::json extra = nlohmann::json::object();  // case-specific columns (algorithm, busbw)
 };
 

@@ -1,7 +1,7 @@
 // `meshflow bench NAME`: runs a benchmark and prints its table, or its JSON with --json.
-#include <optional>
-
 #include <fmt/format.h>
+
+#include <optional>
 
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
@@ -23,7 +23,8 @@ void print_report(const bench::BenchReport& report, bool json) {
 }  // namespace
 
 void add_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Run a benchmark; prints a table, or JSON with --json");
+  CLI::App* bench =
+      app.add_subcommand("bench", "Run a benchmark; prints a table, or JSON with --json");
   bench->require_subcommand(1);
 
   auto copy = std::make_shared<bench::CopyBenchOptions>();
@@ -43,11 +44,15 @@ void add_bench(CLI::App& app) {
     bool json = false;
   };
   auto coll = std::make_shared<CollArgs>();
-  CLI::App* k = bench->add_subcommand("collectives", "every collective against its memcpy floor (threads) or raw MPI (mpi)");
-  k->add_option("--backend", coll->backend, "threads or mpi (default: mpi under mpirun, else threads)");
-  k->add_option("--devices", coll->devices, "device threads (threads, default 4); devices of the world (mpi, default all)");
+  CLI::App* k = bench->add_subcommand(
+      "collectives", "every collective against its memcpy floor (threads) or raw MPI (mpi)");
+  k->add_option("--backend", coll->backend,
+                "threads or mpi (default: mpi under mpirun, else threads)");
+  k->add_option("--devices", coll->devices,
+                "device threads (threads, default 4); devices of the world (mpi, default all)");
   k->add_option("--sizes", coll->sizes, "global bytes per case, e.g. 4K,16M,256M")->delimiter(',');
-  k->add_option("--collectives", coll->collectives, "subset, e.g. all_gather,all_reduce")->delimiter(',');
+  k->add_option("--collectives", coll->collectives, "subset, e.g. all_gather,all_reduce")
+      ->delimiter(',');
   k->add_option("--reps", coll->reps, "timed repetitions")->check(CLI::PositiveNumber);
   k->add_flag("--json", coll->json, "print JSON");
   k->callback([coll] {
@@ -64,9 +69,13 @@ void add_bench(CLI::App& app) {
 
   auto red = std::make_shared<CollArgs>();
   red->collectives.clear();
-  CLI::App* rd = bench->add_subcommand("redistribute", "S(0)->R, S(0)->S(1), P(sum)->S(0), P(sum)->R against memcpy floors; planning times");
-  rd->add_option("--backend", red->backend, "threads or mpi (default: mpi under mpirun, else threads)");
-  rd->add_option("--devices", red->devices, "device threads (threads, default 4); devices of the world (mpi, default all)");
+  CLI::App* rd = bench->add_subcommand(
+      "redistribute",
+      "S(0)->R, S(0)->S(1), P(sum)->S(0), P(sum)->R against memcpy floors; planning times");
+  rd->add_option("--backend", red->backend,
+                 "threads or mpi (default: mpi under mpirun, else threads)");
+  rd->add_option("--devices", red->devices,
+                 "device threads (threads, default 4); devices of the world (mpi, default all)");
   rd->add_option("--sizes", red->sizes, "global bytes per case, e.g. 16M,256M")->delimiter(',');
   rd->add_option("--cases", red->collectives, "subset, e.g. \"S(0)->R\"")->delimiter(',');
   rd->add_option("--reps", red->reps, "timed repetitions")->check(CLI::PositiveNumber);

@@ -1,9 +1,9 @@
 // Entry point of the `meshflow` command: every error becomes one line on standard error and a
 // non-zero exit (2 for usage errors, 1 for everything else).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <exception>
-
-#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "meshflow/core/error.h"

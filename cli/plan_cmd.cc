@@ -24,7 +24,8 @@ void add_plan(CLI::App& app) {
     bool json = false;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("plan", "Explain how a tensor moves between two layouts (no data moves)");
+  CLI::App* cmd =
+      app.add_subcommand("plan", "Explain how a tensor moves between two layouts (no data moves)");
   cmd->add_option("--mesh", args->mesh, "source mesh, e.g. 2x2x2 or 2x2@4,5,6,7")->required();
   cmd->add_option("--shape", args->shape, "global tensor shape, e.g. 16x16x16")->required();
   cmd->add_option("--dtype", args->dtype, "float32, float64, int32 or int64");
@@ -38,7 +39,8 @@ void add_plan(CLI::App& app) {
     const DType dtype = parse_dtype(args->dtype);
     const DeviceMesh mesh = parse_mesh(args->mesh);
     const Layout from = make_layout(mesh, parse_placements(args->from), shape, dtype);
-    const Layout to = make_layout(args->to_mesh.empty() ? mesh : parse_mesh(args->to_mesh), parse_placements(args->to), shape, dtype);
+    const Layout to = make_layout(args->to_mesh.empty() ? mesh : parse_mesh(args->to_mesh),
+                                  parse_placements(args->to), shape, dtype);
     auto machine = machine_option(args->machine);
     const Plan plan = plan_redistribute(from, to, {.machine = machine.get()});
     fmt::print("{}", args->json ? to_json(plan).dump(2) + "\n" : to_text(plan));
@@ -51,12 +53,15 @@ void add_redistribute(CLI::App& app) {
     bool json = false;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("redistribute", "Move a sharded folder to new placements (and mesh)");
+  CLI::App* cmd =
+      app.add_subcommand("redistribute", "Move a sharded folder to new placements (and mesh)");
   cmd->add_option("--in", args->in, "source sharded folder")->required();
   cmd->add_option("--to", args->to, "destination placements, e.g. \"R,S(1)\"")->required();
-  cmd->add_option("--to-mesh", args->to_mesh, "destination mesh, e.g. 4@4,5,6,7 (default: the source mesh)");
+  cmd->add_option("--to-mesh", args->to_mesh,
+                  "destination mesh, e.g. 4@4,5,6,7 (default: the source mesh)");
   cmd->add_option("--out", args->out, "destination sharded folder")->required();
-  cmd->add_option("--backend", args->backend, "threads or mpi (default: mpi under mpirun, else threads)");
+  cmd->add_option("--backend", args->backend,
+                  "threads or mpi (default: mpi under mpirun, else threads)");
   cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
   cmd->add_flag("--json", args->json, "print the plan and timing as JSON");
   cmd->callback([args] {
@@ -73,7 +78,8 @@ void add_redistribute(CLI::App& app) {
       j["backend"] = to_string(o.backend);
       fmt::print("{}\n", j.dump(2));
     } else {
-      fmt::print("{}wrote {} in {:.3f} ms ({} backend)\n", to_text(r.plan), args->out, r.seconds * 1e3, to_string(o.backend));
+      fmt::print("{}wrote {} in {:.3f} ms ({} backend)\n", to_text(r.plan), args->out,
+                 r.seconds * 1e3, to_string(o.backend));
     }
   });
 }

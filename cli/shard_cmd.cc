@@ -14,10 +14,12 @@ void add_shard(CLI::App& app) {
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("shard", "Split a .npy array over a device mesh into a sharded folder");
+  CLI::App* cmd =
+      app.add_subcommand("shard", "Split a .npy array over a device mesh into a sharded folder");
   cmd->add_option("--input", args->input, "the .npy array to split")->required();
   cmd->add_option("--mesh", args->mesh, "mesh, e.g. 2x2 or 2x2@4,5,6,7")->required();
-  cmd->add_option("--placements", args->placements, "one per mesh dim: S(d) or R, e.g. \"S(0),R\"")->required();
+  cmd->add_option("--placements", args->placements, "one per mesh dim: S(d) or R, e.g. \"S(0),R\"")
+      ->required();
   cmd->add_option("--out", args->out, "output folder (layout.json + rank<i>.npy)")->required();
   cmd->add_flag("--quiet", args->quiet, "print nothing on success");
   cmd->callback([args] {

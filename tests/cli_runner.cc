@@ -22,7 +22,8 @@ std::string slurp(const std::string& path) {
 
 CommandResult run_meshflow(const std::string& args) {
   const std::string base = fresh_dir("cli_run");
-  const std::string cmd = std::string(MESHFLOW_BINARY) + " " + args + " >" + base + "/out 2>" + base + "/err";
+  const std::string cmd =
+      std::string(MESHFLOW_BINARY) + " " + args + " >" + base + "/out 2>" + base + "/err";
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -34,8 +35,9 @@ CommandResult run_meshflow(const std::string& args) {
 
 std::string fresh_dir(const std::string& tag) {
   static int counter = 0;
-  auto dir = std::filesystem::temp_directory_path() /
-             ("meshflow_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  auto dir =
+      std::filesystem::temp_directory_path() /
+      ("meshflow_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

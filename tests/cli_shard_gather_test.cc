@@ -1,9 +1,9 @@
 // `meshflow shard` and `meshflow gather` from the command line: round trips, and every error
 // path's exit code and one-line message.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "meshflow/core/compare.h"
 #include "meshflow/core/npy.h"
@@ -67,7 +67,8 @@ TEST_F(CliShardGather, ReshardingOverAnExistingFolderReplacesIt) {
 }
 
 TEST_F(CliShardGather, GatherReducesPartialFolders) {
-  Layout l = make_layout(make_mesh({2, 2}), parse_placements("P(avg),S(0)"), {4, 3}, DType::kFloat64);
+  Layout l =
+      make_layout(make_mesh({2, 2}), parse_placements("P(avg),S(0)"), {4, 3}, DType::kFloat64);
   std::vector<Tensor> shards;
   for (int i = 0; i < 4; ++i) shards.push_back(random_tensor(DType::kFloat64, {2, 3}, i));
   write_sharded(dir_ + "/p", l, shards);
@@ -77,8 +78,10 @@ TEST_F(CliShardGather, GatherReducesPartialFolders) {
   for (int row = 0; row < 2; ++row) {
     for (int col = 0; col < 3; ++col) {
       // Device (0,0) and (1,0) hold rows 0-1; (0,1) and (1,1) rows 2-3.
-      double top = (shards[0].data<double>()[row * 3 + col] + shards[2].data<double>()[row * 3 + col]) / 2;
-      double bottom = (shards[1].data<double>()[row * 3 + col] + shards[3].data<double>()[row * 3 + col]) / 2;
+      double top =
+          (shards[0].data<double>()[row * 3 + col] + shards[2].data<double>()[row * 3 + col]) / 2;
+      double bottom =
+          (shards[1].data<double>()[row * 3 + col] + shards[3].data<double>()[row * 3 + col]) / 2;
       EXPECT_DOUBLE_EQ(y.data<double>()[row * 3 + col], top);
       EXPECT_DOUBLE_EQ(y.data<double>()[(row + 2) * 3 + col], bottom);
     }
@@ -100,22 +103,25 @@ TEST_F(CliShardGather, HelpAndVersion) {
 TEST_F(CliShardGather, ShardErrorsNameTheOffendingValue) {
   expect_error(shard_args("2x2", "S(0),Q"), 1, "\"Q\"");
   expect_error(shard_args("2x2", "S(0)"), 1, "mesh 2x2 has 2 dims");
-  expect_error(shard_args("2x2", "S(2),R"), 1, "\"S(2)\" names tensor dim 2 but the tensor has 2 dims");
+  expect_error(shard_args("2x2", "S(2),R"), 1,
+               "\"S(2)\" names tensor dim 2 but the tensor has 2 dims");
   expect_error(shard_args("2x2", "P(sum),R"), 1, "P(sum)");
   expect_error(shard_args("2xx2", "R,R"), 1, "\"2xx2\"");
   expect_error(shard_args("2@1,1", "R"), 1, "device 1 twice");
-  expect_error("shard --input " + dir_ + "/missing.npy --mesh 2 --placements R --out " + dir_ + "/out", 1,
-               "missing.npy");
+  expect_error(
+      "shard --input " + dir_ + "/missing.npy --mesh 2 --placements R --out " + dir_ + "/out", 1,
+      "missing.npy");
   std::ofstream(dir_ + "/bad.npy") << "not an array";
-  expect_error("shard --input " + dir_ + "/bad.npy --mesh 2 --placements R --out " + dir_ + "/out", 1,
-               "bad.npy: not a .npy file");
+  expect_error("shard --input " + dir_ + "/bad.npy --mesh 2 --placements R --out " + dir_ + "/out",
+               1, "bad.npy: not a .npy file");
   expect_error("shard --input " + dir_ + "/x.npy --mesh 2", 2, "--placements");
   expect_error("frobnicate", 2, "frobnicate");
 }
 
 TEST_F(CliShardGather, OutputOverAFileIsRefused) {
   std::ofstream(dir_ + "/file") << "precious";
-  auto r = run_meshflow("shard --input " + dir_ + "/x.npy --mesh 2 --placements R --out " + dir_ + "/file");
+  auto r = run_meshflow("shard --input " + dir_ + "/x.npy --mesh 2 --placements R --out " + dir_ +
+                        "/file");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("refusing to replace"), std::string::npos) << r.err;
   EXPECT_EQ(read_file(dir_ + "/file"), "precious");
@@ -143,9 +149,11 @@ TEST_F(CliShardGather, GatherErrorsNameTheFileAtFault) {
   expect_gather_error("rank1.npy");
   std::ofstream(in + "/layout.json") << "{\"mesh\": ";
   expect_gather_error("layout.json: invalid JSON");
-  std::ofstream(in + "/layout.json") << R"({"mesh": {"shape": [2], "devices": [0, 1]}, "placements": ["R"], "dtype": "float32"})";
+  std::ofstream(in + "/layout.json")
+      << R"({"mesh": {"shape": [2], "devices": [0, 1]}, "placements": ["R"], "dtype": "float32"})";
   expect_gather_error("missing field \"shape\"");
-  std::ofstream(in + "/layout.json") << R"({"mesh": {"shape": [2], "devices": [0, 1]}, "placements": ["R"], "shape": [3], "dtype": "complex64"})";
+  std::ofstream(in + "/layout.json")
+      << R"({"mesh": {"shape": [2], "devices": [0, 1]}, "placements": ["R"], "shape": [3], "dtype": "complex64"})";
   expect_gather_error("\"complex64\"");
   auto r = run_meshflow("gather --in " + dir_ + "/nowhere --out " + dir_ + "/y.npy");
   EXPECT_EQ(r.exit_code, 1);

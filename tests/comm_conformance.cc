@@ -40,9 +40,10 @@ Tensor reference_reduce(ReduceOp op, const std::vector<Tensor>& terms) {
   return out;
 }
 
-void expect_result(const Tensor& got, const Tensor& want, ReduceOp op, const Env& env, const std::string& what) {
-  const bool exact = env.rank_order_reductions || !is_floating(got.dtype()) || op == ReduceOp::kMax ||
-                     op == ReduceOp::kMin;
+void expect_result(const Tensor& got, const Tensor& want, ReduceOp op, const Env& env,
+                   const std::string& what) {
+  const bool exact = env.rank_order_reductions || !is_floating(got.dtype()) ||
+                     op == ReduceOp::kMax || op == ReduceOp::kMin;
   auto diff = exact ? compare_exact(got, want) : compare_close(got, want, 1e-5, 1e-6);
   EXPECT_EQ(diff, std::nullopt) << what;
 }
@@ -51,7 +52,10 @@ void expect_result(const Tensor& got, const Tensor& want, ReduceOp op, const Env
 void expect_bitwise_agreement(Communicator& comm, const Tensor& t, const std::string& what) {
   const int n = comm.size();
   Tensor all(t.dtype(), {static_cast<std::int64_t>(n), t.numel()});
-  all_gather(comm, {.send = t.bytes(), .recv = all.bytes(), .recv_counts = std::vector<std::int64_t>(n, t.numel()), .dtype = t.dtype()});
+  all_gather(comm, {.send = t.bytes(),
+                    .recv = all.bytes(),
+                    .recv_counts = std::vector<std::int64_t>(n, t.numel()),
+                    .dtype = t.dtype()});
   for (int k = 0; k < n; ++k) {
     EXPECT_EQ(std::memcmp(all.bytes() + k * t.nbytes(), t.bytes(), t.nbytes()), 0)
         << what << ": device " << comm.device() << " and rank " << k << " disagree";
@@ -62,7 +66,8 @@ std::string label(std::string_view name, DType d, ReduceOp op, std::int64_t coun
   return fmt::format("{} {} {} count {}", name, to_string(d), to_string(op), count);
 }
 
-void check_all_reduce(Communicator& comm, const Env& env, const std::vector<std::int64_t>& counts, int id) {
+void check_all_reduce(Communicator& comm, const Env& env, const std::vector<std::int64_t>& counts,
+                      int id) {
   int variant = 0;
   for (DType d : kDtypes) {
     for (ReduceOp op : kOps) {
@@ -70,12 +75,16 @@ void check_all_reduce(Communicator& comm, const Env& env, const std::vector<std:
         for (bool in_place : {false, true}) {
           ++variant;
           std::vector<Tensor> inputs;
-          for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(d, {count}, seed_of(id, variant, dev)));
+          for (DeviceId dev : comm.devices())
+            inputs.push_back(random_tensor(d, {count}, seed_of(id, variant, dev)));
           Tensor send = inputs[comm.rank()].clone();
           Tensor recv(d, {count});
           Tensor& out = in_place ? send : recv;
-          all_reduce(comm, {.send = send.bytes(), .recv = out.bytes(), .count = count, .dtype = d, .op = op});
-          const std::string what = label(in_place ? "all_reduce in place" : "all_reduce", d, op, count);
+          all_reduce(
+              comm,
+              {.send = send.bytes(), .recv = out.bytes(), .count = count, .dtype = d, .op = op});
+          const std::string what =
+              label(in_place ? "all_reduce in place" : "all_reduce", d, op, count);
           expect_result(out, reference_reduce(op, inputs), op, env, what);
           expect_bitwise_agreement(comm, out, what);
         }
@@ -113,7 +122,8 @@ void check_all_gather(Communicator& comm, const Env&, int id) {
           send = recv.bytes() + displ[comm.rank()] * size_of(d);
         }
         all_gather(comm, {.send = send, .recv = recv.bytes(), .recv_counts = counts, .dtype = d});
-        EXPECT_EQ(compare_exact(recv, want), std::nullopt) << "all_gather " << to_string(d) << " salt " << salt << (in_place ? " in place" : "");
+        EXPECT_EQ(compare_exact(recv, want), std::nullopt)
+            << "all_gather " << to_string(d) << " salt " << salt << (in_place ? " in place" : "");
       }
     }
   }
@@ -128,16 +138,22 @@ void check_reduce_scatter(Communicator& comm, const Env& env, int id) {
       auto counts = uneven_counts(n, variant % 5);
       const auto displ = displacements(counts);
       std::vector<Tensor> inputs;
-      for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(d, {displ[n]}, seed_of(id, variant, dev)));
+      for (DeviceId dev : comm.devices())
+        inputs.push_back(random_tensor(d, {displ[n]}, seed_of(id, variant, dev)));
       Tensor recv(d, {counts[comm.rank()]});
-      reduce_scatter(comm, {.send = inputs[comm.rank()].bytes(), .recv = recv.bytes(), .recv_counts = counts, .dtype = d, .op = op});
+      reduce_scatter(comm, {.send = inputs[comm.rank()].bytes(),
+                            .recv = recv.bytes(),
+                            .recv_counts = counts,
+                            .dtype = d,
+                            .op = op});
       std::vector<Tensor> blocks;
       for (const Tensor& in : inputs) {
         Tensor b(d, {counts[comm.rank()]});
         std::memcpy(b.bytes(), in.bytes() + displ[comm.rank()] * size_of(d), b.nbytes());
         blocks.push_back(std::move(b));
       }
-      expect_result(recv, reference_reduce(op, blocks), op, env, label("reduce_scatter", d, op, counts[comm.rank()]));
+      expect_result(recv, reference_reduce(op, blocks), op, env,
+                    label("reduce_scatter", d, op, counts[comm.rank()]));
     }
   }
 }
@@ -155,18 +171,24 @@ void check_all_to_all(Communicator& comm, const Env&, int id) {
     auto input_of = [&](int rank) {
       std::vector<std::int64_t> c(n);
       for (int k = 0; k < n; ++k) c[k] = count(rank, k);
-      return random_tensor(d, {displacements(c)[n]}, seed_of(id, static_cast<int>(d), comm.devices()[rank]));
+      return random_tensor(d, {displacements(c)[n]},
+                           seed_of(id, static_cast<int>(d), comm.devices()[rank]));
     };
     Tensor send = input_of(r);
     Tensor recv(d, {displacements(rc)[n]});
-    all_to_all(comm, {.send = send.bytes(), .send_counts = sc, .recv = recv.bytes(), .recv_counts = rc, .dtype = d});
+    all_to_all(comm, {.send = send.bytes(),
+                      .send_counts = sc,
+                      .recv = recv.bytes(),
+                      .recv_counts = rc,
+                      .dtype = d});
     Tensor want(d, {displacements(rc)[n]});
     const auto rdispl = displacements(rc);
     for (int k = 0; k < n; ++k) {
       Tensor peer = input_of(k);
       std::vector<std::int64_t> pc(n);
       for (int j = 0; j < n; ++j) pc[j] = count(k, j);
-      std::memcpy(want.bytes() + rdispl[k] * size_of(d), peer.bytes() + displacements(pc)[r] * size_of(d), rc[k] * size_of(d));
+      std::memcpy(want.bytes() + rdispl[k] * size_of(d),
+                  peer.bytes() + displacements(pc)[r] * size_of(d), rc[k] * size_of(d));
     }
     EXPECT_EQ(compare_exact(recv, want), std::nullopt) << "all_to_all " << to_string(d);
   }
@@ -175,10 +197,13 @@ void check_all_to_all(Communicator& comm, const Env&, int id) {
 void check_broadcast(Communicator& comm, const Env&, int id) {
   for (int root = 0; root < comm.size(); ++root) {
     for (std::int64_t count : {0, 1, 1001}) {
-      Tensor want = random_tensor(DType::kFloat64, {count}, seed_of(id, root, comm.devices()[root]));
+      Tensor want =
+          random_tensor(DType::kFloat64, {count}, seed_of(id, root, comm.devices()[root]));
       Tensor buf = comm.rank() == root ? want.clone() : random_tensor(DType::kFloat64, {count}, 99);
-      broadcast(comm, {.data = buf.bytes(), .count = count, .dtype = DType::kFloat64, .root = root});
-      EXPECT_EQ(compare_exact(buf, want), std::nullopt) << "broadcast root " << root << " count " << count;
+      broadcast(comm,
+                {.data = buf.bytes(), .count = count, .dtype = DType::kFloat64, .root = root});
+      EXPECT_EQ(compare_exact(buf, want), std::nullopt)
+          << "broadcast root " << root << " count " << count;
     }
   }
 }
@@ -190,13 +215,19 @@ void check_send_recv(Communicator& comm, const Env&, int id) {
   Tensor a = random_tensor(DType::kInt64, {37}, seed_of(id, 1, comm.device()));
   Tensor b = random_tensor(DType::kInt64, {5}, seed_of(id, 2, comm.device()));
   Tensor got_a(DType::kInt64, {37}), got_b(DType::kInt64, {5});
-  Event sa = send_async(comm, {.data = a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = next, .tag = 1});
-  Event sb = send_async(comm, {.data = b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = next, .tag = 2});
+  Event sa = send_async(
+      comm, {.data = a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = next, .tag = 1});
+  Event sb = send_async(
+      comm, {.data = b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = next, .tag = 2});
   recv(comm, {.data = got_b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = prev, .tag = 2});
   recv(comm, {.data = got_a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = prev, .tag = 1});
   when_all({sa, sb}).wait(comm.default_timeout());
-  EXPECT_EQ(compare_exact(got_a, random_tensor(DType::kInt64, {37}, seed_of(id, 1, comm.devices()[prev]))), std::nullopt);
-  EXPECT_EQ(compare_exact(got_b, random_tensor(DType::kInt64, {5}, seed_of(id, 2, comm.devices()[prev]))), std::nullopt);
+  EXPECT_EQ(compare_exact(got_a,
+                          random_tensor(DType::kInt64, {37}, seed_of(id, 1, comm.devices()[prev]))),
+            std::nullopt);
+  EXPECT_EQ(
+      compare_exact(got_b, random_tensor(DType::kInt64, {5}, seed_of(id, 2, comm.devices()[prev]))),
+      std::nullopt);
 }
 
 void check_permute(Communicator& comm, const Env&, int id) {
@@ -205,20 +236,31 @@ void check_permute(Communicator& comm, const Env&, int id) {
   for (int shift = -1; shift <= n; ++shift) {
     const int from = ((r + shift) % n + n) % n, to = ((r - shift) % n + n) % n;
     Tensor got(DType::kFloat32, {from + 3});
-    collective_permute(comm, {.send = mine.bytes(), .send_count = r + 3, .recv = got.bytes(), .recv_count = from + 3,
-                              .dtype = DType::kFloat32, .shift = shift});
-    EXPECT_EQ(compare_exact(got, random_tensor(DType::kFloat32, {from + 3}, seed_of(id, 0, comm.devices()[from]))), std::nullopt)
+    collective_permute(comm, {.send = mine.bytes(),
+                              .send_count = r + 3,
+                              .recv = got.bytes(),
+                              .recv_count = from + 3,
+                              .dtype = DType::kFloat32,
+                              .shift = shift});
+    EXPECT_EQ(compare_exact(got, random_tensor(DType::kFloat32, {from + 3},
+                                               seed_of(id, 0, comm.devices()[from]))),
+              std::nullopt)
         << "permute shift " << shift << " (sends to " << to << ")";
   }
   // An all-gather is n - 1 permutes plus the local block.
   const std::int64_t block = 64;
   Tensor local = random_tensor(DType::kFloat32, {block}, seed_of(id, 1, comm.device()));
   Tensor gathered(DType::kFloat32, {n * block}), via_permutes(DType::kFloat32, {n * block});
-  all_gather(comm, {.send = local.bytes(), .recv = gathered.bytes(), .recv_counts = std::vector<std::int64_t>(n, block)});
+  all_gather(comm, {.send = local.bytes(),
+                    .recv = gathered.bytes(),
+                    .recv_counts = std::vector<std::int64_t>(n, block)});
   std::memcpy(via_permutes.bytes() + r * block * 4, local.bytes(), block * 4);
   for (int k = 1; k < n; ++k) {
-    collective_permute(comm, {.send = local.bytes(), .send_count = block, .recv = via_permutes.bytes() + ((r + k) % n) * block * 4,
-                              .recv_count = block, .shift = k});
+    collective_permute(comm, {.send = local.bytes(),
+                              .send_count = block,
+                              .recv = via_permutes.bytes() + ((r + k) % n) * block * 4,
+                              .recv_count = block,
+                              .shift = k});
   }
   EXPECT_EQ(compare_exact(via_permutes, gathered), std::nullopt);
 }
@@ -253,10 +295,15 @@ void check_groups(Communicator& comm, const Env& env, int id) {
     ASSERT_EQ(g->size(), static_cast<int>(members.size()));
     EXPECT_EQ(g->device(), comm.device());
     std::vector<Tensor> inputs;
-    for (DeviceId dev : members) inputs.push_back(random_tensor(DType::kFloat32, {1027}, seed_of(id, variant, dev)));
+    for (DeviceId dev : members)
+      inputs.push_back(random_tensor(DType::kFloat32, {1027}, seed_of(id, variant, dev)));
     Tensor out(DType::kFloat32, {1027});
-    all_reduce(*g, {.send = inputs[g->rank()].bytes(), .recv = out.bytes(), .count = 1027, .op = ReduceOp::kSum});
-    expect_result(out, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env, "group all_reduce");
+    all_reduce(*g, {.send = inputs[g->rank()].bytes(),
+                    .recv = out.bytes(),
+                    .count = 1027,
+                    .op = ReduceOp::kSum});
+    expect_result(out, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env,
+                  "group all_reduce");
     expect_bitwise_agreement(*g, out, "group all_reduce");
   }
 }
@@ -264,20 +311,28 @@ void check_groups(Communicator& comm, const Env& env, int id) {
 void check_async(Communicator& comm, const Env& env, int id) {
   const int n = comm.size();
   std::vector<Tensor> inputs;
-  for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(DType::kFloat64, {4099}, seed_of(id, 0, dev)));
+  for (DeviceId dev : comm.devices())
+    inputs.push_back(random_tensor(DType::kFloat64, {4099}, seed_of(id, 0, dev)));
   Tensor reduced(DType::kFloat64, {4099});
   Tensor piece = random_tensor(DType::kInt32, {10}, seed_of(id, 1, comm.device()));
   Tensor gathered(DType::kInt32, {10 * n});
-  Event e1 = all_reduce_async(comm, {.send = inputs[comm.rank()].bytes(), .recv = reduced.bytes(), .count = 4099,
-                                     .dtype = DType::kFloat64, .op = ReduceOp::kSum});
-  Event e2 = all_gather_async(comm, {.send = piece.bytes(), .recv = gathered.bytes(),
-                                     .recv_counts = std::vector<std::int64_t>(n, 10), .dtype = DType::kInt32});
+  Event e1 = all_reduce_async(comm, {.send = inputs[comm.rank()].bytes(),
+                                     .recv = reduced.bytes(),
+                                     .count = 4099,
+                                     .dtype = DType::kFloat64,
+                                     .op = ReduceOp::kSum});
+  Event e2 = all_gather_async(comm, {.send = piece.bytes(),
+                                     .recv = gathered.bytes(),
+                                     .recv_counts = std::vector<std::int64_t>(n, 10),
+                                     .dtype = DType::kInt32});
   // Both are in flight; the second completes no earlier than issue order allows.
   when_all({e2, e1}).wait(comm.default_timeout());
-  expect_result(reduced, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env, "async all_reduce");
+  expect_result(reduced, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env,
+                "async all_reduce");
   for (int k = 0; k < n; ++k) {
     Tensor want = random_tensor(DType::kInt32, {10}, seed_of(id, 1, comm.devices()[k]));
-    EXPECT_EQ(std::memcmp(gathered.bytes() + k * 40, want.bytes(), 40), 0) << "async all_gather block " << k;
+    EXPECT_EQ(std::memcmp(gathered.bytes() + k * 40, want.bytes(), 40), 0)
+        << "async all_gather block " << k;
   }
   barrier(comm);
   barrier_async(comm).wait(comm.default_timeout());
@@ -287,19 +342,26 @@ void check_large(Communicator& comm, const Env& env, int id) {
   const int n = comm.size();
   const std::int64_t count = (16 << 20) / 4;  // 16 MiB of float32
   std::vector<Tensor> inputs;
-  for (DeviceId dev : comm.devices()) inputs.push_back(random_tensor(DType::kFloat32, {count}, seed_of(id, 0, dev)));
+  for (DeviceId dev : comm.devices())
+    inputs.push_back(random_tensor(DType::kFloat32, {count}, seed_of(id, 0, dev)));
   Tensor out(DType::kFloat32, {count});
-  all_reduce(comm, {.send = inputs[comm.rank()].bytes(), .recv = out.bytes(), .count = count, .op = ReduceOp::kSum});
-  expect_result(out, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env, "16 MiB all_reduce");
+  all_reduce(comm, {.send = inputs[comm.rank()].bytes(),
+                    .recv = out.bytes(),
+                    .count = count,
+                    .op = ReduceOp::kSum});
+  expect_result(out, reference_reduce(ReduceOp::kSum, inputs), ReduceOp::kSum, env,
+                "16 MiB all_reduce");
   expect_bitwise_agreement(comm, out, "16 MiB all_reduce");
   // all_gather of 16 MiB in total.
   std::vector<std::int64_t> counts(n, count / n);
   counts[n - 1] += count % n;
   Tensor gathered(DType::kFloat32, {count});
   const auto displ = displacements(counts);
-  all_gather(comm, {.send = inputs[comm.rank()].bytes(), .recv = gathered.bytes(), .recv_counts = counts});
+  all_gather(
+      comm, {.send = inputs[comm.rank()].bytes(), .recv = gathered.bytes(), .recv_counts = counts});
   for (int k = 0; k < n; ++k) {
-    EXPECT_EQ(std::memcmp(gathered.bytes() + displ[k] * 4, inputs[k].bytes(), counts[k] * 4), 0) << "16 MiB all_gather block " << k;
+    EXPECT_EQ(std::memcmp(gathered.bytes() + displ[k] * 4, inputs[k].bytes(), counts[k] * 4), 0)
+        << "16 MiB all_gather block " << k;
   }
 }
 
@@ -309,7 +371,8 @@ void check_exchange_boxes(Communicator& comm, const Env&, int id) {
     const Shape shape{2 * n, 5};
     Tensor src = random_tensor(d, shape, seed_of(id, static_cast<int>(d), comm.device()));
     Tensor dst(d, shape);
-    ExchangeBoxesOptions o{.src = src.bytes(), .src_shape = shape, .dst = dst.bytes(), .dst_shape = shape, .dtype = d};
+    ExchangeBoxesOptions o{
+        .src = src.bytes(), .src_shape = shape, .dst = dst.bytes(), .dst_shape = shape, .dtype = d};
     o.send.resize(n);
     o.recv.resize(n);
     for (int k = 0; k < n; ++k) {
@@ -335,16 +398,24 @@ void check_exchange_boxes(Communicator& comm, const Env&, int id) {
 
 const std::vector<Check>& checks() {
   static const std::vector<Check> all = {
-      {"AllReduceEveryDtypeOpAndSize", [](Communicator& c, const Env& e) { check_all_reduce(c, e, {0, 1, 13, 4099}, 1); }},
-      {"AllGatherUnevenEveryDtype", [](Communicator& c, const Env& e) { check_all_gather(c, e, 2); }},
-      {"ReduceScatterUnevenEveryDtypeAndOp", [](Communicator& c, const Env& e) { check_reduce_scatter(c, e, 3); }},
-      {"AllToAllUnevenEveryDtype", [](Communicator& c, const Env& e) { check_all_to_all(c, e, 4); }},
+      {"AllReduceEveryDtypeOpAndSize",
+       [](Communicator& c, const Env& e) {
+         check_all_reduce(c, e, {0, 1, 13, 4099}, 1);
+       }},
+      {"AllGatherUnevenEveryDtype",
+       [](Communicator& c, const Env& e) { check_all_gather(c, e, 2); }},
+      {"ReduceScatterUnevenEveryDtypeAndOp",
+       [](Communicator& c, const Env& e) { check_reduce_scatter(c, e, 3); }},
+      {"AllToAllUnevenEveryDtype",
+       [](Communicator& c, const Env& e) { check_all_to_all(c, e, 4); }},
       {"BroadcastFromEveryRoot", [](Communicator& c, const Env& e) { check_broadcast(c, e, 5); }},
       {"SendRecvMatchesByTag", [](Communicator& c, const Env& e) { check_send_recv(c, e, 6); }},
-      {"CollectivePermuteEveryShift", [](Communicator& c, const Env& e) { check_permute(c, e, 7); }},
+      {"CollectivePermuteEveryShift",
+       [](Communicator& c, const Env& e) { check_permute(c, e, 7); }},
       {"GroupsAlongEveryMeshDimSet", [](Communicator& c, const Env& e) { check_groups(c, e, 8); }},
       {"TwoAsyncCollectivesInFlight", [](Communicator& c, const Env& e) { check_async(c, e, 9); }},
-      {"ExchangeBoxesMovesRegionsBetweenRanks", [](Communicator& c, const Env& e) { check_exchange_boxes(c, e, 11); }},
+      {"ExchangeBoxesMovesRegionsBetweenRanks",
+       [](Communicator& c, const Env& e) { check_exchange_boxes(c, e, 11); }},
       {"SixteenMiB", [](Communicator& c, const Env& e) { check_large(c, e, 10); }},
   };
   return all;

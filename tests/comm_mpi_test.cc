@@ -1,8 +1,7 @@
 // The conformance suite on the mpi backend; run by ctest under `mpirun -n 4` and `-n 3`. Every
 // rank runs every check; a failure on any rank fails the job. Only rank 0 prints the report.
-#include <mpi.h>
-
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/comm/mpi/launch.h"
@@ -15,7 +14,9 @@ class MpiConformance : public ::testing::TestWithParam<const conformance::Check*
 
 TEST_P(MpiConformance, Runs) {
   launch({.backend = Backend::kMpi, .devices = 0, .timeout = std::chrono::seconds(60)},
-         [&](Communicator& comm) { GetParam()->run(comm, conformance::Env{.rank_order_reductions = false}); });
+         [&](Communicator& comm) {
+           GetParam()->run(comm, conformance::Env{.rank_order_reductions = false});
+         });
 }
 
 std::vector<const conformance::Check*> params() {

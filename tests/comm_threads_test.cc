@@ -1,8 +1,8 @@
 // The conformance suite on the threads backend (2, 3, 4 and 8 devices), plus what only threads
 // can test in-process: a failing device, a device that never arrives, mismatched arguments.
-#include <thread>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/core/error.h"
@@ -23,7 +23,9 @@ class ThreadsConformance : public ::testing::TestWithParam<Param> {};
 TEST_P(ThreadsConformance, Runs) {
   const Param& p = GetParam();
   launch({.backend = Backend::kThreads, .devices = p.devices, .timeout = std::chrono::seconds(60)},
-         [&](Communicator& comm) { p.check->run(comm, conformance::Env{.rank_order_reductions = true}); });
+         [&](Communicator& comm) {
+           p.check->run(comm, conformance::Env{.rank_order_reductions = true});
+         });
 }
 
 std::vector<Param> params() {
@@ -36,7 +38,8 @@ std::vector<Param> params() {
 
 INSTANTIATE_TEST_SUITE_P(Checks, ThreadsConformance, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& p) {
-                           return p.param.check->name + "_" + std::to_string(p.param.devices) + "devices";
+                           return p.param.check->name + "_" + std::to_string(p.param.devices) +
+                                  "devices";
                          });
 
 std::string message_of(const std::function<void()>& fn) {
@@ -51,16 +54,20 @@ std::string message_of(const std::function<void()>& fn) {
 TEST(ThreadsFailure, AFailingDeviceFailsItsPeersCollectivesAndIsRethrown) {
   std::atomic<int> peers_failed{0};
   std::string launched = message_of([&] {
-    launch({.backend = Backend::kThreads, .devices = 4, .timeout = std::chrono::seconds(30)}, [&](Communicator& comm) {
-      if (comm.device() == 2) throw Error(ErrorKind::kInvalidArgument, "bad shard on device 2");
-      std::vector<float> x(8, 1.0f);
-      std::string m = message_of([&] {
-        all_reduce(comm, {.send = reinterpret_cast<std::byte*>(x.data()), .recv = reinterpret_cast<std::byte*>(x.data()), .count = 8});
-      });
-      EXPECT_NE(m.find("device 2 failed: bad shard on device 2"), std::string::npos) << m;
-      EXPECT_NE(m.find("all_reduce on devices [0,1,2,3]"), std::string::npos) << m;
-      ++peers_failed;
-    });
+    launch({.backend = Backend::kThreads, .devices = 4, .timeout = std::chrono::seconds(30)},
+           [&](Communicator& comm) {
+             if (comm.device() == 2)
+               throw Error(ErrorKind::kInvalidArgument, "bad shard on device 2");
+             std::vector<float> x(8, 1.0f);
+             std::string m = message_of([&] {
+               all_reduce(comm, {.send = reinterpret_cast<std::byte*>(x.data()),
+                                 .recv = reinterpret_cast<std::byte*>(x.data()),
+                                 .count = 8});
+             });
+             EXPECT_NE(m.find("device 2 failed: bad shard on device 2"), std::string::npos) << m;
+             EXPECT_NE(m.find("all_reduce on devices [0,1,2,3]"), std::string::npos) << m;
+             ++peers_failed;
+           });
   });
   EXPECT_EQ(launched, "bad shard on device 2");
   EXPECT_EQ(peers_failed.load(), 3);
@@ -68,42 +75,54 @@ TEST(ThreadsFailure, AFailingDeviceFailsItsPeersCollectivesAndIsRethrown) {
 
 TEST(ThreadsFailure, ACollectiveThatWaitsTooLongNamesTheMissingDevice) {
   const auto start = std::chrono::steady_clock::now();
-  launch({.backend = Backend::kThreads, .devices = 4, .timeout = milliseconds(300)}, [&](Communicator& comm) {
-    std::vector<std::int64_t> counts(4, 1);
-    std::vector<float> send(1, 1.0f), recv(4);
-    auto gather = [&] {
-      all_gather(comm, {.send = reinterpret_cast<std::byte*>(send.data()), .recv = reinterpret_cast<std::byte*>(recv.data()), .recv_counts = counts});
-    };
-    if (comm.device() == 3) {
-      std::this_thread::sleep_for(milliseconds(1500));
-      std::string late = message_of(gather);
-      EXPECT_NE(late.find("abandoned"), std::string::npos) << late;
-      return;
-    }
-    std::string m = message_of(gather);
-    EXPECT_NE(m.find("all_gather on devices [0,1,2,3] timed out after 300 ms: devices [3] never arrived"), std::string::npos) << m;
-  });
+  launch({.backend = Backend::kThreads, .devices = 4, .timeout = milliseconds(300)},
+         [&](Communicator& comm) {
+           std::vector<std::int64_t> counts(4, 1);
+           std::vector<float> send(1, 1.0f), recv(4);
+           auto gather = [&] {
+             all_gather(comm, {.send = reinterpret_cast<std::byte*>(send.data()),
+                               .recv = reinterpret_cast<std::byte*>(recv.data()),
+                               .recv_counts = counts});
+           };
+           if (comm.device() == 3) {
+             std::this_thread::sleep_for(milliseconds(1500));
+             std::string late = message_of(gather);
+             EXPECT_NE(late.find("abandoned"), std::string::npos) << late;
+             return;
+           }
+           std::string m = message_of(gather);
+           EXPECT_NE(m.find("all_gather on devices [0,1,2,3] timed out after 300 ms: devices [3] "
+                            "never arrived"),
+                     std::string::npos)
+               << m;
+         });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 TEST(ThreadsFailure, ADeviceThatFinishesWithoutJoiningIsNamed) {
-  launch({.backend = Backend::kThreads, .devices = 3, .timeout = std::chrono::seconds(30)}, [&](Communicator& comm) {
-    if (comm.device() == 0) return;
-    std::string m = message_of([&] { barrier(comm); });
-    EXPECT_NE(m.find("device 0 finished its program without joining it"), std::string::npos) << m;
-  });
+  launch({.backend = Backend::kThreads, .devices = 3, .timeout = std::chrono::seconds(30)},
+         [&](Communicator& comm) {
+           if (comm.device() == 0) return;
+           std::string m = message_of([&] { barrier(comm); });
+           EXPECT_NE(m.find("device 0 finished its program without joining it"), std::string::npos)
+               << m;
+         });
 }
 
 TEST(ThreadsFailure, MismatchedArgumentsAreErrorsNotCorruption) {
   launch({.backend = Backend::kThreads, .devices = 2}, [&](Communicator& comm) {
     std::vector<float> a(4), b(8);
     std::string m = message_of([&] {
-      all_reduce(comm, {.send = reinterpret_cast<std::byte*>(a.data()), .recv = reinterpret_cast<std::byte*>(a.data()),
+      all_reduce(comm, {.send = reinterpret_cast<std::byte*>(a.data()),
+                        .recv = reinterpret_cast<std::byte*>(a.data()),
                         .count = comm.rank() == 0 ? 4 : 3});
     });
     EXPECT_NE(m.find("disagree on count"), std::string::npos) << m;
-    m = message_of([&] { all_gather(comm, {.send = nullptr, .recv = nullptr, .recv_counts = {1, 2, 3}}); });
-    EXPECT_NE(m.find("recv_counts has 3 entries but the group has 2 ranks"), std::string::npos) << m;
+    m = message_of([&] {
+      all_gather(comm, {.send = nullptr, .recv = nullptr, .recv_counts = {1, 2, 3}});
+    });
+    EXPECT_NE(m.find("recv_counts has 3 entries but the group has 2 ranks"), std::string::npos)
+        << m;
     m = message_of([&] { (void)comm.group({0, 0}); });
     EXPECT_NE(m.find("listed twice"), std::string::npos) << m;
     m = message_of([&] { (void)comm.group({comm.device() == 0 ? 1 : 0}); });

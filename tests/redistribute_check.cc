@@ -41,8 +41,8 @@ bool sums(const Layout& l) {
 
 }  // namespace
 
-int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>>& pairs, PlanCache& cache,
-                std::uint64_t seed) {
+int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>>& pairs,
+                PlanCache& cache, std::uint64_t seed) {
   const DeviceId me = world.device();
   int checked = 0;
   for (const auto& [from, to] : pairs) {
@@ -67,7 +67,9 @@ int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>
     for (DeviceId d : to.mesh.devices) counts[d] = numel(local_shape(to, d));
     const auto displ = displacements(counts);
     Tensor all = Tensor::uninitialized(to.dtype, {displ.back()});
-    all_gather(world, {.send = result.bytes(), .recv = all.bytes(), .recv_counts = counts, .dtype = to.dtype});
+    all_gather(
+        world,
+        {.send = result.bytes(), .recv = all.bytes(), .recv_counts = counts, .dtype = to.dtype});
     ++checked;
     if (me != 0) continue;
     std::vector<Tensor> dst, src;
@@ -84,15 +86,20 @@ int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>
       auto diff = tolerant ? compare_close(got, want, 1e-5, 1e-5) : compare_exact(got, want);
       EXPECT_EQ(diff, std::nullopt) << what << " via " << plan->planner << "\n" << to_text(*plan);
     } catch (const Error& e) {
-      ADD_FAILURE() << what << " via " << plan->planner << ": " << e.what() << "\n" << to_text(*plan);
+      ADD_FAILURE() << what << " via " << plan->planner << ": " << e.what() << "\n"
+                    << to_text(*plan);
     }
   }
   return checked;
 }
 
-std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const Shape& shape, DType dtype) {
-  const std::vector<Placement> options = {Placement::replicate(), Placement::shard(0), Placement::shard(1),
-                                          Placement::partial(ReduceOp::kSum), Placement::partial(ReduceOp::kAvg),
+std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const Shape& shape,
+                                                 DType dtype) {
+  const std::vector<Placement> options = {Placement::replicate(),
+                                          Placement::shard(0),
+                                          Placement::shard(1),
+                                          Placement::partial(ReduceOp::kSum),
+                                          Placement::partial(ReduceOp::kAvg),
                                           Placement::partial(ReduceOp::kMax)};
   std::vector<std::vector<Placement>> lists{{}};
   for (int m = 0; m < ndim(mesh); ++m) {
@@ -108,7 +115,8 @@ std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const S
   }
   std::vector<std::pair<Layout, Layout>> pairs;
   for (const auto& a : lists) {
-    for (const auto& b : lists) pairs.emplace_back(make_layout(mesh, a, shape, dtype), make_layout(mesh, b, shape, dtype));
+    for (const auto& b : lists)
+      pairs.emplace_back(make_layout(mesh, a, shape, dtype), make_layout(mesh, b, shape, dtype));
   }
   return pairs;
 }

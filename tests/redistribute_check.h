@@ -22,11 +22,12 @@ bool forbidden(const Layout& from, const Layout& to);
 
 // Runs and checks every pair on `world` (all devices of both meshes must be in it). Failures
 // are reported through GoogleTest on device 0; returns the number of pairs checked.
-int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>>& pairs, PlanCache& cache,
-                std::uint64_t seed);
+int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>>& pairs,
+                PlanCache& cache, std::uint64_t seed);
 
 // Returns every ordered pair of placement lists over {R, S(0), S(1), P(sum), P(avg), P(max)}
 // on `mesh` for a tensor of `shape`.
-std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const Shape& shape, DType dtype);
+std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const Shape& shape,
+                                                 DType dtype);
 
 }  // namespace meshflow::testing

@@ -1,10 +1,9 @@
 // Redistribution on the mpi backend (run under mpirun -n 4): a representative subset of the
 // threads suite, checked the same way.
-#include <random>
-
+#include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <gtest/gtest.h>
+#include <random>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/comm/mpi/launch.h"
@@ -15,11 +14,13 @@ namespace {
 
 void run_pairs(const std::vector<std::pair<Layout, Layout>>& pairs, std::uint64_t seed) {
   PlanCache cache;
-  launch({.backend = Backend::kMpi, .devices = 0}, [&](Communicator& world) { testing::check_pairs(world, pairs, cache, seed); });
+  launch({.backend = Backend::kMpi, .devices = 0},
+         [&](Communicator& world) { testing::check_pairs(world, pairs, cache, seed); });
 }
 
 Layout L(const char* mesh, const char* placements, Shape shape) {
-  return make_layout(parse_mesh(mesh), parse_placements(placements), std::move(shape), DType::kFloat32);
+  return make_layout(parse_mesh(mesh), parse_placements(placements), std::move(shape),
+                     DType::kFloat32);
 }
 
 TEST(MpiRedistribute, SampledPairsOn2x2) {

@@ -1,8 +1,8 @@
 // Redistribution on the threads backend: every ordered pair of placements on small meshes, random
 // pairs on a 2x2x2 mesh, cross-mesh cases, and the invalid pairs' errors.
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <random>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/core/error.h"
@@ -15,11 +15,11 @@ namespace {
 using testing::all_pairs;
 using testing::check_pairs;
 
-void run_pairs(int devices, const std::vector<std::pair<Layout, Layout>>& pairs, std::uint64_t seed) {
+void run_pairs(int devices, const std::vector<std::pair<Layout, Layout>>& pairs,
+               std::uint64_t seed) {
   PlanCache cache;
-  launch({.backend = Backend::kThreads, .devices = devices}, [&](Communicator& world) {
-    check_pairs(world, pairs, cache, seed);
-  });
+  launch({.backend = Backend::kThreads, .devices = devices},
+         [&](Communicator& world) { check_pairs(world, pairs, cache, seed); });
 }
 
 struct MeshCase {
@@ -37,8 +37,8 @@ TEST_P(ExhaustivePairs, MatchGatherThenReshard) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ExhaustivePairs,
-    ::testing::Combine(::testing::Values(MeshCase{"4", {4}}, MeshCase{"2x2", {2, 2}}, MeshCase{"2x3", {2, 3}},
-                                         MeshCase{"4x1", {4, 1}}),
+    ::testing::Combine(::testing::Values(MeshCase{"4", {4}}, MeshCase{"2x2", {2, 2}},
+                                         MeshCase{"2x3", {2, 3}}, MeshCase{"4x1", {4, 1}}),
                        ::testing::Values(Shape{8, 6}, Shape{5, 3}, Shape{1, 2}, Shape{0, 4})),
     [](const auto& p) {
       return "mesh" + std::get<0>(p.param).name + "_shape" + to_string(std::get<1>(p.param));
@@ -68,9 +68,12 @@ TEST(ExactPairs, IntegerSumsAndMaxAreBitExact) {
   for (auto& [a, b] : all_pairs(mesh, {7, 5}, DType::kInt64)) {
     bool skip = false, source_max = false, target_sum = false;
     for (std::size_t m = 0; m < a.placements.size(); ++m) {
-      source_max = source_max || (a.placements[m].is_partial() && a.placements[m].op == ReduceOp::kMax);
-      target_sum = target_sum || (b.placements[m].is_partial() && b.placements[m].op == ReduceOp::kSum);
-      for (const Placement& p : {a.placements[m], b.placements[m]}) skip = skip || (p.is_partial() && p.op == ReduceOp::kAvg);
+      source_max =
+          source_max || (a.placements[m].is_partial() && a.placements[m].op == ReduceOp::kMax);
+      target_sum =
+          target_sum || (b.placements[m].is_partial() && b.placements[m].op == ReduceOp::kSum);
+      for (const Placement& p : {a.placements[m], b.placements[m]})
+        skip = skip || (p.is_partial() && p.op == ReduceOp::kAvg);
       skip = skip || (b.placements[m].is_partial() && !(a.placements[m] == b.placements[m]));
     }
     if (!skip && !(source_max && target_sum)) pairs.emplace_back(a, b);
@@ -79,7 +82,8 @@ TEST(ExactPairs, IntegerSumsAndMaxAreBitExact) {
 }
 
 Layout L(const char* mesh, const char* placements, Shape shape) {
-  return make_layout(parse_mesh(mesh), parse_placements(placements), std::move(shape), DType::kFloat32);
+  return make_layout(parse_mesh(mesh), parse_placements(placements), std::move(shape),
+                     DType::kFloat32);
 }
 
 TEST(CrossMesh, DifferentShapesDeviceSetsAndPartialSources) {
@@ -103,14 +107,16 @@ TEST(MergedAllReduce, AvgAvgSumOfTheSameValueGivesTwiceIt) {
   const Layout to = L("2x2x2", "R,R,R", {6, 5});
   Tensor x(DType::kFloat32, {6, 5});
   Tensor ints = random_tensor(DType::kInt32, {6, 5}, 3);
-  for (int i = 0; i < 30; ++i) x.data<float>()[i] = static_cast<float>(ints.data<std::int32_t>()[i]);
+  for (int i = 0; i < 30; ++i)
+    x.data<float>()[i] = static_cast<float>(ints.data<std::int32_t>()[i]);
   const Plan plan = plan_redistribute(from, to);
   ASSERT_EQ(plan.steps.size(), 1u) << to_text(plan);
   EXPECT_EQ(plan.steps[0].kind, StepKind::kAllReduce);
   EXPECT_EQ(plan.steps[0].mesh_dims, (std::vector<MeshDim>{0, 1, 2}));
   launch({.backend = Backend::kThreads, .devices = 8}, [&](Communicator& world) {
     Tensor got = execute_plan(plan, world, x);
-    for (int i = 0; i < 30; ++i) ASSERT_EQ(got.data<float>()[i], 2 * x.data<float>()[i]) << "device " << world.device();
+    for (int i = 0; i < 30; ++i)
+      ASSERT_EQ(got.data<float>()[i], 2 * x.data<float>()[i]) << "device " << world.device();
   });
 }
 
@@ -123,8 +129,11 @@ TEST(InvalidPairs, ErrorsNameTheMeshDimAndPlacements) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(message("S(0),R", "P(sum),R"), "cannot redistribute mesh dim 0 from S(0) to P(sum): a shard cannot become a partial term");
-  EXPECT_EQ(message("R,P(sum)", "R,P(max)"), "cannot redistribute mesh dim 1 from P(sum) to P(max): partial ops differ");
+  EXPECT_EQ(
+      message("S(0),R", "P(sum),R"),
+      "cannot redistribute mesh dim 0 from S(0) to P(sum): a shard cannot become a partial term");
+  EXPECT_EQ(message("R,P(sum)", "R,P(max)"),
+            "cannot redistribute mesh dim 1 from P(sum) to P(max): partial ops differ");
   EXPECT_THROW(plan_redistribute(L("2x2", "R,R", {4, 4}), L("2x2", "R,R", {4, 5})), Error);
 }
 

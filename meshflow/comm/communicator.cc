@@ -11,7 +11,8 @@ Timeout resolve_timeout(const Communicator& comm, Timeout requested) {
 
 std::string describe(std::string_view collective, const std::vector<DeviceId>& devices) {
   std::string out = fmt::format("{} on devices [", collective);
-  for (std::size_t i = 0; i < devices.size(); ++i) out += (i ? "," : "") + std::to_string(devices[i]);
+  for (std::size_t i = 0; i < devices.size(); ++i)
+    out += (i ? "," : "") + std::to_string(devices[i]);
   return out + "]";
 }
 
@@ -28,19 +29,24 @@ void check_counts(const Communicator& comm, std::string_view collective, std::st
          describe(collective, comm.devices()), field, counts.size(), comm.size());
   }
   for (std::int64_t c : counts) {
-    if (c < 0) fail(ErrorKind::kInvalidArgument, "{}: {} has a negative count {}", describe(collective, comm.devices()), field, c);
+    if (c < 0)
+      fail(ErrorKind::kInvalidArgument, "{}: {} has a negative count {}",
+           describe(collective, comm.devices()), field, c);
   }
 }
 
 void check_exchange(const Communicator& comm, const ExchangeBoxesOptions& o) {
   const std::string what = describe("exchange_boxes", comm.devices());
-  if (static_cast<int>(o.send.size()) != comm.size() || static_cast<int>(o.recv.size()) != comm.size()) {
-    fail(ErrorKind::kInvalidArgument, "{}: send and recv need one region list per rank ({}), got {} and {}", what,
-         comm.size(), o.send.size(), o.recv.size());
+  if (static_cast<int>(o.send.size()) != comm.size() ||
+      static_cast<int>(o.recv.size()) != comm.size()) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: send and recv need one region list per rank ({}), got {} and {}", what, comm.size(),
+         o.send.size(), o.recv.size());
   }
   auto inside = [&](const Box& b, const Shape& shape, const char* which) {
     if (!contains(full_box(shape), b) || b.offset.size() != shape.size()) {
-      fail(ErrorKind::kInvalidArgument, "{}: {} region {} lies outside shape {}", what, which, to_string(b), to_string(shape));
+      fail(ErrorKind::kInvalidArgument, "{}: {} region {} lies outside shape {}", what, which,
+           to_string(b), to_string(shape));
     }
   };
   for (int k = 0; k < comm.size(); ++k) {
@@ -49,11 +55,13 @@ void check_exchange(const Communicator& comm, const ExchangeBoxesOptions& o) {
   }
 }
 
-#define MESHFLOW_COLLECTIVE(name, Options)                                                   \
-  void name(Communicator& comm, const Options& o) {                                          \
-    comm.name(o, Completion::kWait).wait(resolve_timeout(comm, o.timeout));                  \
-  }                                                                                          \
-  Event name##_async(Communicator& comm, const Options& o) { return comm.name(o, Completion::kAsync); }
+#define MESHFLOW_COLLECTIVE(name, Options)                                  \
+  void name(Communicator& comm, const Options& o) {                         \
+    comm.name(o, Completion::kWait).wait(resolve_timeout(comm, o.timeout)); \
+  }                                                                         \
+  Event name##_async(Communicator& comm, const Options& o) {                \
+    return comm.name(o, Completion::kAsync);                                \
+  }
 
 MESHFLOW_COLLECTIVE(all_reduce, AllReduceOptions)
 MESHFLOW_COLLECTIVE(all_gather, AllGatherOptions)

@@ -24,14 +24,16 @@ bool mpi_available() {
 Backend parse_backend(std::string_view name) {
   if (name == "threads") return Backend::kThreads;
   if (name == "mpi") {
-    if (!mpi_available()) fail(ErrorKind::kInvalidArgument, "backend \"mpi\" was not built into this meshflow");
+    if (!mpi_available())
+      fail(ErrorKind::kInvalidArgument, "backend \"mpi\" was not built into this meshflow");
     return Backend::kMpi;
   }
   fail(ErrorKind::kInvalidArgument, "unknown backend \"{}\" (expected threads or mpi)", name);
 }
 
 Backend detect_backend() {
-  return mpi_available() && std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? Backend::kMpi : Backend::kThreads;
+  return mpi_available() && std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? Backend::kMpi
+                                                                           : Backend::kThreads;
 }
 
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {

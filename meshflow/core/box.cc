@@ -52,15 +52,16 @@ void check_region(const Shape& shape, const std::vector<std::int64_t>& offset,
                  "copy_box {} rank mismatch", which);
   for (std::size_t d = 0; d < shape.size(); ++d) {
     MESHFLOW_CHECK(extent[d] >= 0 && offset[d] >= 0 && offset[d] + extent[d] <= shape[d],
-                   "copy_box {} region {} outside shape {}", which,
-                   to_string(Box{offset, extent}), to_string(shape));
+                   "copy_box {} region {} outside shape {}", which, to_string(Box{offset, extent}),
+                   to_string(shape));
   }
 }
 
 }  // namespace
 
 void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, MutableBuffer dst,
-              const std::vector<std::int64_t>& dst_offset, const std::vector<std::int64_t>& extent) {
+              const std::vector<std::int64_t>& dst_offset,
+              const std::vector<std::int64_t>& extent) {
   MESHFLOW_CHECK(src.elem_size == dst.elem_size);
   check_region(*src.shape, src_offset, extent, "source");
   check_region(*dst.shape, dst_offset, extent, "destination");

@@ -1,8 +1,8 @@
 #include "meshflow/core/box.h"
 
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <random>
 
 #include "meshflow/core/compare.h"
 #include "meshflow/core/random.h"
@@ -11,7 +11,8 @@ namespace meshflow {
 namespace {
 
 // Reference: element-by-element copy through flat indices.
-void naive_copy(const Tensor& src, const Box& box, Tensor& dst, const std::vector<std::int64_t>& at) {
+void naive_copy(const Tensor& src, const Box& box, Tensor& dst,
+                const std::vector<std::int64_t>& at) {
   auto ss = row_major_strides(src.shape());
   auto ds = row_major_strides(dst.shape());
   auto s = src.data<float>();

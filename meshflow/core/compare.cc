@@ -1,10 +1,10 @@
 // Tensor comparison.
 #include "meshflow/core/compare.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
-
-#include <fmt/format.h>
 
 namespace meshflow {
 

@@ -29,22 +29,34 @@ bool is_floating(DType dtype);
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::kFloat32; }
+constexpr DType dtype_of<float>() {
+  return DType::kFloat32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::kFloat64; }
+constexpr DType dtype_of<double>() {
+  return DType::kFloat64;
+}
 template <>
-constexpr DType dtype_of<std::int32_t>() { return DType::kInt32; }
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::kInt32;
+}
 template <>
-constexpr DType dtype_of<std::int64_t>() { return DType::kInt64; }
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::kInt64;
+}
 
 // Calls fn(T{}) with T the C++ type of `dtype`, returning what fn returns.
 template <typename Fn>
 decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kFloat32: return fn(float{});
-    case DType::kFloat64: return fn(double{});
-    case DType::kInt32: return fn(std::int32_t{});
-    case DType::kInt64: break;
+    case DType::kFloat32:
+      return fn(float{});
+    case DType::kFloat64:
+      return fn(double{});
+    case DType::kInt32:
+      return fn(std::int32_t{});
+    case DType::kInt64:
+      break;
   }
   return fn(std::int64_t{});
 }

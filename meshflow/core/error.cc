@@ -5,12 +5,18 @@ namespace meshflow {
 
 std::string_view to_string(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInvalidArgument: return "invalid argument";
-    case ErrorKind::kShapeMismatch: return "shape mismatch";
-    case ErrorKind::kIo: return "i/o";
-    case ErrorKind::kCommunication: return "communication";
-    case ErrorKind::kTimeout: return "timeout";
-    case ErrorKind::kInternal: return "internal";
+    case ErrorKind::kInvalidArgument:
+      return "invalid argument";
+    case ErrorKind::kShapeMismatch:
+      return "shape mismatch";
+    case ErrorKind::kIo:
+      return "i/o";
+    case ErrorKind::kCommunication:
+      return "communication";
+    case ErrorKind::kTimeout:
+      return "timeout";
+    case ErrorKind::kInternal:
+      return "internal";
   }
   return "unknown";
 }

@@ -1,11 +1,11 @@
 // Errors a user can cause (meshflow::Error, with a kind) and the always-on internal check macro.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace meshflow {
 
@@ -40,12 +40,12 @@ namespace detail {
 
 // Always-on internal invariant check (independent of NDEBUG). Throws Error(kInternal).
 // The condition must have no side effects.
-#define MESHFLOW_CHECK(cond, ...)                                                        \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
-      ::meshflow::detail::check_failed(#cond, __FILE__, __LINE__,                        \
+#define MESHFLOW_CHECK(cond, ...)                                                       \
+  do {                                                                                  \
+    if (!(cond)) [[unlikely]] {                                                         \
+      ::meshflow::detail::check_failed(#cond, __FILE__, __LINE__,                       \
                                        ::meshflow::detail::check_message(__VA_ARGS__)); \
-    }                                                                                    \
+    }                                                                                   \
   } while (false)
 
 namespace meshflow::detail {

@@ -78,14 +78,16 @@ bool Event::ready() const {
 void Event::wait(std::chrono::milliseconds timeout) const {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const auto& s : states_) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     s->wait(std::max(left, std::chrono::milliseconds(0)));
   }
 }
 
 Event when_all(const std::vector<Event>& events) {
   Event out;
-  for (const Event& e : events) out.states_.insert(out.states_.end(), e.states_.begin(), e.states_.end());
+  for (const Event& e : events)
+    out.states_.insert(out.states_.end(), e.states_.begin(), e.states_.end());
   return out;
 }
 

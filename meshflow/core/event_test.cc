@@ -1,8 +1,8 @@
 #include "meshflow/core/event.h"
 
-#include <thread>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "meshflow/core/error.h"
 
@@ -42,7 +42,9 @@ TEST(Event, FailureTravelsThroughWhenAll) {
   b->fail(std::make_exception_ptr(Error(ErrorKind::kCommunication, "device 2 failed")));
   EXPECT_TRUE(both.ready());
   EXPECT_THROW(both.wait(milliseconds(10)), Error);
-  EXPECT_THROW(failed_event(std::make_exception_ptr(Error(ErrorKind::kIo, "x"))).wait(milliseconds(1)), Error);
+  EXPECT_THROW(
+      failed_event(std::make_exception_ptr(Error(ErrorKind::kIo, "x"))).wait(milliseconds(1)),
+      Error);
 }
 
 TEST(Event, PollDrivesCompletionOnTheWaitingThread) {

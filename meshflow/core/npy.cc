@@ -115,7 +115,8 @@ class HeaderParser {
         value = value * 10 + (text_[pos_] - '0');
         ++pos_;
       }
-      if (pos_ == start) bad(fmt::format("expected a non-negative integer in shape at byte {}", pos_));
+      if (pos_ == start)
+        bad(fmt::format("expected a non-negative integer in shape at byte {}", pos_));
       // NumPy 1.x may write long literals such as 3L.
       if (pos_ < text_.size() && text_[pos_] == 'L') ++pos_;
       shape.push_back(value);
@@ -144,8 +145,8 @@ DType dtype_from_descr(const std::string& descr, std::string_view name) {
   if (descr.find('O') != std::string::npos) {
     fail(ErrorKind::kIo, "{}: object arrays are not supported (descr '{}')", name, descr);
   }
-  fail(ErrorKind::kIo,
-       "{}: unsupported dtype descr '{}' (expected <f4, <f8, <i4 or <i8)", name, descr);
+  fail(ErrorKind::kIo, "{}: unsupported dtype descr '{}' (expected <f4, <f8, <i4 or <i8)", name,
+       descr);
 }
 
 std::uint32_t read_le(std::string_view bytes, std::size_t at, std::size_t width) {
@@ -174,7 +175,8 @@ Tensor parse_npy(std::string_view bytes, std::string_view name) {
   const std::size_t data_start = 8 + len_width + header_len;
   if (bytes.size() < data_start) fail(ErrorKind::kIo, "{}: truncated .npy header", name);
   std::string_view header = bytes.substr(8 + len_width, header_len);
-  while (!header.empty() && (header.back() == '\n' || header.back() == ' ')) header.remove_suffix(1);
+  while (!header.empty() && (header.back() == '\n' || header.back() == ' '))
+    header.remove_suffix(1);
 
   auto h = HeaderParser(header, name).parse();
   if (h.fortran_order) {
@@ -184,7 +186,8 @@ Tensor parse_npy(std::string_view bytes, std::string_view name) {
   // Guard the element count against overflow before allocating.
   std::uint64_t count = 1;
   for (std::int64_t e : h.shape) {
-    if (e != 0 && count > std::numeric_limits<std::uint64_t>::max() / 16 / static_cast<std::uint64_t>(e)) {
+    if (e != 0 &&
+        count > std::numeric_limits<std::uint64_t>::max() / 16 / static_cast<std::uint64_t>(e)) {
       fail(ErrorKind::kIo, "{}: shape {} is too large", name, to_string(h.shape));
     }
     count *= static_cast<std::uint64_t>(e);
@@ -232,7 +235,8 @@ std::string encode_npy(const Tensor& tensor) {
                                  npy_descr(tensor.dtype()), shape);
   int major = 1;
   std::size_t prefix = 10;
-  std::size_t total = (prefix + dict.size() + 1 + kHeaderAlignment - 1) / kHeaderAlignment * kHeaderAlignment;
+  std::size_t total =
+      (prefix + dict.size() + 1 + kHeaderAlignment - 1) / kHeaderAlignment * kHeaderAlignment;
   if (total - prefix > 0xFFFF) {
     major = 2;
     prefix = 12;
@@ -246,7 +250,8 @@ std::string encode_npy(const Tensor& tensor) {
   out += kMagic;
   out += static_cast<char>(major);
   out += '\0';
-  for (std::size_t i = 0; i < prefix - 8; ++i) out += static_cast<char>((header_len >> (8 * i)) & 0xFF);
+  for (std::size_t i = 0; i < prefix - 8; ++i)
+    out += static_cast<char>((header_len >> (8 * i)) & 0xFF);
   out += dict;
   out.append(reinterpret_cast<const char*>(tensor.bytes()), tensor.nbytes());
   return out;

@@ -1,8 +1,8 @@
 #include "meshflow/core/npy.h"
 
-#include <filesystem>
-
 #include <gtest/gtest.h>
+
+#include <filesystem>
 
 #include "meshflow/core/compare.h"
 #include "meshflow/core/random.h"
@@ -18,7 +18,8 @@ std::string header_v(int major, const std::string& dict) {
   std::string out = "\x93NUMPY";
   out += static_cast<char>(major);
   out += '\0';
-  for (std::size_t i = 0; i < prefix - 8; ++i) out += static_cast<char>((h.size() >> (8 * i)) & 0xFF);
+  for (std::size_t i = 0; i < prefix - 8; ++i)
+    out += static_cast<char>((h.size() >> (8 * i)) & 0xFF);
   return out + h;
 }
 
@@ -36,7 +37,8 @@ std::string expect_error(const std::string& bytes) {
 TEST(Npy, RoundTripsEveryDtypeAndRank) {
   int seed = 0;
   for (DType d : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
-    for (const Shape& s : {Shape{}, Shape{0}, Shape{7}, Shape{3, 5}, Shape{2, 0, 3}, Shape{2, 3, 4, 5}}) {
+    for (const Shape& s :
+         {Shape{}, Shape{0}, Shape{7}, Shape{3, 5}, Shape{2, 0, 3}, Shape{2, 3, 4, 5}}) {
       Tensor t = random_tensor(d, s, ++seed);
       std::string bytes = encode_npy(t);
       EXPECT_EQ((bytes.size() - t.nbytes()) % 64, 0u) << "data is 64-byte aligned";
@@ -61,10 +63,13 @@ TEST(Npy, FileRoundTripLeavesNoTemporary) {
 TEST(Npy, ReadsVersions2And3AndNumpyStyleHeaders) {
   std::string data(24, '\0');
   for (int major : {2, 3}) {
-    Tensor t = parse_npy(header_v(major, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }") + data, "v");
+    Tensor t = parse_npy(
+        header_v(major, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }") + data, "v");
     EXPECT_EQ(t.shape(), Shape{3});
   }
-  Tensor t = parse_npy(header_v(1, "{\"shape\": (1, 3L), \"fortran_order\": False, \"descr\": \"<f8\"}") + data, "v");
+  Tensor t = parse_npy(
+      header_v(1, "{\"shape\": (1, 3L), \"fortran_order\": False, \"descr\": \"<f8\"}") + data,
+      "v");
   EXPECT_EQ(t.shape(), (Shape{1, 3}));
 }
 
@@ -75,7 +80,8 @@ TEST(Npy, RejectsEachMalformation) {
   };
   EXPECT_NE(expect_error("hello world").find("bad magic"), std::string::npos);
   EXPECT_NE(expect_error(header_v(1, ok_dict("<f4", "False", "(2,)")).replace(6, 1, "\x04") + f4)
-                .find("version 4.0"), std::string::npos);
+                .find("version 4.0"),
+            std::string::npos);
   EXPECT_NE(expect_error(header_v(1, ok_dict(">f4", "False", "(2,)")) + f4).find("big-endian"),
             std::string::npos);
   EXPECT_NE(expect_error(header_v(1, ok_dict("|O", "False", "(2,)")) + f4).find("object"),
@@ -86,16 +92,20 @@ TEST(Npy, RejectsEachMalformation) {
             std::string::npos);
   EXPECT_NE(expect_error(header_v(1, ok_dict("<f4", "False", "(3,)")) + f4).find("truncated data"),
             std::string::npos);
-  EXPECT_NE(expect_error(header_v(1, ok_dict("<f4", "False", "(1,)")) + f4).find("unexpected bytes"),
-            std::string::npos);
+  EXPECT_NE(
+      expect_error(header_v(1, ok_dict("<f4", "False", "(1,)")) + f4).find("unexpected bytes"),
+      std::string::npos);
   EXPECT_NE(expect_error(header_v(1, ok_dict("<f4", "False", "(2, x)")) + f4).find("malformed"),
             std::string::npos);
   EXPECT_NE(expect_error(header_v(1, "{'descr': '<f4', 'shape': (2,), }") + f4).find("lacks"),
             std::string::npos);
-  EXPECT_NE(expect_error(header_v(1, ok_dict("<f4", "False", "(2,)")).substr(0, 20)).find("truncated"),
-            std::string::npos);
-  EXPECT_NE(expect_error(header_v(1, ok_dict("<f4", "False", "(99999999999, 99999999999, 99999999999)")))
-                .find("too large"), std::string::npos);
+  EXPECT_NE(
+      expect_error(header_v(1, ok_dict("<f4", "False", "(2,)")).substr(0, 20)).find("truncated"),
+      std::string::npos);
+  EXPECT_NE(
+      expect_error(header_v(1, ok_dict("<f4", "False", "(99999999999, 99999999999, 99999999999)")))
+          .find("too large"),
+      std::string::npos);
 }
 
 TEST(Npy, MissingFileNamesThePath) {

@@ -7,10 +7,14 @@ namespace meshflow {
 
 std::string_view to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "unknown";
 }
@@ -44,7 +48,9 @@ void reduce_typed_body(std::span<const std::byte* const> terms, std::byte* out, 
   alignas(64) T acc[kReduceTile];
   T* dst = reinterpret_cast<T*>(out);
   const std::size_t k_terms = terms.size();
-  auto term = [&](std::size_t k, std::int64_t base) { return reinterpret_cast<const T*>(terms[k]) + base; };
+  auto term = [&](std::size_t k, std::int64_t base) {
+    return reinterpret_cast<const T*>(terms[k]) + base;
+  };
   for (std::int64_t base = 0; base < n; base += kReduceTile) {
     const std::int64_t len = std::min(kReduceTile, n - base);
     if (k_terms == 1) {
@@ -81,14 +87,16 @@ void reduce_typed_body(std::span<const std::byte* const> terms, std::byte* out, 
 // processor has it; the baseline build stays portable to any x86-64.
 #if defined(__x86_64__) && defined(__GNUC__)
 template <typename T, typename Combine>
-__attribute__((target("avx2"))) void reduce_typed_avx2(std::span<const std::byte* const> terms, std::byte* out,
-                                                       std::int64_t n, Combine combine) {
+__attribute__((target("avx2"))) void reduce_typed_avx2(std::span<const std::byte* const> terms,
+                                                       std::byte* out, std::int64_t n,
+                                                       Combine combine) {
   reduce_typed_body<T>(terms, out, n, combine);
 }
 #endif
 
 template <typename T, typename Combine>
-void reduce_typed(std::span<const std::byte* const> terms, std::byte* out, std::int64_t n, Combine combine) {
+void reduce_typed(std::span<const std::byte* const> terms, std::byte* out, std::int64_t n,
+                  Combine combine) {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2) return reduce_typed_avx2<T>(terms, out, n, combine);

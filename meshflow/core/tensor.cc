@@ -13,11 +13,14 @@ Tensor::Tensor(DType dtype, Shape shape) : Tensor(dtype, std::move(shape), NoFil
   std::memset(data_.get(), 0, nbytes());
 }
 
-Tensor Tensor::uninitialized(DType dtype, Shape shape) { return Tensor(dtype, std::move(shape), NoFill{}); }
+Tensor Tensor::uninitialized(DType dtype, Shape shape) {
+  return Tensor(dtype, std::move(shape), NoFill{});
+}
 
 Tensor::Tensor(DType dtype, Shape shape, NoFill) : dtype_(dtype), shape_(std::move(shape)) {
   for (std::int64_t e : shape_) {
-    if (e < 0) fail(ErrorKind::kInvalidArgument, "tensor shape {} has a negative extent", to_string(shape_));
+    if (e < 0)
+      fail(ErrorKind::kInvalidArgument, "tensor shape {} has a negative extent", to_string(shape_));
   }
   numel_ = meshflow::numel(shape_);
   // Always allocate at least one aligned block so data pointers are never null.

@@ -21,7 +21,8 @@ std::string join(const std::vector<DeviceId>& ids) {
 
 DeviceMesh make_mesh(Shape shape, std::vector<DeviceId> devices, std::vector<std::string> names) {
   for (std::int64_t e : shape) {
-    if (e < 1) fail(ErrorKind::kInvalidArgument, "mesh shape {} has an extent below 1", to_string(shape));
+    if (e < 1)
+      fail(ErrorKind::kInvalidArgument, "mesh shape {} has an extent below 1", to_string(shape));
   }
   if (static_cast<std::int64_t>(devices.size()) != numel(shape)) {
     fail(ErrorKind::kInvalidArgument, "mesh shape {} needs {} devices but {} were given ({})",
@@ -61,7 +62,8 @@ DeviceMesh parse_mesh(std::string_view text) {
   try {
     shape = parse_shape(text.substr(0, at));
   } catch (const Error&) {
-    fail(ErrorKind::kInvalidArgument, "malformed mesh \"{}\" (expected e.g. 2x2 or 2x2@4,5,6,7)", text);
+    fail(ErrorKind::kInvalidArgument, "malformed mesh \"{}\" (expected e.g. 2x2 or 2x2@4,5,6,7)",
+         text);
   }
   if (shape.empty()) fail(ErrorKind::kInvalidArgument, "malformed mesh \"{}\": no dims", text);
   if (at == std::string_view::npos) return make_mesh(shape);
@@ -99,7 +101,8 @@ std::optional<int> find_device(const DeviceMesh& mesh, DeviceId device) {
 
 std::vector<std::int64_t> coordinates(const DeviceMesh& mesh, DeviceId device) {
   std::optional<int> pos = find_device(mesh, device);
-  if (!pos) fail(ErrorKind::kInvalidArgument, "device {} is not in mesh {}", device, to_string(mesh));
+  if (!pos)
+    fail(ErrorKind::kInvalidArgument, "device {} is not in mesh {}", device, to_string(mesh));
   return coordinates_at(mesh, *pos);
 }
 
@@ -138,7 +141,8 @@ std::vector<MeshDim> normalise_dims(const DeviceMesh& mesh, std::vector<MeshDim>
 
 }  // namespace
 
-std::vector<DeviceId> group_along(const DeviceMesh& mesh, DeviceId device, std::vector<MeshDim> dims) {
+std::vector<DeviceId> group_along(const DeviceMesh& mesh, DeviceId device,
+                                  std::vector<MeshDim> dims) {
   dims = normalise_dims(mesh, std::move(dims));
   std::vector<std::int64_t> coords = coordinates(mesh, device);
   std::int64_t count = 1;

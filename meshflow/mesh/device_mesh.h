@@ -27,7 +27,8 @@ struct DeviceMesh {
 };
 
 // Returns a validated mesh; throws Error naming the offending value.
-DeviceMesh make_mesh(Shape shape, std::vector<DeviceId> devices, std::vector<std::string> names = {});
+DeviceMesh make_mesh(Shape shape, std::vector<DeviceId> devices,
+                     std::vector<std::string> names = {});
 
 // Returns the mesh of `shape` over devices 0..n-1 in row-major order.
 DeviceMesh make_mesh(Shape shape);
@@ -59,7 +60,8 @@ DeviceId device_at(const DeviceMesh& mesh, const std::vector<std::int64_t>& coor
 // Returns the devices that share every coordinate of `device` except those on `dims`, ordered
 // row-major over `dims` taken in ascending order. With several dims this is a "flattened" group.
 // An empty `dims` gives {device}.
-std::vector<DeviceId> group_along(const DeviceMesh& mesh, DeviceId device, std::vector<MeshDim> dims);
+std::vector<DeviceId> group_along(const DeviceMesh& mesh, DeviceId device,
+                                  std::vector<MeshDim> dims);
 
 // Returns the mesh of the group_along(mesh, device, dims): its shape is the extents of `dims`
 // (ascending) and its names the names of those dims.

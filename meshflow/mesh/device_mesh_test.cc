@@ -33,9 +33,13 @@ TEST(DeviceMesh, BadMeshesNameTheValue) {
   EXPECT_NE(error_of([] { parse_mesh("2@1,a"); }).find("\"a\""), std::string::npos);
   EXPECT_NE(error_of([] { parse_mesh("0x2"); }).find("below 1"), std::string::npos);
   EXPECT_NE(error_of([] { parse_mesh("2@-1,0"); }).find("negative"), std::string::npos);
-  EXPECT_NE(error_of([] { make_mesh({2, 2}, {0, 1, 2, 3}, {"dp"}); }).find("2 dims but 1 names"),
+  EXPECT_NE(error_of([] {
+              make_mesh({2, 2}, {0, 1, 2, 3}, {"dp"});
+            }).find("2 dims but 1 names"),
             std::string::npos);
-  EXPECT_NE(error_of([] { make_mesh({2, 2}, {0, 1, 2, 3}, {"dp", "dp"}); }).find("repeated"),
+  EXPECT_NE(error_of([] {
+              make_mesh({2, 2}, {0, 1, 2, 3}, {"dp", "dp"});
+            }).find("repeated"),
             std::string::npos);
 }
 

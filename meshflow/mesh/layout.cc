@@ -13,14 +13,16 @@ Layout make_layout(DeviceMesh mesh, std::vector<Placement> placements, Shape sha
          to_string(placements), placements.size(), to_string(mesh), ndim(mesh));
   }
   for (std::int64_t e : shape) {
-    if (e < 0) fail(ErrorKind::kInvalidArgument, "shape {} has a negative extent", to_string(shape));
+    if (e < 0)
+      fail(ErrorKind::kInvalidArgument, "shape {} has a negative extent", to_string(shape));
   }
   const int rank = static_cast<int>(shape.size());
   for (Placement& p : placements) {
     if (!p.is_shard()) continue;
     if (p.dim < -rank || p.dim >= rank) {
-      fail(ErrorKind::kInvalidArgument, "placement \"{}\" names tensor dim {} but the tensor has {} dims",
-           to_string(p), p.dim, rank);
+      fail(ErrorKind::kInvalidArgument,
+           "placement \"{}\" names tensor dim {} but the tensor has {} dims", to_string(p), p.dim,
+           rank);
     }
     if (p.dim < 0) p.dim += rank;
   }
@@ -47,7 +49,8 @@ std::size_t hash_value(const Layout& layout) {
 
 std::string to_string(const Layout& layout) {
   return fmt::format("mesh {} placements {} shape {} {}", to_string(layout.mesh),
-                     to_string(layout.placements), to_string(layout.shape), to_string(layout.dtype));
+                     to_string(layout.placements), to_string(layout.shape),
+                     to_string(layout.dtype));
 }
 
 Chunk chunk(std::int64_t size, std::int64_t parts, std::int64_t index) {
@@ -74,7 +77,9 @@ Box shard_box_at(const Layout& layout, const std::vector<std::int64_t>& coords) 
   return box;
 }
 
-Shape local_shape(const Layout& layout, DeviceId device) { return shard_box(layout, device).extent; }
+Shape local_shape(const Layout& layout, DeviceId device) {
+  return shard_box(layout, device).extent;
+}
 
 std::vector<MeshDim> partial_dims(const Layout& layout) {
   std::vector<MeshDim> dims;

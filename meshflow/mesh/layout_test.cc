@@ -57,13 +57,17 @@ TEST(Layout, ValidationNamesTheOffendingValue) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(msg([] { make_layout(make_mesh({2, 2}), parse_placements("S(0)"), {4}); })
-                .find("give 1 entries but mesh 2x2 has 2 dims"),
+  EXPECT_NE(msg([] {
+              make_layout(make_mesh({2, 2}), parse_placements("S(0)"), {4});
+            }).find("give 1 entries but mesh 2x2 has 2 dims"),
             std::string::npos);
-  EXPECT_NE(msg([] { make_layout(make_mesh({2}), parse_placements("S(3)"), {4, 4}); })
-                .find("placement \"S(3)\" names tensor dim 3 but the tensor has 2 dims"),
+  EXPECT_NE(msg([] {
+              make_layout(make_mesh({2}), parse_placements("S(3)"), {4, 4});
+            }).find("placement \"S(3)\" names tensor dim 3 but the tensor has 2 dims"),
             std::string::npos);
-  EXPECT_NE(msg([] { make_layout(make_mesh({2}), parse_placements("S(-3)"), {4, 4}); }).find("S(-3)"),
+  EXPECT_NE(msg([] {
+              make_layout(make_mesh({2}), parse_placements("S(-3)"), {4, 4});
+            }).find("S(-3)"),
             std::string::npos);
   Layout l = make_layout(make_mesh({2}), parse_placements("S(-1)"), {4, 6});
   EXPECT_EQ(l.placements[0], Placement::shard(1));

@@ -9,9 +9,12 @@ namespace meshflow {
 
 std::string to_string(const Placement& p) {
   switch (p.kind) {
-    case Placement::Kind::kShard: return fmt::format("S({})", p.dim);
-    case Placement::Kind::kReplicate: return "R";
-    case Placement::Kind::kPartial: return fmt::format("P({})", to_string(p.op));
+    case Placement::Kind::kShard:
+      return fmt::format("S({})", p.dim);
+    case Placement::Kind::kReplicate:
+      return "R";
+    case Placement::Kind::kPartial:
+      return fmt::format("P({})", to_string(p.op));
   }
   return "?";
 }
@@ -59,7 +62,9 @@ Placement parse_placement(std::string_view text) {
   if (s.empty()) fail(ErrorKind::kInvalidArgument, "empty placement in \"{}\"", text);
   Parts parts = split(s, text);
   if (parts.head == "R" || parts.head == "Replicate") {
-    if (!parts.arg.empty()) fail(ErrorKind::kInvalidArgument, "malformed placement \"{}\": Replicate takes no argument", text);
+    if (!parts.arg.empty())
+      fail(ErrorKind::kInvalidArgument, "malformed placement \"{}\": Replicate takes no argument",
+           text);
     return Placement::replicate();
   }
   if (parts.head == "S" || parts.head == "Shard") {
@@ -68,7 +73,8 @@ Placement parse_placement(std::string_view text) {
     int dim = 0;
     auto [ptr, ec] = std::from_chars(arg.data(), arg.data() + arg.size(), dim);
     if (arg.empty() || ec != std::errc() || ptr != arg.data() + arg.size()) {
-      fail(ErrorKind::kInvalidArgument, "malformed placement \"{}\": Shard needs a tensor dim, e.g. S(0)", text);
+      fail(ErrorKind::kInvalidArgument,
+           "malformed placement \"{}\": Shard needs a tensor dim, e.g. S(0)", text);
     }
     return Placement::shard(dim);
   }

@@ -33,7 +33,8 @@ TEST(Placement, MalformedTextIsNamed) {
       parse_placement(bad);
       FAIL() << bad;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("\"") + bad + "\""), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("\"") + bad + "\""), std::string::npos)
+          << e.what();
     }
   }
   EXPECT_THROW(parse_placements("S(0),,R"), Error);

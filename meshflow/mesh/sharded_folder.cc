@@ -16,7 +16,10 @@ nlohmann::json layout_to_json(const Layout& layout) {
   nlohmann::json placements = nlohmann::json::array();
   for (const Placement& p : layout.placements) placements.push_back(to_string(p));
   return {
-      {"mesh", {{"shape", layout.mesh.shape}, {"devices", layout.mesh.devices}, {"names", layout.mesh.names}}},
+      {"mesh",
+       {{"shape", layout.mesh.shape},
+        {"devices", layout.mesh.devices},
+        {"names", layout.mesh.names}}},
       {"placements", placements},
       {"shape", layout.shape},
       {"dtype", to_string(layout.dtype)},
@@ -24,7 +27,8 @@ nlohmann::json layout_to_json(const Layout& layout) {
 }
 
 Layout layout_from_json(const nlohmann::json& json, std::string_view source) {
-  auto field = [&](const nlohmann::json& obj, const char* key, const char* where) -> const nlohmann::json& {
+  auto field = [&](const nlohmann::json& obj, const char* key,
+                   const char* where) -> const nlohmann::json& {
     if (!obj.is_object() || !obj.contains(key)) {
       fail(ErrorKind::kIo, "{}: missing field \"{}\"{}", source, key, where);
     }
@@ -33,11 +37,13 @@ Layout layout_from_json(const nlohmann::json& json, std::string_view source) {
   try {
     const nlohmann::json& mesh = field(json, "mesh", "");
     Shape mesh_shape = field(mesh, "shape", " in \"mesh\"").get<Shape>();
-    std::vector<DeviceId> devices = field(mesh, "devices", " in \"mesh\"").get<std::vector<DeviceId>>();
+    std::vector<DeviceId> devices =
+        field(mesh, "devices", " in \"mesh\"").get<std::vector<DeviceId>>();
     std::vector<std::string> names;
     if (mesh.contains("names")) names = mesh.at("names").get<std::vector<std::string>>();
     std::vector<Placement> placements;
-    for (const auto& p : field(json, "placements", "")) placements.push_back(parse_placement(p.get<std::string>()));
+    for (const auto& p : field(json, "placements", ""))
+      placements.push_back(parse_placement(p.get<std::string>()));
     Shape shape = field(json, "shape", "").get<Shape>();
     DType dtype = parse_dtype(field(json, "dtype", "").get<std::string>());
     return make_layout(make_mesh(mesh_shape, devices, names), placements, shape, dtype);
@@ -50,7 +56,8 @@ Layout layout_from_json(const nlohmann::json& json, std::string_view source) {
 }
 
 Layout read_layout(const fs::path& dir) {
-  if (!fs::is_directory(dir)) fail(ErrorKind::kIo, "\"{}\" is not a sharded tensor folder", dir.string());
+  if (!fs::is_directory(dir))
+    fail(ErrorKind::kIo, "\"{}\" is not a sharded tensor folder", dir.string());
   const fs::path file = dir / "layout.json";
   const std::string text = read_file(file);
   nlohmann::json json;
@@ -68,8 +75,9 @@ Tensor read_shard(const fs::path& dir, const Layout& layout, int mesh_index) {
   const DeviceId d = layout.mesh.devices[mesh_index];
   const Box box = shard_box(layout, d);
   if (t.dtype() != layout.dtype || t.shape() != box.extent) {
-    fail(ErrorKind::kIo, "{}: holds {} {} but layout.json gives device {} box {} ({} {})", file.string(),
-         to_string(t.shape()), to_string(t.dtype()), d, to_string(box), to_string(box.extent), to_string(layout.dtype));
+    fail(ErrorKind::kIo, "{}: holds {} {} but layout.json gives device {} box {} ({} {})",
+         file.string(), to_string(t.shape()), to_string(t.dtype()), d, to_string(box),
+         to_string(box.extent), to_string(layout.dtype));
   }
   return t;
 }
@@ -82,17 +90,21 @@ ShardedTensor read_sharded(const fs::path& dir) {
 
 fs::path stage_folder(const fs::path& dir, const std::string& tag) {
   std::error_code ec;
-  if (fs::exists(dir) && !(fs::is_directory(dir) && (fs::is_empty(dir) || fs::exists(dir / "layout.json")))) {
-    fail(ErrorKind::kIo, "refusing to replace \"{}\": it exists and is not a sharded tensor folder", dir.string());
+  if (fs::exists(dir) &&
+      !(fs::is_directory(dir) && (fs::is_empty(dir) || fs::exists(dir / "layout.json")))) {
+    fail(ErrorKind::kIo, "refusing to replace \"{}\": it exists and is not a sharded tensor folder",
+         dir.string());
   }
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   if (!fs::is_directory(parent)) {
-    fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", dir.string(), parent.string());
+    fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", dir.string(),
+         parent.string());
   }
   fs::path tmp = dir;
   tmp += tag;
   fs::remove_all(tmp, ec);
-  if (!fs::create_directory(tmp, ec)) fail(ErrorKind::kIo, "cannot create \"{}\": {}", tmp.string(), ec.message());
+  if (!fs::create_directory(tmp, ec))
+    fail(ErrorKind::kIo, "cannot create \"{}\": {}", tmp.string(), ec.message());
   return tmp;
 }
 
@@ -120,7 +132,8 @@ void write_sharded(const fs::path& dir, const Layout& layout, const std::vector<
   const fs::path tmp = stage_folder(dir, fmt::format(".tmp-{}", ::getpid()));
   try {
     write_file_atomic(tmp / "layout.json", layout_to_json(layout).dump(2) + "\n");
-    for (std::size_t i = 0; i < shards.size(); ++i) write_npy(tmp / shard_file_name(static_cast<int>(i)), shards[i]);
+    for (std::size_t i = 0; i < shards.size(); ++i)
+      write_npy(tmp / shard_file_name(static_cast<int>(i)), shards[i]);
   } catch (...) {
     discard_folder(tmp);
     throw;

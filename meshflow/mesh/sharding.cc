@@ -1,7 +1,6 @@
 // shard_tensor and assemble.
 #include "meshflow/mesh/sharding.h"
 
-
 #include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
 
@@ -25,8 +24,9 @@ std::vector<Tensor> shard_tensor(const Tensor& global, const Layout& layout) {
   return shards;
 }
 
-void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes, DType dtype,
-                          const std::vector<const std::byte*>& terms, std::byte* out, std::int64_t n) {
+void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes,
+                          DType dtype, const std::vector<const std::byte*>& terms, std::byte* out,
+                          std::int64_t n) {
   MESHFLOW_CHECK(ops.size() == sizes.size() && !terms.empty());
   bool all_sum_avg = true, all_same = true;
   std::int64_t avg_divisor = 1;
@@ -45,15 +45,17 @@ void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<st
   // coordinates over the innermost dim, then recurse on the outer dims.
   const std::int64_t inner = sizes.back();
   const std::size_t es = size_of(dtype);
-  std::vector<std::vector<std::byte>> partial(terms.size() / inner, std::vector<std::byte>(static_cast<std::size_t>(n) * es + 1));
+  std::vector<std::vector<std::byte>> partial(
+      terms.size() / inner, std::vector<std::byte>(static_cast<std::size_t>(n) * es + 1));
   std::vector<const std::byte*> next;
   for (std::size_t g = 0; g < partial.size(); ++g) {
     std::vector<const std::byte*> block(terms.begin() + g * inner, terms.begin() + (g + 1) * inner);
     reduce_partial_terms({ops.back()}, {inner}, dtype, block, partial[g].data(), n);
     next.push_back(partial[g].data());
   }
-  reduce_partial_terms(std::vector<ReduceOp>(ops.begin(), ops.end() - 1), std::vector<std::int64_t>(sizes.begin(), sizes.end() - 1),
-                       dtype, next, out, n);
+  reduce_partial_terms(std::vector<ReduceOp>(ops.begin(), ops.end() - 1),
+                       std::vector<std::int64_t>(sizes.begin(), sizes.end() - 1), dtype, next, out,
+                       n);
 }
 
 namespace {
@@ -72,7 +74,8 @@ Tensor reduce_partial(const Layout& layout, const std::vector<Tensor>& shards, D
     sizes.push_back(mesh.shape[m]);
   }
   std::vector<const std::byte*> terms;
-  for (DeviceId d : group_along(mesh, device, pdims)) terms.push_back(shards[*find_device(mesh, d)].bytes());
+  for (DeviceId d : group_along(mesh, device, pdims))
+    terms.push_back(shards[*find_device(mesh, d)].bytes());
   Tensor out(mine.dtype(), mine.shape());
   reduce_partial_terms(ops, sizes, out.dtype(), terms, out.bytes(), out.numel());
   return out;
@@ -120,10 +123,12 @@ Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards) {
     for (DeviceId other : group_along(mesh, d, rdims)) {
       if (other == d) continue;
       Tensor replica = reduce_partial(layout, shards, other);
-      auto diff = tolerant ? compare_close(replica, value, rtol, rtol) : compare_exact(replica, value);
+      auto diff =
+          tolerant ? compare_close(replica, value, rtol, rtol) : compare_exact(replica, value);
       if (diff) {
-        fail(ErrorKind::kShapeMismatch, "replicas disagree: devices {} and {} hold different values for box {} ({})",
-             d, other, to_string(box), *diff);
+        fail(ErrorKind::kShapeMismatch,
+             "replicas disagree: devices {} and {} hold different values for box {} ({})", d, other,
+             to_string(box), *diff);
       }
     }
     copy_box(value, full_box(value.shape()), global, box.offset);

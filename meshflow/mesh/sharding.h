@@ -19,8 +19,9 @@ std::vector<Tensor> shard_tensor(const Tensor& global, const Layout& layout);
 // those dims. When every op is sum or avg: the flat sum in that order divided by the product of
 // the avg dims' sizes; when all ops are equal: the flat op; otherwise the innermost dim reduces
 // first. `out` may be one of the terms.
-void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes, DType dtype,
-                          const std::vector<const std::byte*>& terms, std::byte* out, std::int64_t n);
+void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes,
+                          DType dtype, const std::vector<const std::byte*>& terms, std::byte* out,
+                          std::int64_t n);
 
 // Returns the global tensor the shards represent. Partial mesh dims are reduced: when every
 // Partial op is sum or avg, all terms are summed in row-major mesh order and divided by the

@@ -1,10 +1,10 @@
 #include "meshflow/mesh/sharding.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
@@ -83,16 +83,21 @@ TEST(Assemble, ReducesPartialSumAvgMaxAndMixed) {
   auto expect = [&](const char* placements, auto combine) {
     Tensor want(DType::kFloat64, {3, 4});
     for (std::size_t i = 0; i < 12; ++i) {
-      want.data<double>()[i] = combine(a.data<double>()[i], b.data<double>()[i], c.data<double>()[i],
-                                       d.data<double>()[i]);
+      want.data<double>()[i] = combine(a.data<double>()[i], b.data<double>()[i],
+                                       c.data<double>()[i], d.data<double>()[i]);
     }
-    Tensor got = assemble(make_layout(mesh, parse_placements(placements), {3, 4}, DType::kFloat64), terms());
+    Tensor got =
+        assemble(make_layout(mesh, parse_placements(placements), {3, 4}, DType::kFloat64), terms());
     EXPECT_EQ(compare_close(got, want, 1e-12, 1e-12), std::nullopt) << placements;
   };
   expect("P,P", [](double w, double x, double y, double z) { return w + x + y + z; });
-  expect("P(avg),P(sum)", [](double w, double x, double y, double z) { return (w + x + y + z) / 2; });
-  expect("P(max),P(max)", [](double w, double x, double y, double z) { return std::max({w, x, y, z}); });
-  expect("P(sum),P(max)", [](double w, double x, double y, double z) { return std::max(w, x) + std::max(y, z); });
+  expect("P(avg),P(sum)",
+         [](double w, double x, double y, double z) { return (w + x + y + z) / 2; });
+  expect("P(max),P(max)", [](double w, double x, double y, double z) {
+    return std::max({w, x, y, z});
+  });
+  expect("P(sum),P(max)",
+         [](double w, double x, double y, double z) { return std::max(w, x) + std::max(y, z); });
 }
 
 TEST(Assemble, DisagreeingReplicasAreNamed) {

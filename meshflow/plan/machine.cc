@@ -35,24 +35,30 @@ MachineModel machine_from_json(const nlohmann::json& json, std::string_view sour
     for (auto& [name, link] : json.at("links").items()) {
       LinkClass l{link.at("bandwidth_gbps").get<double>(), link.at("latency_us").get<double>()};
       if (!(l.bandwidth_gbps > 0) || l.latency_us < 0) {
-        fail(ErrorKind::kInvalidArgument, "{}: link \"{}\" needs bandwidth_gbps > 0 and latency_us >= 0", source, name);
+        fail(ErrorKind::kInvalidArgument,
+             "{}: link \"{}\" needs bandwidth_gbps > 0 and latency_us >= 0", source, name);
       }
       m.links[name] = l;
     }
     m.default_link = json.at("default_link").get<std::string>();
-    if (json.contains("dim_links")) m.dim_links = json.at("dim_links").get<std::vector<std::string>>();
+    if (json.contains("dim_links"))
+      m.dim_links = json.at("dim_links").get<std::vector<std::string>>();
     m.memcpy_gbps = json.at("memcpy_gbps").get<double>();
     m.collective_overhead_us = json.at("collective_overhead_us").get<double>();
   } catch (const nlohmann::json::exception& e) {
     fail(ErrorKind::kInvalidArgument, "{}: {}", source, e.what());
   }
-  if (!(m.memcpy_gbps > 0)) fail(ErrorKind::kInvalidArgument, "{}: memcpy_gbps must be > 0", source);
-  if (m.collective_overhead_us < 0) fail(ErrorKind::kInvalidArgument, "{}: collective_overhead_us must be >= 0", source);
+  if (!(m.memcpy_gbps > 0))
+    fail(ErrorKind::kInvalidArgument, "{}: memcpy_gbps must be > 0", source);
+  if (m.collective_overhead_us < 0)
+    fail(ErrorKind::kInvalidArgument, "{}: collective_overhead_us must be >= 0", source);
   if (!m.links.contains(m.default_link)) {
-    fail(ErrorKind::kInvalidArgument, "{}: default_link \"{}\" is not among the links", source, m.default_link);
+    fail(ErrorKind::kInvalidArgument, "{}: default_link \"{}\" is not among the links", source,
+         m.default_link);
   }
   for (const std::string& l : m.dim_links) {
-    if (!m.links.contains(l)) fail(ErrorKind::kInvalidArgument, "{}: dim_links names unknown link \"{}\"", source, l);
+    if (!m.links.contains(l))
+      fail(ErrorKind::kInvalidArgument, "{}: dim_links names unknown link \"{}\"", source, l);
   }
   return m;
 }
@@ -69,8 +75,12 @@ MachineModel load_machine(const std::filesystem::path& path) {
 
 nlohmann::json to_json(const MachineModel& model) {
   nlohmann::json links = nlohmann::json::object();
-  for (const auto& [name, l] : model.links) links[name] = {{"bandwidth_gbps", l.bandwidth_gbps}, {"latency_us", l.latency_us}};
-  return {{"links", links}, {"default_link", model.default_link}, {"dim_links", model.dim_links}, {"memcpy_gbps", model.memcpy_gbps},
+  for (const auto& [name, l] : model.links)
+    links[name] = {{"bandwidth_gbps", l.bandwidth_gbps}, {"latency_us", l.latency_us}};
+  return {{"links", links},
+          {"default_link", model.default_link},
+          {"dim_links", model.dim_links},
+          {"memcpy_gbps", model.memcpy_gbps},
           {"collective_overhead_us", model.collective_overhead_us}};
 }
 

@@ -5,10 +5,9 @@
 
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace meshflow {
 
@@ -21,10 +20,10 @@ struct LinkClass {
 
 struct MachineModel {
   std::map<std::string, LinkClass> links;
-  std::string default_link;             // the class of every mesh dim not in dim_links
-  std::vector<std::string> dim_links;   // optional: the link class of mesh dim i
-  double memcpy_gbps = 0;               // local copies, chunking and reductions
-  double collective_overhead_us = 0;    // fixed cost of starting and finishing one collective
+  std::string default_link;            // the class of every mesh dim not in dim_links
+  std::vector<std::string> dim_links;  // optional: the link class of mesh dim i
+  double memcpy_gbps = 0;              // local copies, chunking and reductions
+  double collective_overhead_us = 0;   // fixed cost of starting and finishing one collective
   bool operator==(const MachineModel&) const = default;
 };
 

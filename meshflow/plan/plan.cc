@@ -1,20 +1,26 @@
 // Plan text and JSON forms.
 #include "meshflow/plan/plan.h"
 
-#include <set>
-
 #include <fmt/format.h>
+
+#include <set>
 
 namespace meshflow {
 
 std::string_view to_string(StepKind kind) {
   switch (kind) {
-    case StepKind::kAllGather: return "all_gather";
-    case StepKind::kAllReduce: return "all_reduce";
-    case StepKind::kReduceScatter: return "reduce_scatter";
-    case StepKind::kAllToAll: return "all_to_all";
-    case StepKind::kPointToPoint: return "point_to_point";
-    case StepKind::kLocal: return "local";
+    case StepKind::kAllGather:
+      return "all_gather";
+    case StepKind::kAllReduce:
+      return "all_reduce";
+    case StepKind::kReduceScatter:
+      return "reduce_scatter";
+    case StepKind::kAllToAll:
+      return "all_to_all";
+    case StepKind::kPointToPoint:
+      return "point_to_point";
+    case StepKind::kLocal:
+      return "local";
   }
   return "?";
 }
@@ -43,23 +49,30 @@ std::string seconds(double s) { return fmt::format("{:.3g} us", s * 1e6); }
 }  // namespace
 
 std::string to_text(const Plan& plan) {
-  std::string out = fmt::format("plan {} {} on {}: {} -> {}", to_string(plan.from.shape), to_string(plan.from.dtype),
-                                to_string(plan.from.mesh), to_string(plan.from.placements), to_string(plan.to.placements));
+  std::string out = fmt::format("plan {} {} on {}: {} -> {}", to_string(plan.from.shape),
+                                to_string(plan.from.dtype), to_string(plan.from.mesh),
+                                to_string(plan.from.placements), to_string(plan.to.placements));
   if (!(plan.to.mesh == plan.from.mesh)) out += fmt::format(" on {}", to_string(plan.to.mesh));
-  out += fmt::format("\nplanner {}: {} steps, est {}, moves {} bytes (lower bound {})\n", plan.planner, plan.steps.size(),
-                     seconds(plan.est_s), plan.total_bytes, plan.min_bytes);
+  out +=
+      fmt::format("\nplanner {}: {} steps, est {}, moves {} bytes (lower bound {})\n", plan.planner,
+                  plan.steps.size(), seconds(plan.est_s), plan.total_bytes, plan.min_bytes);
   for (std::size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& s = plan.steps[i];
     out += fmt::format("  {}. {}", i + 1, to_string(s.kind));
     if (s.kind == StepKind::kPointToPoint) {
       out += fmt::format(" {} transfers, {} terms", s.transfers.size(), s.terms);
     } else {
-      out += fmt::format(" mesh_dims {} {} -> {}", dims_text(s.mesh_dims), to_string(s.before), to_string(s.after));
+      std::int64_t group = 1;
+      for (MeshDim m : s.mesh_dims) group *= plan.from.mesh.shape[m];
+      out += fmt::format(" mesh_dims {} (groups of {}) {} -> {}", dims_text(s.mesh_dims), group,
+                         to_string(s.before), to_string(s.after));
     }
-    out += fmt::format(", {} bytes/device, {} total, est {}\n", s.bytes_per_device, s.total_bytes, seconds(s.est_s));
+    out += fmt::format(", {} bytes/device, {} total, est {}\n", s.bytes_per_device, s.total_bytes,
+                       seconds(s.est_s));
   }
   for (const Alternative& a : plan.alternatives) {
-    out += fmt::format("  alternative {}: {} steps, est {}, moves {} bytes\n", a.planner, a.steps, seconds(a.est_s), a.total_bytes);
+    out += fmt::format("  alternative {}: {} steps, est {}, moves {} bytes\n", a.planner, a.steps,
+                       seconds(a.est_s), a.total_bytes);
   }
   return out;
 }
@@ -78,11 +91,13 @@ nlohmann::json to_json(const Plan& plan) {
   }
   nlohmann::json alternatives = nlohmann::json::array();
   for (const Alternative& a : plan.alternatives) {
-    alternatives.push_back({{"planner", a.planner}, {"est_s", a.est_s}, {"total_bytes", a.total_bytes}, {"steps", a.steps}});
+    alternatives.push_back({{"planner", a.planner},
+                            {"est_s", a.est_s},
+                            {"total_bytes", a.total_bytes},
+                            {"steps", a.steps}});
   }
-  return {{"planner", plan.planner},          {"est_s", plan.est_s},
-          {"min_bytes", plan.min_bytes},      {"total_bytes", plan.total_bytes},
-          {"steps", steps},                   {"alternatives", alternatives}};
+  return {{"planner", plan.planner},         {"est_s", plan.est_s}, {"min_bytes", plan.min_bytes},
+          {"total_bytes", plan.total_bytes}, {"steps", steps},      {"alternatives", alternatives}};
 }
 
 }  // namespace meshflow

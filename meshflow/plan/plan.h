@@ -3,10 +3,9 @@
 // and estimated time per step, a canonical text form (for golden files) and JSON.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "meshflow/core/box.h"
 #include "meshflow/mesh/layout.h"
@@ -39,8 +38,8 @@ struct Step {
   std::int64_t bytes_per_device = 0;  // the most any device receives
   std::int64_t total_bytes = 0;       // received, summed over devices
   double est_s = 0;
-  std::vector<Transfer> transfers;    // point_to_point only
-  int terms = 1;                      // point_to_point: partial terms each device reduces
+  std::vector<Transfer> transfers;  // point_to_point only
+  int terms = 1;                    // point_to_point: partial terms each device reduces
   bool operator==(const Step&) const = default;
 };
 

@@ -17,12 +17,13 @@ namespace {
 
 // Appends the step for the valid move `kind` on `dims` taking `state` to `next`.
 void push_move(std::vector<Step>& steps, const Layout& from, std::vector<Placement>& state,
-               const std::vector<Placement>& next, std::vector<MeshDim> dims, const MachineModel& machine) {
+               const std::vector<Placement>& next, std::vector<MeshDim> dims,
+               const MachineModel& machine) {
   std::sort(dims.begin(), dims.end());
   const Layout before = with_placements(from, state);
   auto kind = classify_move(before, next, dims);
-  MESHFLOW_CHECK(kind.has_value(), "invalid move {} -> {} on mesh {}", to_string(state), to_string(next),
-                 to_string(from.mesh));
+  MESHFLOW_CHECK(kind.has_value(), "invalid move {} -> {} on mesh {}", to_string(state),
+                 to_string(next), to_string(from.mesh));
   steps.push_back(make_step(before, Move{*kind, dims, next}, machine));
   state = next;
 }
@@ -53,7 +54,8 @@ std::vector<Step> plan_per_dim(const Layout& from, const Layout& to, const Machi
       for (int m2 = m + 1; m2 < k; ++m2) {
         if (release[m2] || from.mesh.shape[m2] == 1) continue;
         const bool nested = s[m2].is_shard() && (s[m] == s[m2] || t[m] == s[m2]);
-        const bool mixed = s[m].is_partial() && s[m2].is_partial() && !compatible_ops(s[m].op, s[m2].op);
+        const bool mixed =
+            s[m].is_partial() && s[m2].is_partial() && !compatible_ops(s[m].op, s[m2].op);
         if (nested || mixed) release[m2] = grew = true;
       }
     }
@@ -62,7 +64,8 @@ std::vector<Step> plan_per_dim(const Layout& from, const Layout& to, const Machi
   // released will shard d now or later (it would then need this dim out of the way again).
   auto outer_pending = [&](int m, int d) {
     for (int m2 = 0; m2 < m; ++m2) {
-      if (release[m2] && from.mesh.shape[m2] > 1 && !(s[m2] == t[m2]) && (s[m2] == Placement::shard(d) || t[m2] == Placement::shard(d))) {
+      if (release[m2] && from.mesh.shape[m2] > 1 && !(s[m2] == t[m2]) &&
+          (s[m2] == Placement::shard(d) || t[m2] == Placement::shard(d))) {
         return true;
       }
     }
@@ -74,7 +77,8 @@ std::vector<Step> plan_per_dim(const Layout& from, const Layout& to, const Machi
     if (!release[m] || s[m].is_replicate()) continue;
     std::vector<Placement> next = s;
     next[m] = Placement::replicate();
-    if (!(s[m] == t[m]) && t[m].is_shard() && !shards_on_inner(from, s, m, t[m].dim) && !outer_pending(m, t[m].dim)) {
+    if (!(s[m] == t[m]) && t[m].is_shard() && !shards_on_inner(from, s, m, t[m].dim) &&
+        !outer_pending(m, t[m].dim)) {
       if (s[m].is_partial()) next[m] = t[m];  // reduce_scatter straight to the target shard
       if (s[m].is_shard() && !shards_on_inner(from, s, m, s[m].dim)) next[m] = t[m];  // all_to_all
     }
@@ -92,7 +96,8 @@ std::vector<Step> plan_per_dim(const Layout& from, const Layout& to, const Machi
   return steps;
 }
 
-std::vector<Step> merge_steps(const Layout& from, const std::vector<Step>& steps, const MachineModel& machine) {
+std::vector<Step> merge_steps(const Layout& from, const std::vector<Step>& steps,
+                              const MachineModel& machine) {
   std::vector<Step> out;
   for (const Step& s : steps) {
     if (!out.empty()) {
@@ -179,7 +184,8 @@ std::vector<Step> plan_search(const Layout& from, const Layout& to, const Machin
         // R -> P only toward the goal.
         bool allowed = changes_all;
         for (MeshDim m : dims) {
-          if (next[m].is_partial() && !e.state[m].is_partial() && !(next[m] == goal[m])) allowed = false;
+          if (next[m].is_partial() && !e.state[m].is_partial() && !(next[m] == goal[m]))
+            allowed = false;
         }
         if (allowed) {
           if (auto kind = classify_move(before, next, dims)) {
@@ -205,7 +211,8 @@ std::vector<Step> plan_search(const Layout& from, const Layout& to, const Machin
     next_mask:;
     }
   }
-  MESHFLOW_CHECK(best.contains(goal), "search found no path {} -> {}", to_string(start), to_string(goal));
+  MESHFLOW_CHECK(best.contains(goal), "search found no path {} -> {}", to_string(start),
+                 to_string(goal));
   std::vector<Step> steps;
   for (std::vector<Placement> s = goal; s != start;) {
     const auto& [prev, step] = parent.at(s);
@@ -251,7 +258,8 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     totals.push_back(fill_totals(from, candidates[i].steps));
     // A later candidate wins only if strictly cheaper (by more than rounding).
-    if (total_est(candidates[i].steps) < total_est(candidates[winner].steps) * (1 - 1e-9)) winner = i;
+    if (total_est(candidates[i].steps) < total_est(candidates[winner].steps) * (1 - 1e-9))
+      winner = i;
   }
   plan.planner = candidates[winner].name;
   plan.steps = candidates[winner].steps;

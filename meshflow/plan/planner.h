@@ -25,7 +25,8 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
 
 // The individual candidates (for tests and `meshflow plan`); each returns its steps.
 std::vector<Step> plan_per_dim(const Layout& from, const Layout& to, const MachineModel& machine);
-std::vector<Step> merge_steps(const Layout& from, const std::vector<Step>& steps, const MachineModel& machine);
+std::vector<Step> merge_steps(const Layout& from, const std::vector<Step>& steps,
+                              const MachineModel& machine);
 std::vector<Step> plan_search(const Layout& from, const Layout& to, const MachineModel& machine);
 
 }  // namespace meshflow

@@ -1,9 +1,9 @@
 #include "meshflow/plan/planner.h"
 
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "meshflow/core/error.h"
 #include "meshflow/plan/point_to_point.h"
@@ -32,17 +32,20 @@ TEST(MergedCollectives, PartialDimsReduceInOneAllReduce) {
     }
     EXPECT_EQ(p.steps[0].mesh_dims, partial);
   }
-  Plan p = plan_redistribute(L("2x2x2", "P(sum),R,P(sum)", {16, 16, 16}), L("2x2x2", "R,R,R", {16, 16, 16}));
+  Plan p = plan_redistribute(L("2x2x2", "P(sum),R,P(sum)", {16, 16, 16}),
+                             L("2x2x2", "R,R,R", {16, 16, 16}));
   EXPECT_EQ(p.steps[0].mesh_dims, (std::vector<MeshDim>{0, 2}));
 }
 
 TEST(MergedCollectives, NestedShardsGatherInOneAllGatherOnlyWhenEven) {
-  Plan even = plan_redistribute(L("2x2x2", "S(0),S(0),S(0)", {16, 4}), L("2x2x2", "R,R,R", {16, 4}));
+  Plan even =
+      plan_redistribute(L("2x2x2", "S(0),S(0),S(0)", {16, 4}), L("2x2x2", "R,R,R", {16, 4}));
   EXPECT_EQ(kinds(even), std::vector<StepKind>{StepKind::kAllGather}) << to_text(even);
   EXPECT_EQ(even.steps[0].mesh_dims, (std::vector<MeshDim>{0, 1, 2}));
   // 13 rows do not divide by 8: no merged all-gather, but still a correct plan (checked by the
   // redistribute tests) — DTensor's merged plan loses rows here.
-  Plan uneven = plan_redistribute(L("2x2x2", "S(0),S(0),S(0)", {13, 4}), L("2x2x2", "R,R,R", {13, 4}));
+  Plan uneven =
+      plan_redistribute(L("2x2x2", "S(0),S(0),S(0)", {13, 4}), L("2x2x2", "R,R,R", {13, 4}));
   for (const Step& s : uneven.steps) {
     if (s.kind == StepKind::kAllGather) {
       EXPECT_EQ(s.mesh_dims.size(), 1u) << to_text(uneven);
@@ -119,7 +122,8 @@ TEST(Planner, ChosenPlanIsCheapestAndRespectsTheLowerBound) {
     Shape shape{static_cast<std::int64_t>(rng() % 12), static_cast<std::int64_t>(1 + rng() % 9)};
     Layout from = make_layout(make_mesh(ms), parse_placements(a), shape);
     Layout to = make_layout(make_mesh(ms), parse_placements(b), shape);
-    SCOPED_TRACE(fmt::format("seed {} trial {}: {} -> {}", seed, trial, to_string(from), to_string(to)));
+    SCOPED_TRACE(
+        fmt::format("seed {} trial {}: {} -> {}", seed, trial, to_string(from), to_string(to)));
     Plan p;
     try {
       p = plan_redistribute(from, to);
@@ -160,11 +164,13 @@ TEST(Golden, PlanTextMatchesTheGoldenFile) {
     ASSERT_GE(f.size(), 4u) << line;
     const Shape shape = parse_shape(f[1]);
     Layout from = make_layout(parse_mesh(f[0]), parse_placements(f[2]), shape);
-    Layout to = make_layout(parse_mesh(f.size() > 4 && !f[4].empty() ? f[4] : f[0]), parse_placements(f[3]), shape);
+    Layout to = make_layout(parse_mesh(f.size() > 4 && !f[4].empty() ? f[4] : f[0]),
+                            parse_placements(f[3]), shape);
     got += to_text(plan_redistribute(from, to)) + "\n";
   }
   std::ifstream golden_file(dir + "/plan_golden.txt");
-  std::string golden((std::istreambuf_iterator<char>(golden_file)), std::istreambuf_iterator<char>());
+  std::string golden((std::istreambuf_iterator<char>(golden_file)),
+                     std::istreambuf_iterator<char>());
   EXPECT_EQ(got, golden) << "got:\n" << got;
 }
 

@@ -45,7 +45,9 @@ Step plan_point_to_point(const Layout& from, const Layout& to, const MachineMode
     const Placement& p = from.placements[m];
     if (p.is_shard()) shard_dims.push_back(md);
     if (p.is_replicate()) rep_dims.push_back(md);
-    if (p.is_partial()) (std::find(reduced.begin(), reduced.end(), md) != reduced.end() ? reduce_dims : kept_dims).push_back(md);
+    if (p.is_partial())
+      (std::find(reduced.begin(), reduced.end(), md) != reduced.end() ? reduce_dims : kept_dims)
+          .push_back(md);
   }
   Step step{.kind = StepKind::kPointToPoint, .before = from.placements, .after = to.placements};
   step.terms = 1;
@@ -91,7 +93,8 @@ Step plan_point_to_point(const Layout& from, const Layout& to, const MachineMode
         if (dst_in_src) {
           bool same = true;
           for (std::size_t m = 0; m < c.size(); ++m) {
-            const bool is_rep = std::find(rep_dims.begin(), rep_dims.end(), static_cast<MeshDim>(m)) != rep_dims.end();
+            const bool is_rep = std::find(rep_dims.begin(), rep_dims.end(),
+                                          static_cast<MeshDim>(m)) != rep_dims.end();
             if (!is_rep && c[m] != dst_src_coords[m]) same = false;
           }
           if (same) src = dst;
@@ -120,9 +123,12 @@ Step plan_point_to_point(const Layout& from, const Layout& to, const MachineMode
     max_peers = std::max(max_peers, peers[d].size());
   }
   const LinkClass& link = link_of(machine, 0);
-  const double local_bytes = static_cast<double>(numel(shard_box_at(to, std::vector<std::int64_t>(to.mesh.shape.size(), 0))) * es);
-  step.est_s = machine.collective_overhead_us * 1e-6 + static_cast<double>(max_peers) * link.latency_us * 1e-6 +
-               step.bytes_per_device / (link.bandwidth_gbps * 1e9) + step.terms * local_bytes / (machine.memcpy_gbps * 1e9);
+  const double local_bytes = static_cast<double>(
+      numel(shard_box_at(to, std::vector<std::int64_t>(to.mesh.shape.size(), 0))) * es);
+  step.est_s = machine.collective_overhead_us * 1e-6 +
+               static_cast<double>(max_peers) * link.latency_us * 1e-6 +
+               step.bytes_per_device / (link.bandwidth_gbps * 1e9) +
+               step.terms * local_bytes / (machine.memcpy_gbps * 1e9);
   return step;
 }
 

@@ -16,8 +16,8 @@ Layout with_placements(const Layout& layout, std::vector<Placement> placements) 
 
 void check_redistributable(const Layout& from, const Layout& to) {
   if (from.shape != to.shape || from.dtype != to.dtype) {
-    fail(ErrorKind::kShapeMismatch, "cannot redistribute a {} {} tensor into a layout for {} {}", to_string(from.shape),
-         to_string(from.dtype), to_string(to.shape), to_string(to.dtype));
+    fail(ErrorKind::kShapeMismatch, "cannot redistribute a {} {} tensor into a layout for {} {}",
+         to_string(from.shape), to_string(from.dtype), to_string(to.shape), to_string(to.dtype));
   }
   if (!(from.mesh == to.mesh)) return;  // cross-mesh: values are rebuilt on the destination
   for (std::size_t m = 0; m < from.placements.size(); ++m) {
@@ -25,12 +25,13 @@ void check_redistributable(const Layout& from, const Layout& to) {
     const Placement& b = to.placements[m];
     if (a.is_shard() && b.is_partial()) {
       fail(ErrorKind::kInvalidArgument,
-           "cannot redistribute mesh dim {} from {} to {}: a shard cannot become a partial term", m, to_string(a),
-           to_string(b));
+           "cannot redistribute mesh dim {} from {} to {}: a shard cannot become a partial term", m,
+           to_string(a), to_string(b));
     }
     if (a.is_partial() && b.is_partial() && a.op != b.op) {
-      fail(ErrorKind::kInvalidArgument, "cannot redistribute mesh dim {} from {} to {}: partial ops differ", m,
-           to_string(a), to_string(b));
+      fail(ErrorKind::kInvalidArgument,
+           "cannot redistribute mesh dim {} from {} to {}: partial ops differ", m, to_string(a),
+           to_string(b));
     }
   }
 }
@@ -50,7 +51,9 @@ namespace {
 bool inner_shard_outside(const Layout& layout, const std::vector<Placement>& placements,
                          const std::vector<MeshDim>& dims, int d) {
   for (std::size_t m = dims.front() + 1; m < placements.size(); ++m) {
-    if (layout.mesh.shape[m] == 1 || std::find(dims.begin(), dims.end(), static_cast<MeshDim>(m)) != dims.end()) continue;
+    if (layout.mesh.shape[m] == 1 ||
+        std::find(dims.begin(), dims.end(), static_cast<MeshDim>(m)) != dims.end())
+      continue;
     if (placements[m] == Placement::shard(d)) return true;
   }
   return false;
@@ -74,8 +77,11 @@ bool incompatible_inner_partial(const Layout& layout, const std::vector<Placemen
                                 const std::vector<MeshDim>& dims) {
   for (MeshDim m : dims) {
     for (std::size_t m2 = m + 1; m2 < placements.size(); ++m2) {
-      if (layout.mesh.shape[m2] == 1 || std::find(dims.begin(), dims.end(), static_cast<MeshDim>(m2)) != dims.end()) continue;
-      if (placements[m2].is_partial() && !compatible_ops(placements[m2].op, placements[m].op)) return true;
+      if (layout.mesh.shape[m2] == 1 ||
+          std::find(dims.begin(), dims.end(), static_cast<MeshDim>(m2)) != dims.end())
+        continue;
+      if (placements[m2].is_partial() && !compatible_ops(placements[m2].op, placements[m].op))
+        return true;
     }
   }
   return false;
@@ -149,22 +155,27 @@ std::optional<StepKind> classify_move(const Layout& before, const std::vector<Pl
     }
     case StepKind::kLocal: {
       for (MeshDim m : dims) {
-        if (after[m].is_shard() && inner_shard_outside(before, cur, {m}, after[m].dim)) return std::nullopt;
+        if (after[m].is_shard() && inner_shard_outside(before, cur, {m}, after[m].dim))
+          return std::nullopt;
         // Chunking several dims at once must follow the outer-first rule among themselves too.
         for (MeshDim m2 : dims) {
-          if (m2 > m && after[m].is_shard() && cur[m2] == Placement::shard(after[m].dim)) return std::nullopt;
+          if (m2 > m && after[m].is_shard() && cur[m2] == Placement::shard(after[m].dim))
+            return std::nullopt;
         }
       }
       break;
     }
-    case StepKind::kPointToPoint: return std::nullopt;
+    case StepKind::kPointToPoint:
+      return std::nullopt;
   }
   return kind;
 }
 
 namespace {
 
-std::vector<std::int64_t> zero_coords(const Layout& l) { return std::vector<std::int64_t>(l.mesh.shape.size(), 0); }
+std::vector<std::int64_t> zero_coords(const Layout& l) {
+  return std::vector<std::int64_t>(l.mesh.shape.size(), 0);
+}
 
 std::int64_t group_size(const Layout& l, const std::vector<MeshDim>& dims) {
   std::int64_t n = 1;
@@ -173,18 +184,23 @@ std::int64_t group_size(const Layout& l, const std::vector<MeshDim>& dims) {
 }
 
 // Returns the bytes the device at `coords` receives in the step.
-std::int64_t received(const Layout& before, const Layout& after, StepKind kind, const std::vector<MeshDim>& dims,
-                      const std::vector<std::int64_t>& coords) {
+std::int64_t received(const Layout& before, const Layout& after, StepKind kind,
+                      const std::vector<MeshDim>& dims, const std::vector<std::int64_t>& coords) {
   const std::int64_t es = static_cast<std::int64_t>(size_of(before.dtype));
   const Box b = shard_box_at(before, coords);
   const Box a = shard_box_at(after, coords);
   const std::int64_t n = group_size(before, dims);
   switch (kind) {
-    case StepKind::kAllGather: return (numel(a) - numel(b)) * es;
-    case StepKind::kReduceScatter: return (n - 1) * numel(a) * es;
-    case StepKind::kAllReduce: return 2 * (n - 1) * numel(b) / n * es;
-    case StepKind::kAllToAll: return (numel(a) - numel(intersect(a, b))) * es;
-    default: return 0;
+    case StepKind::kAllGather:
+      return (numel(a) - numel(b)) * es;
+    case StepKind::kReduceScatter:
+      return (n - 1) * numel(a) * es;
+    case StepKind::kAllReduce:
+      return 2 * (n - 1) * numel(b) / n * es;
+    case StepKind::kAllToAll:
+      return (numel(a) - numel(intersect(a, b))) * es;
+    default:
+      return 0;
   }
 }
 
@@ -202,11 +218,13 @@ LinkClass slowest_link(const MachineModel& machine, const std::vector<MeshDim>& 
 
 Step make_step(const Layout& before, const Move& move, const MachineModel& machine) {
   const Layout after = with_placements(before, move.after);
-  Step step{.kind = move.kind, .mesh_dims = move.dims, .before = before.placements, .after = move.after};
+  Step step{
+      .kind = move.kind, .mesh_dims = move.dims, .before = before.placements, .after = move.after};
   const auto origin = zero_coords(before);  // the device with the largest shard
   step.bytes_per_device = received(before, after, move.kind, move.dims, origin);
   const LinkClass link = slowest_link(machine, move.dims);
-  const double alpha = link.latency_us * 1e-6, beta = link.bandwidth_gbps * 1e9, mem = machine.memcpy_gbps * 1e9;
+  const double alpha = link.latency_us * 1e-6, beta = link.bandwidth_gbps * 1e9,
+               mem = machine.memcpy_gbps * 1e9;
   const double n = static_cast<double>(group_size(before, move.dims));
   const double rounds = std::ceil(std::log2(std::max(n, 1.0)));  // tree / recursive doubling
   const double overhead = machine.collective_overhead_us * 1e-6;
@@ -214,22 +232,28 @@ Step make_step(const Layout& before, const Move& move, const MachineModel& machi
   const double in_bytes = numel(shard_box_at(before, origin)) * es;
   const double out_bytes = numel(shard_box_at(after, origin)) * es;
   switch (move.kind) {
-    case StepKind::kAllGather: step.est_s = overhead + rounds * alpha + step.bytes_per_device / beta; break;
+    case StepKind::kAllGather:
+      step.est_s = overhead + rounds * alpha + step.bytes_per_device / beta;
+      break;
     case StepKind::kReduceScatter:
       step.est_s = overhead + rounds * alpha + step.bytes_per_device / beta + n * out_bytes / mem;
       break;
     case StepKind::kAllReduce:
       step.est_s = overhead + 2 * rounds * alpha + step.bytes_per_device / beta + in_bytes / mem;
       break;
-    case StepKind::kAllToAll: step.est_s = overhead + (n - 1) * alpha + step.bytes_per_device / beta; break;
+    case StepKind::kAllToAll:
+      step.est_s = overhead + (n - 1) * alpha + step.bytes_per_device / beta;
+      break;
     case StepKind::kLocal: {
       bool scales = false;
-      for (MeshDim m : move.dims) scales = scales || (move.after[m].is_partial() && move.after[m].op == ReduceOp::kSum);
+      for (MeshDim m : move.dims)
+        scales = scales || (move.after[m].is_partial() && move.after[m].op == ReduceOp::kSum);
       bool chunks = out_bytes != in_bytes;
       step.est_s = (chunks ? out_bytes / mem : 0) + (scales ? out_bytes / mem : 0) + 1e-9;
       break;
     }
-    case StepKind::kPointToPoint: break;
+    case StepKind::kPointToPoint:
+      break;
   }
   return step;
 }
@@ -256,7 +280,8 @@ std::vector<MeshDim> reduced_partial_dims(const Layout& from, const Layout& to) 
   const std::size_t k = from.placements.size();
   std::vector<bool> reduced(k, false);
   for (std::size_t m = 0; m < k; ++m) {
-    const bool kept = same_mesh && from.placements[m].is_partial() && to.placements[m] == from.placements[m];
+    const bool kept =
+        same_mesh && from.placements[m].is_partial() && to.placements[m] == from.placements[m];
     reduced[m] = from.placements[m].is_partial() && !kept;
   }
   // A Partial dim can keep its terms only if no outer reduced dim has an incompatible op
@@ -266,7 +291,8 @@ std::vector<MeshDim> reduced_partial_dims(const Layout& from, const Layout& to) 
     for (std::size_t m = 0; m < k; ++m) {
       if (reduced[m] || !from.placements[m].is_partial()) continue;
       for (std::size_t r = 0; r < m; ++r) {
-        if (reduced[r] && !compatible_ops(from.placements[r].op, from.placements[m].op)) reduced[m] = grew = true;
+        if (reduced[r] && !compatible_ops(from.placements[r].op, from.placements[m].op))
+          reduced[m] = grew = true;
       }
     }
   }

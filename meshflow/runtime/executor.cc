@@ -68,7 +68,8 @@ struct StepContext {
 // Returns storage for a step's result: the recycled tensor if it fits, else a fresh one. Every
 // element is written by the step.
 Tensor output(const StepContext& c, DType dtype, const Shape& shape) {
-  if (c.recycled && c.recycled->dtype() == dtype && c.recycled->shape() == shape) return std::move(*c.recycled);
+  if (c.recycled && c.recycled->dtype() == dtype && c.recycled->shape() == shape)
+    return std::move(*c.recycled);
   return Tensor::uninitialized(dtype, shape);
 }
 
@@ -88,10 +89,17 @@ Tensor run_all_gather(const StepContext& c, const Step& s, const Tensor& local) 
   const std::vector<Box> parts = boxes(c.before, g->devices());
   Tensor out = output(c, local.dtype(), mine.extent);
   if (back_to_back(parts, mine)) {
-    all_gather(*g, {.send = local.bytes(), .recv = out.bytes(), .recv_counts = counts_of(parts), .dtype = local.dtype()});
+    all_gather(*g, {.send = local.bytes(),
+                    .recv = out.bytes(),
+                    .recv_counts = counts_of(parts),
+                    .dtype = local.dtype()});
     return out;
   }
-  ExchangeBoxesOptions o{.src = local.bytes(), .src_shape = local.shape(), .dst = out.bytes(), .dst_shape = out.shape(), .dtype = local.dtype()};
+  ExchangeBoxesOptions o{.src = local.bytes(),
+                         .src_shape = local.shape(),
+                         .dst = out.bytes(),
+                         .dst_shape = out.shape(),
+                         .dtype = local.dtype()};
   for (std::size_t k = 0; k < parts.size(); ++k) {
     o.send.push_back({full_box(local.shape())});
     o.recv.push_back({Box{relative(parts[k], mine), parts[k].extent}});
@@ -102,7 +110,8 @@ Tensor run_all_gather(const StepContext& c, const Step& s, const Tensor& local) 
 
 // Returns the communicator op for reducing Partial dims `dims` of `before`, and the divisor
 // applied afterwards (avg dims reduce as sum, then divide by the product of their sizes).
-std::pair<ReduceOp, std::int64_t> reduction(const Layout& before, const std::vector<MeshDim>& dims) {
+std::pair<ReduceOp, std::int64_t> reduction(const Layout& before,
+                                            const std::vector<MeshDim>& dims) {
   bool all_sum_avg = true;
   std::int64_t divisor = 1;
   for (MeshDim m : dims) {
@@ -132,12 +141,17 @@ Tensor run_reduce_scatter(const StepContext& c, const Step& s, const Tensor& loc
     for (const Box& b : parts) {
       Shape ext = b.extent;
       copy_box(ConstBuffer{local.bytes(), &local.shape(), es}, relative(b, mine_before),
-               MutableBuffer{packed.bytes() + at * es, &ext, es}, std::vector<std::int64_t>(ext.size(), 0), b.extent);
+               MutableBuffer{packed.bytes() + at * es, &ext, es},
+               std::vector<std::int64_t>(ext.size(), 0), b.extent);
       at += numel(b);
     }
     send = packed.bytes();
   }
-  reduce_scatter(*g, {.send = send, .recv = out.bytes(), .recv_counts = counts_of(parts), .dtype = local.dtype(), .op = op});
+  reduce_scatter(*g, {.send = send,
+                      .recv = out.bytes(),
+                      .recv_counts = counts_of(parts),
+                      .dtype = local.dtype(),
+                      .op = op});
   divide_by(out.dtype(), out.bytes(), out.numel(), divisor);
   return out;
 }
@@ -146,7 +160,11 @@ Tensor run_all_reduce(const StepContext& c, const Step& s, const Tensor& local) 
   auto g = group_of(c, s.mesh_dims);
   const auto [op, divisor] = reduction(c.before, s.mesh_dims);
   Tensor out = output(c, local.dtype(), local.shape());
-  all_reduce(*g, {.send = local.bytes(), .recv = out.bytes(), .count = local.numel(), .dtype = local.dtype(), .op = op});
+  all_reduce(*g, {.send = local.bytes(),
+                  .recv = out.bytes(),
+                  .count = local.numel(),
+                  .dtype = local.dtype(),
+                  .op = op});
   divide_by(out.dtype(), out.bytes(), out.numel(), divisor);
   return out;
 }
@@ -156,7 +174,11 @@ Tensor run_all_to_all(const StepContext& c, const Step& s, const Tensor& local) 
   const Box mine_before = shard_box(c.before, c.me);
   const Box mine = shard_box(c.after, c.me);
   Tensor out = output(c, local.dtype(), mine.extent);
-  ExchangeBoxesOptions o{.src = local.bytes(), .src_shape = local.shape(), .dst = out.bytes(), .dst_shape = out.shape(), .dtype = local.dtype()};
+  ExchangeBoxesOptions o{.src = local.bytes(),
+                         .src_shape = local.shape(),
+                         .dst = out.bytes(),
+                         .dst_shape = out.shape(),
+                         .dtype = local.dtype()};
   for (DeviceId peer : g->devices()) {
     const Box to_peer = intersect(mine_before, shard_box(c.after, peer));
     const Box from_peer = intersect(shard_box(c.before, peer), mine);
@@ -170,16 +192,19 @@ Tensor run_all_to_all(const StepContext& c, const Step& s, const Tensor& local) 
 Tensor run_local(const StepContext& c, const Step& s, const Tensor& local) {
   const Box mine_before = shard_box(c.before, c.me);
   const Box mine = shard_box(c.after, c.me);
-  Tensor out = mine == mine_before ? local.clone() : slice(local, Box{relative(mine, mine_before), mine.extent});
+  Tensor out = mine == mine_before ? local.clone()
+                                   : slice(local, Box{relative(mine, mine_before), mine.extent});
   std::int64_t divisor = 1;
   for (MeshDim m : s.mesh_dims) {
-    if (s.after[m].is_partial() && s.after[m].op == ReduceOp::kSum) divisor *= c.before.mesh.shape[m];
+    if (s.after[m].is_partial() && s.after[m].op == ReduceOp::kSum)
+      divisor *= c.before.mesh.shape[m];
   }
   divide_by(out.dtype(), out.bytes(), out.numel(), divisor);
   return out;
 }
 
-Tensor run_point_to_point(const Plan& plan, const Step& s, const StepContext& c, const Tensor& local) {
+Tensor run_point_to_point(const Plan& plan, const Step& s, const StepContext& c,
+                          const Tensor& local) {
   Communicator& world = c.world;
   const DeviceId me = c.me;
   std::vector<DeviceId> members = plan.from.mesh.devices;
@@ -187,7 +212,9 @@ Tensor run_point_to_point(const Plan& plan, const Step& s, const StepContext& c,
   std::sort(members.begin(), members.end());
   members.erase(std::unique(members.begin(), members.end()), members.end());
   auto g = world.group(members);
-  auto rank_of = [&](DeviceId d) { return static_cast<int>(std::lower_bound(members.begin(), members.end(), d) - members.begin()); };
+  auto rank_of = [&](DeviceId d) {
+    return static_cast<int>(std::lower_bound(members.begin(), members.end(), d) - members.begin());
+  };
   const bool in_from = find_device(plan.from.mesh, me).has_value();
   const bool in_to = find_device(plan.to.mesh, me).has_value();
   const Box src_box = in_from ? shard_box(plan.from, me) : Box{};
@@ -208,15 +235,21 @@ Tensor run_point_to_point(const Plan& plan, const Step& s, const StepContext& c,
     staging = Tensor::uninitialized(dtype, dst_shape);
     dst = staging.bytes();
   }
-  ExchangeBoxesOptions o{.src = local.bytes(), .src_shape = src_shape, .dst = dst, .dst_shape = dst_shape, .dtype = dtype};
+  ExchangeBoxesOptions o{.src = local.bytes(),
+                         .src_shape = src_shape,
+                         .dst = dst,
+                         .dst_shape = dst_shape,
+                         .dtype = dtype};
   o.send.resize(members.size());
   o.recv.resize(members.size());
   for (const Transfer& t : s.transfers) {
     if (t.src == me) {
-      o.send[rank_of(t.dst)].push_back(Box{lead(0, relative(t.box, src_box)), lead(1, t.box.extent)});
+      o.send[rank_of(t.dst)].push_back(
+          Box{lead(0, relative(t.box, src_box)), lead(1, t.box.extent)});
     }
     if (t.dst == me) {
-      o.recv[rank_of(t.src)].push_back(Box{lead(t.term, relative(t.box, dst_box)), lead(1, t.box.extent)});
+      o.recv[rank_of(t.src)].push_back(
+          Box{lead(t.term, relative(t.box, dst_box)), lead(1, t.box.extent)});
     }
   }
   exchange_boxes(*g, o);
@@ -240,8 +273,9 @@ Tensor run_point_to_point(const Plan& plan, const Step& s, const StepContext& c,
   std::int64_t divisor = 1;
   for (std::size_t m = 0; m < plan.to.placements.size(); ++m) {
     const Placement& p = plan.to.placements[m];
-    const bool kept = same_mesh && plan.from.placements[m].is_partial() &&
-                      std::find(reduced.begin(), reduced.end(), static_cast<MeshDim>(m)) == reduced.end();
+    const bool kept =
+        same_mesh && plan.from.placements[m].is_partial() &&
+        std::find(reduced.begin(), reduced.end(), static_cast<MeshDim>(m)) == reduced.end();
     if (p.is_partial() && p.op == ReduceOp::kSum && !kept) divisor *= plan.to.mesh.shape[m];
   }
   divide_by(dtype, out.bytes(), out.numel(), divisor);
@@ -256,12 +290,12 @@ Tensor execute_plan(const Plan& plan, Communicator& world, const Tensor& local, 
   const bool in_to = find_device(plan.to.mesh, me).has_value();
   if (!in_from && !in_to) return Tensor(plan.from.dtype, {0});
   if (in_from && local.shape() != local_shape(plan.from, me)) {
-    fail(ErrorKind::kShapeMismatch, "device {} holds a shard of shape {} but layout {} gives it {}", me,
-         to_string(local.shape()), to_string(plan.from), to_string(local_shape(plan.from, me)));
+    fail(ErrorKind::kShapeMismatch, "device {} holds a shard of shape {} but layout {} gives it {}",
+         me, to_string(local.shape()), to_string(plan.from), to_string(local_shape(plan.from, me)));
   }
   if (in_from && local.dtype() != plan.from.dtype) {
-    fail(ErrorKind::kShapeMismatch, "device {} holds {} but layout {} says {}", me, to_string(local.dtype()),
-         to_string(plan.from), to_string(plan.from.dtype));
+    fail(ErrorKind::kShapeMismatch, "device {} holds {} but layout {} says {}", me,
+         to_string(local.dtype()), to_string(plan.from), to_string(plan.from.dtype));
   }
   // Size-1 mesh dims take their target placement without a step (the box does not change).
   if (plan.steps.empty()) return local.clone();
@@ -275,12 +309,24 @@ Tensor execute_plan(const Plan& plan, Communicator& world, const Tensor& local, 
     const StepContext c{before, after, world, me, last ? &recycled : nullptr};
     Tensor next;
     switch (s.kind) {
-      case StepKind::kAllGather: next = run_all_gather(c, s, *current); break;
-      case StepKind::kReduceScatter: next = run_reduce_scatter(c, s, *current); break;
-      case StepKind::kAllReduce: next = run_all_reduce(c, s, *current); break;
-      case StepKind::kAllToAll: next = run_all_to_all(c, s, *current); break;
-      case StepKind::kLocal: next = run_local(c, s, *current); break;
-      case StepKind::kPointToPoint: next = run_point_to_point(plan, s, c, *current); break;
+      case StepKind::kAllGather:
+        next = run_all_gather(c, s, *current);
+        break;
+      case StepKind::kReduceScatter:
+        next = run_reduce_scatter(c, s, *current);
+        break;
+      case StepKind::kAllReduce:
+        next = run_all_reduce(c, s, *current);
+        break;
+      case StepKind::kAllToAll:
+        next = run_all_to_all(c, s, *current);
+        break;
+      case StepKind::kLocal:
+        next = run_local(c, s, *current);
+        break;
+      case StepKind::kPointToPoint:
+        next = run_point_to_point(plan, s, c, *current);
+        break;
     }
     result = std::move(next);
     current = &result;
@@ -305,8 +351,8 @@ std::size_t PlanCache::size() const {
   return plans_.size();
 }
 
-Tensor redistribute(Communicator& world, const Tensor& local, const Layout& from, const Layout& to, PlanCache& cache,
-                    Tensor recycled) {
+Tensor redistribute(Communicator& world, const Tensor& local, const Layout& from, const Layout& to,
+                    PlanCache& cache, Tensor recycled) {
   return execute_plan(*cache.get(from, to), world, local, std::move(recycled));
 }
 

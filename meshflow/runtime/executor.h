@@ -19,7 +19,8 @@ namespace meshflow {
 // `recycled`, when its dtype and shape match the result, becomes the result's storage (so a
 // loop that redistributes every step reuses one buffer instead of allocating and faulting in a
 // fresh one).
-Tensor execute_plan(const Plan& plan, Communicator& world, const Tensor& local, Tensor recycled = Tensor());
+Tensor execute_plan(const Plan& plan, Communicator& world, const Tensor& local,
+                    Tensor recycled = Tensor());
 
 // Plans cached by (from, to): plan_redistribute runs once per pair. Thread-safe.
 class PlanCache {
@@ -35,7 +36,9 @@ class PlanCache {
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
-    std::size_t operator()(const Key& k) const { return hash_value(k.from) * 31 + hash_value(k.to); }
+    std::size_t operator()(const Key& k) const {
+      return hash_value(k.from) * 31 + hash_value(k.to);
+    }
   };
   PlanOptions options_;
   mutable std::mutex mu_;
@@ -44,7 +47,7 @@ class PlanCache {
 
 // Returns this device's shard of `local` (laid out by `from`) redistributed to `to`, planning
 // through `cache`.
-Tensor redistribute(Communicator& world, const Tensor& local, const Layout& from, const Layout& to, PlanCache& cache,
-                    Tensor recycled = Tensor());
+Tensor redistribute(Communicator& world, const Tensor& local, const Layout& from, const Layout& to,
+                    PlanCache& cache, Tensor recycled = Tensor());
 
 }  // namespace meshflow

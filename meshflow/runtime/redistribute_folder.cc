@@ -16,7 +16,8 @@ namespace meshflow {
 
 RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& options) {
   const Layout from = read_layout(options.in);
-  const Layout to = make_layout(options.to_mesh.value_or(from.mesh), options.to, from.shape, from.dtype);
+  const Layout to =
+      make_layout(options.to_mesh.value_or(from.mesh), options.to, from.shape, from.dtype);
   RedistributeFolderResult result{.plan = plan_redistribute(from, to, options.plan)};
   DeviceId last = 0;
   for (DeviceId d : from.mesh.devices) last = std::max(last, d);
@@ -28,7 +29,10 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
     const DeviceId me = world.device();
     // Every device agrees on the staging folder, named after the leader's process.
     std::int64_t pid = ::getpid();
-    broadcast(world, {.data = reinterpret_cast<std::byte*>(&pid), .count = 1, .dtype = DType::kInt64, .root = leader});
+    broadcast(world, {.data = reinterpret_cast<std::byte*>(&pid),
+                      .count = 1,
+                      .dtype = DType::kInt64,
+                      .root = leader});
     const std::filesystem::path tmp = options.out.string() + fmt::format(".tmp-{}", pid);
     if (me == leader) {
       std::lock_guard lock(mu);
@@ -42,7 +46,8 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
     const auto start = std::chrono::steady_clock::now();
     Tensor out = execute_plan(result.plan, world, local);
     barrier(world);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (to_index) write_npy(tmp / shard_file_name(*to_index), out);
     if (me == leader) {
       write_file_atomic(tmp / "layout.json", layout_to_json(to).dump(2) + "\n");

@@ -13,8 +13,8 @@ namespace meshflow {
 
 struct RedistributeFolderOptions {
   std::filesystem::path in, out;
-  std::vector<Placement> to;            // destination placements
-  std::optional<DeviceMesh> to_mesh;    // default: the source mesh
+  std::vector<Placement> to;          // destination placements
+  std::optional<DeviceMesh> to_mesh;  // default: the source mesh
   Backend backend = Backend::kThreads;
   PlanOptions plan;
   Timeout timeout{std::chrono::seconds(60)};
@@ -22,8 +22,8 @@ struct RedistributeFolderOptions {
 
 struct RedistributeFolderResult {
   Plan plan;
-  double seconds = 0;       // wall time of the plan's execution on device 0 of the source mesh
-  bool reporter = false;    // true on the process that should print (always under threads)
+  double seconds = 0;     // wall time of the plan's execution on device 0 of the source mesh
+  bool reporter = false;  // true on the process that should print (always under threads)
 };
 
 // Runs the redistribution. Throws Error for bad input (naming the file or value) before any

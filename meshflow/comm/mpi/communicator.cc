@@ -23,10 +23,14 @@ void check(int rc, std::string_view what) {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kInt64: return MPI_INT64_T;
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -34,15 +38,19 @@ MPI_Datatype mpi_type(DType dtype) {
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
 
 int as_int(std::int64_t count, std::string_view what) {
-  if (count < 0 || count > INT_MAX) fail(ErrorKind::kInvalidArgument, "{}: count {} is outside MPI's int range", what, count);
+  if (count < 0 || count > INT_MAX)
+    fail(ErrorKind::kInvalidArgument, "{}: count {} is outside MPI's int range", what, count);
   return static_cast<int>(count);
 }
 
@@ -66,8 +74,8 @@ std::vector<int> int_displacements(const std::vector<int>& counts, std::string_v
 // Returns the event for work started with `requests` (a blocking call passes none). `finish`
 // runs once when the requests complete (e.g. the avg division). Vectors the MPI call reads
 // (counts, displacements) are kept alive in `keep` until then.
-Event finish_event(std::string what, std::vector<MPI_Request> requests, std::function<void()> finish,
-                   std::shared_ptr<void> keep = nullptr) {
+Event finish_event(std::string what, std::vector<MPI_Request> requests,
+                   std::function<void()> finish, std::shared_ptr<void> keep = nullptr) {
   if (requests.empty()) {
     if (finish) finish();
     return Event();
@@ -76,21 +84,24 @@ Event finish_event(std::string what, std::vector<MPI_Request> requests, std::fun
   auto reqs = std::make_shared<std::vector<MPI_Request>>(std::move(requests));
   state->set_poll([reqs, finish, keep, what] {
     int done = 0;
-    check(MPI_Testall(static_cast<int>(reqs->size()), reqs->data(), &done, MPI_STATUSES_IGNORE), what);
+    check(MPI_Testall(static_cast<int>(reqs->size()), reqs->data(), &done, MPI_STATUSES_IGNORE),
+          what);
     if (done && finish) finish();
     return done != 0;
   });
   return Event(state);
 }
 
-std::function<void()> avg_finish(ReduceOp op, DType dtype, std::byte* data, std::int64_t count, int n) {
+std::function<void()> avg_finish(ReduceOp op, DType dtype, std::byte* data, std::int64_t count,
+                                 int n) {
   if (op != ReduceOp::kAvg) return nullptr;
   return [=] { divide_by(dtype, data, count, n); };
 }
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(ProcessContext* context, MPI_Comm comm, std::vector<DeviceId> devices)
+MpiCommunicator::MpiCommunicator(ProcessContext* context, MPI_Comm comm,
+                                 std::vector<DeviceId> devices)
     : context_(context), comm_(comm), devices_(std::move(devices)) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
@@ -129,12 +140,18 @@ Event MpiCommunicator::all_gather(const AllGatherOptions& o, Completion c) {
   const void* send = o.send == mine ? MPI_IN_PLACE : static_cast<const void*>(o.send);
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
-    check(MPI_Allgatherv(send, (*counts)[rank_], t, o.recv, counts->data(), displs->data(), t, comm_), what);
+    check(
+        MPI_Allgatherv(send, (*counts)[rank_], t, o.recv, counts->data(), displs->data(), t, comm_),
+        what);
     return Event();
   }
   MPI_Request req;
-  check(MPI_Iallgatherv(send, (*counts)[rank_], t, o.recv, counts->data(), displs->data(), t, comm_, &req), what);
-  return finish_event(what, {req}, nullptr, std::make_shared<std::pair<decltype(counts), decltype(displs)>>(counts, displs));
+  check(MPI_Iallgatherv(send, (*counts)[rank_], t, o.recv, counts->data(), displs->data(), t, comm_,
+                        &req),
+        what);
+  return finish_event(
+      what, {req}, nullptr,
+      std::make_shared<std::pair<decltype(counts), decltype(displs)>>(counts, displs));
 }
 
 Event MpiCommunicator::reduce_scatter(const ReduceScatterOptions& o, Completion c) {
@@ -144,11 +161,15 @@ Event MpiCommunicator::reduce_scatter(const ReduceScatterOptions& o, Completion 
   int_displacements(*counts, what);  // the total must fit too
   auto finish = avg_finish(o.op, o.dtype, o.recv, o.recv_counts[rank_], size());
   if (c == Completion::kWait) {
-    check(MPI_Reduce_scatter(o.send, o.recv, counts->data(), mpi_type(o.dtype), mpi_op(o.op), comm_), what);
+    check(
+        MPI_Reduce_scatter(o.send, o.recv, counts->data(), mpi_type(o.dtype), mpi_op(o.op), comm_),
+        what);
     return finish_event(what, {}, finish);
   }
   MPI_Request req;
-  check(MPI_Ireduce_scatter(o.send, o.recv, counts->data(), mpi_type(o.dtype), mpi_op(o.op), comm_, &req), what);
+  check(MPI_Ireduce_scatter(o.send, o.recv, counts->data(), mpi_type(o.dtype), mpi_op(o.op), comm_,
+                            &req),
+        what);
   return finish_event(what, {req}, finish, counts);
 }
 
@@ -166,17 +187,22 @@ Event MpiCommunicator::all_to_all(const AllToAllOptions& o, Completion c) {
   a->rd = int_displacements(a->rc, what);
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
-    check(MPI_Alltoallv(o.send, a->sc.data(), a->sd.data(), t, o.recv, a->rc.data(), a->rd.data(), t, comm_), what);
+    check(MPI_Alltoallv(o.send, a->sc.data(), a->sd.data(), t, o.recv, a->rc.data(), a->rd.data(),
+                        t, comm_),
+          what);
     return Event();
   }
   MPI_Request req;
-  check(MPI_Ialltoallv(o.send, a->sc.data(), a->sd.data(), t, o.recv, a->rc.data(), a->rd.data(), t, comm_, &req), what);
+  check(MPI_Ialltoallv(o.send, a->sc.data(), a->sd.data(), t, o.recv, a->rc.data(), a->rd.data(), t,
+                       comm_, &req),
+        what);
   return finish_event(what, {req}, nullptr, a);
 }
 
 Event MpiCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
   const std::string what = describe("broadcast", devices_);
-  if (o.root < 0 || o.root >= size()) fail(ErrorKind::kInvalidArgument, "{}: root rank {} out of range", what, o.root);
+  if (o.root < 0 || o.root >= size())
+    fail(ErrorKind::kInvalidArgument, "{}: root rank {} out of range", what, o.root);
   const int count = as_int(o.count, what);
   if (c == Completion::kWait) {
     check(MPI_Bcast(o.data, count, mpi_type(o.dtype), o.root, comm_), what);
@@ -188,7 +214,8 @@ Event MpiCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
 }
 
 Event MpiCommunicator::send(const SendOptions& o, Completion c) {
-  const std::string what = fmt::format("send from device {} to device {} tag {}", device(), devices_.at(o.peer), o.tag);
+  const std::string what =
+      fmt::format("send from device {} to device {} tag {}", device(), devices_.at(o.peer), o.tag);
   const int count = as_int(o.count, what);
   if (c == Completion::kWait) {
     check(MPI_Send(o.data, count, mpi_type(o.dtype), o.peer, o.tag, comm_), what);
@@ -200,10 +227,12 @@ Event MpiCommunicator::send(const SendOptions& o, Completion c) {
 }
 
 Event MpiCommunicator::recv(const RecvOptions& o, Completion c) {
-  const std::string what = fmt::format("recv on device {} from device {} tag {}", device(), devices_.at(o.peer), o.tag);
+  const std::string what =
+      fmt::format("recv on device {} from device {} tag {}", device(), devices_.at(o.peer), o.tag);
   const int count = as_int(o.count, what);
   if (c == Completion::kWait) {
-    check(MPI_Recv(o.data, count, mpi_type(o.dtype), o.peer, o.tag, comm_, MPI_STATUS_IGNORE), what);
+    check(MPI_Recv(o.data, count, mpi_type(o.dtype), o.peer, o.tag, comm_, MPI_STATUS_IGNORE),
+          what);
     return Event();
   }
   MPI_Request req;
@@ -219,7 +248,8 @@ Event MpiCommunicator::collective_permute(const PermuteOptions& o, Completion c)
   const int sc = as_int(o.send_count, what), rc = as_int(o.recv_count, what);
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
-    check(MPI_Sendrecv(o.send, sc, t, to, 0, o.recv, rc, t, from, 0, internal_, MPI_STATUS_IGNORE), what);
+    check(MPI_Sendrecv(o.send, sc, t, to, 0, o.recv, rc, t, from, 0, internal_, MPI_STATUS_IGNORE),
+          what);
     return Event();
   }
   MPI_Request reqs[2];
@@ -273,7 +303,8 @@ Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion 
       Shape ext = b.extent;
       // Pack as a row-major block of shape b.extent at element `at`.
       copy_box(ConstBuffer{o.src, &o.src_shape, es}, b.offset,
-               MutableBuffer{st->sendbuf.data() + at * es, &ext, es}, std::vector<std::int64_t>(ext.size(), 0), b.extent);
+               MutableBuffer{st->sendbuf.data() + at * es, &ext, es},
+               std::vector<std::int64_t>(ext.size(), 0), b.extent);
       at += numel(b);
     }
   }
@@ -282,22 +313,25 @@ Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion 
     for (int k = 0; k < n; ++k) {
       for (const Box& b : o.recv[k]) {
         Shape ext = b.extent;
-        copy_box(ConstBuffer{st->recvbuf.data() + pos * es, &ext, es}, std::vector<std::int64_t>(ext.size(), 0),
-                 MutableBuffer{o.dst, &o.dst_shape, es}, b.offset, b.extent);
+        copy_box(ConstBuffer{st->recvbuf.data() + pos * es, &ext, es},
+                 std::vector<std::int64_t>(ext.size(), 0), MutableBuffer{o.dst, &o.dst_shape, es},
+                 b.offset, b.extent);
         pos += numel(b);
       }
     }
   };
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
-    check(MPI_Alltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(), st->rc.data(),
-                        st->rd.data(), t, comm_), what);
+    check(MPI_Alltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(),
+                        st->rc.data(), st->rd.data(), t, comm_),
+          what);
     unpack();
     return Event();
   }
   MPI_Request req;
-  check(MPI_Ialltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(), st->rc.data(),
-                       st->rd.data(), t, comm_, &req), what);
+  check(MPI_Ialltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(),
+                       st->rc.data(), st->rd.data(), t, comm_, &req),
+        what);
   return finish_event(what, {req}, unpack, st);
 }
 
@@ -313,11 +347,13 @@ std::shared_ptr<Communicator> MpiCommunicator::group(const std::vector<DeviceId>
     fail(ErrorKind::kInvalidArgument, "{}: a device is listed twice", describe("group", members));
   }
   if (std::find(members.begin(), members.end(), world_rank) == members.end()) {
-    fail(ErrorKind::kInvalidArgument, "{}: device {} is not a member", describe("group", members), world_rank);
+    fail(ErrorKind::kInvalidArgument, "{}: device {} is not a member", describe("group", members),
+         world_rank);
   }
   for (DeviceId d : members) {
     if (d < 0 || d >= world_size) {
-      fail(ErrorKind::kInvalidArgument, "group names device {} but mpirun started {} processes", d, world_size);
+      fail(ErrorKind::kInvalidArgument, "group names device {} but mpirun started {} processes", d,
+           world_size);
     }
   }
   MPI_Group world_group, g;

@@ -3,10 +3,10 @@
 // when the waiting thread's MPI_Testall says so.
 #pragma once
 
+#include <mpi.h>
+
 #include <map>
 #include <memory>
-
-#include <mpi.h>
 
 #include "meshflow/comm/communicator.h"
 
@@ -48,8 +48,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   ProcessContext* context_;
-  MPI_Comm comm_;       // collectives and user point-to-point
-  MPI_Comm internal_;   // collective_permute, so its messages never match user receives
+  MPI_Comm comm_;      // collectives and user point-to-point
+  MPI_Comm internal_;  // collective_permute, so its messages never match user receives
   std::vector<DeviceId> devices_;
   int rank_ = 0;
 };

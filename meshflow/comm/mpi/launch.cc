@@ -2,10 +2,10 @@
 // never wait for it forever.
 #include "meshflow/comm/mpi/launch.h"
 
+#include <mpi.h>
+
 #include <cstdio>
 #include <cstdlib>
-
-#include <mpi.h>
 
 #include "meshflow/comm/mpi/communicator.h"
 #include "meshflow/core/error.h"
@@ -50,7 +50,8 @@ void launch(const LaunchOptions& options, const std::function<void(Communicator&
   const int size = world_size(), rank = world_rank();
   const int devices = options.devices == 0 ? size : options.devices;
   if (devices < 1 || devices > size) {
-    fail(ErrorKind::kInvalidArgument, "{} devices are needed but mpirun started {} processes", devices, size);
+    fail(ErrorKind::kInvalidArgument, "{} devices are needed but mpirun started {} processes",
+         devices, size);
   }
   if (rank >= devices) return;  // a spare rank idles
   ProcessContext context{options.timeout, {}};

@@ -10,7 +10,9 @@
 namespace meshflow::threads {
 
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {
-  if (options.devices < 1) fail(ErrorKind::kInvalidArgument, "threads backend needs at least 1 device, got {}", options.devices);
+  if (options.devices < 1)
+    fail(ErrorKind::kInvalidArgument, "threads backend needs at least 1 device, got {}",
+         options.devices);
   World world(options.devices, options.timeout);
   std::vector<std::exception_ptr> errors(options.devices);
   std::vector<std::thread> threads;

@@ -58,18 +58,23 @@ std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
     throw Error(kind, message);
   };
   while (slot.count[phase] < n) {
-    if (slot.abandoned) fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
-    if (auto f = world_.failure()) give_up(ErrorKind::kCommunication, fmt::format("{} failed: {}", what, *f));
+    if (slot.abandoned)
+      fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
+    if (auto f = world_.failure())
+      give_up(ErrorKind::kCommunication, fmt::format("{} failed: {}", what, *f));
     if (auto gone = missing_exited()) {
-      give_up(ErrorKind::kCommunication,
-              fmt::format("{} failed: device {} finished its program without joining it", what, *gone));
+      give_up(
+          ErrorKind::kCommunication,
+          fmt::format("{} failed: device {} finished its program without joining it", what, *gone));
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && slot.count[phase] < n) {
-      give_up(ErrorKind::kTimeout, fmt::format("{} timed out after {} ms: devices [{}] never arrived",
-                                               what, timeout.count(), list(missing())));
+      give_up(ErrorKind::kTimeout,
+              fmt::format("{} timed out after {} ms: devices [{}] never arrived", what,
+                          timeout.count(), list(missing())));
     }
   }
-  if (slot.abandoned) fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
+  if (slot.abandoned)
+    fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
   return slot.args;
 }
 
@@ -86,8 +91,8 @@ void deliver(std::byte* dst, std::int64_t dst_bytes, const std::byte* src, std::
              EventState& recv_done, EventState& send_done, const std::string& where) {
   if (dst_bytes != src_bytes) {
     auto error = std::make_exception_ptr(Error(
-        ErrorKind::kInvalidArgument,
-        fmt::format("{}: send of {} bytes matched a recv of {} bytes", where, src_bytes, dst_bytes)));
+        ErrorKind::kInvalidArgument, fmt::format("{}: send of {} bytes matched a recv of {} bytes",
+                                                 where, src_bytes, dst_bytes)));
     recv_done.fail(error);
     send_done.fail(error);
     return;
@@ -102,7 +107,8 @@ void deliver(std::byte* dst, std::int64_t dst_bytes, const std::byte* src, std::
 void Group::post_send(int src, int dst, int tag, const std::byte* data, std::int64_t bytes,
                       std::shared_ptr<EventState> done) {
   if (auto f = world_.failure()) {
-    done->fail(std::make_exception_ptr(Error(ErrorKind::kCommunication, fmt::format("{} failed: {}", done->what(), *f))));
+    done->fail(std::make_exception_ptr(
+        Error(ErrorKind::kCommunication, fmt::format("{} failed: {}", done->what(), *f))));
     return;
   }
   std::unique_lock lock(mu_);
@@ -114,14 +120,16 @@ void Group::post_send(int src, int dst, int tag, const std::byte* data, std::int
   PendingRecv r = std::move(ch.recvs.front());
   ch.recvs.pop_front();
   lock.unlock();
-  deliver(r.data, r.bytes, data, bytes, *r.done, *done,
-          fmt::format("send from device {} to device {} tag {}", devices_[src], devices_[dst], tag));
+  deliver(
+      r.data, r.bytes, data, bytes, *r.done, *done,
+      fmt::format("send from device {} to device {} tag {}", devices_[src], devices_[dst], tag));
 }
 
 void Group::post_recv(int src, int dst, int tag, std::byte* data, std::int64_t bytes,
                       std::shared_ptr<EventState> done) {
   if (auto f = world_.failure()) {
-    done->fail(std::make_exception_ptr(Error(ErrorKind::kCommunication, fmt::format("{} failed: {}", done->what(), *f))));
+    done->fail(std::make_exception_ptr(
+        Error(ErrorKind::kCommunication, fmt::format("{} failed: {}", done->what(), *f))));
     return;
   }
   std::unique_lock lock(mu_);
@@ -133,8 +141,9 @@ void Group::post_recv(int src, int dst, int tag, std::byte* data, std::int64_t b
   PendingSend s = std::move(ch.sends.front());
   ch.sends.pop_front();
   lock.unlock();
-  deliver(data, bytes, s.data, s.bytes, *done, *s.done,
-          fmt::format("send from device {} to device {} tag {}", devices_[src], devices_[dst], tag));
+  deliver(
+      data, bytes, s.data, s.bytes, *done, *s.done,
+      fmt::format("send from device {} to device {} tag {}", devices_[src], devices_[dst], tag));
 }
 
 void Group::abort_pending(std::exception_ptr error) {
@@ -168,9 +177,10 @@ void Group::on_exit(DeviceId device) {
   }
   cv_.notify_all();
   for (auto& e : orphans) {
-    e->fail(std::make_exception_ptr(Error(
-        ErrorKind::kCommunication,
-        fmt::format("{} failed: device {} finished its program without matching it", e->what(), device))));
+    e->fail(std::make_exception_ptr(
+        Error(ErrorKind::kCommunication,
+              fmt::format("{} failed: device {} finished its program without matching it",
+                          e->what(), device))));
   }
 }
 

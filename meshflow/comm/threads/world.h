@@ -32,7 +32,8 @@ class World;
 // One group of devices (a communicator's members, by rank).
 class Group {
  public:
-  Group(World& world, std::vector<DeviceId> devices) : world_(world), devices_(std::move(devices)) {}
+  Group(World& world, std::vector<DeviceId> devices)
+      : world_(world), devices_(std::move(devices)) {}
 
   const std::vector<DeviceId>& devices() const { return devices_; }
   int size() const { return static_cast<int>(devices_.size()); }
@@ -66,8 +67,8 @@ class Group {
   struct Slot {
     std::vector<const void*> args;
     std::vector<std::shared_ptr<const void>> keep;  // owners of args
-    std::vector<std::vector<char>> arrived;  // [phase][rank]
-    std::vector<int> count;                  // ranks arrived per phase
+    std::vector<std::vector<char>> arrived;         // [phase][rank]
+    std::vector<int> count;                         // ranks arrived per phase
     int left = 0;
     // Set when a rank gave up on this collective (timeout, failure): its options may be gone,
     // so a late rank must fail rather than read them.
