@@ -108,8 +108,50 @@ std::vector<const Options*> as(const std::vector<const void*>& args) {
   return out;
 }
 
-void copy_block(std::byte* dst, const std::byte* src, std::int64_t bytes) {
-  if (bytes > 0 && dst != src) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+// Bulk work is cut into pieces of at most this many bytes, so that the ranks that are running
+// can share a phase's work evenly (a quarter of a typical L2 cache).
+constexpr std::int64_t kPieceBytes = 256 << 10;
+
+struct CopyPiece {
+  std::byte* dst;
+  const std::byte* src;
+  std::int64_t bytes;
+};
+
+// Appends the copy of `bytes` from src to dst, cut into pieces (nothing when dst == src).
+void add_copy(std::vector<CopyPiece>& pieces, std::byte* dst, const std::byte* src,
+              std::int64_t bytes) {
+  if (bytes <= 0 || dst == src) return;
+  for (std::int64_t off = 0; off < bytes; off += kPieceBytes) {
+    pieces.push_back({dst + off, src + off, std::min(kPieceBytes, bytes - off)});
+  }
+}
+
+// Runs fn(i) for every piece i < count that this rank claims in `phase` of collective `seq`.
+template <typename Fn>
+void share(Group& group, std::uint64_t seq, int phase, std::int64_t count, Fn fn) {
+  for (std::int64_t i = group.claim(seq, phase); i < count; i = group.claim(seq, phase)) fn(i);
+}
+
+void run_copies(Group& group, std::uint64_t seq, int phase, const std::vector<CopyPiece>& pieces) {
+  share(group, seq, phase, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
+    std::memcpy(pieces[i].dst, pieces[i].src, static_cast<std::size_t>(pieces[i].bytes));
+  });
+}
+
+// A reduction piece: elements [lo, lo + count) of block `block`.
+struct ReducePiece {
+  int block;
+  std::int64_t lo;
+  std::int64_t count;
+};
+
+// Appends the pieces of reducing `count` elements of block `block`.
+void add_reduce(std::vector<ReducePiece>& pieces, int block, std::int64_t count, std::size_t elem) {
+  const std::int64_t step =
+      std::max<std::int64_t>(1, kPieceBytes / static_cast<std::int64_t>(elem));
+  for (std::int64_t lo = 0; lo < count; lo += step)
+    pieces.push_back({block, lo, std::min(step, count - lo)});
 }
 
 // Checks that every rank passed the same value of a field; throws naming the first mismatch.
@@ -126,76 +168,101 @@ void check_agree(const std::vector<const Options*>& p, const std::vector<DeviceI
 
 }  // namespace
 
+// Every rank validates every rank's arguments before any work starts, so all ranks fail
+// together and no piece ever runs on inconsistent arguments.
+
 Event ThreadsCommunicator::all_gather(const AllGatherOptions& o, Completion c) {
   check_counts(*this, "all_gather", "recv_counts", o.recv_counts);
-  return start("all_gather", o, c,
-               [this](std::uint64_t seq, const std::shared_ptr<const AllGatherOptions>& opts,
-                      Timeout t, const std::string& what) {
-                 const AllGatherOptions& me = *opts;
-                 auto p = as<AllGatherOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
-                 check_agree(p, devices(), what, "recv_counts",
-                             [](const AllGatherOptions& x) { return x.recv_counts; });
-                 check_agree(p, devices(), what, "dtype",
-                             [](const AllGatherOptions& x) { return x.dtype; });
-                 const auto es = static_cast<std::int64_t>(size_of(me.dtype));
-                 const auto displ = displacements(me.recv_counts);
-                 const int n = size();
-                 for (int i = 0; i < n; ++i) {
-                   const int k = (rank_ + i) % n;  // start at a different source on every rank
-                   copy_block(me.recv + displ[k] * es, p[k]->send, me.recv_counts[k] * es);
-                 }
-                 group_->arrive(seq, rank_, 1, nullptr, t, what);
-               });
+  return start(
+      "all_gather", o, c,
+      [this](std::uint64_t seq, const std::shared_ptr<const AllGatherOptions>& opts, Timeout t,
+             const std::string& what) {
+        auto p = as<AllGatherOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
+        check_agree(p, devices(), what, "recv_counts",
+                    [](const AllGatherOptions& x) { return x.recv_counts; });
+        check_agree(p, devices(), what, "dtype", [](const AllGatherOptions& x) { return x.dtype; });
+        const auto es = static_cast<std::int64_t>(size_of(opts->dtype));
+        const auto displ = displacements(opts->recv_counts);
+        const int n = size();
+        std::vector<CopyPiece> pieces;
+        for (int r = 0; r < n; ++r) {
+          for (int i = 0; i < n; ++i) {
+            const int k = (r + i) % n;  // each destination starts at a different source
+            add_copy(pieces, p[r]->recv + displ[k] * es, p[k]->send, opts->recv_counts[k] * es);
+          }
+        }
+        run_copies(*group_, seq, 0, pieces);
+        group_->arrive(seq, rank_, 1, nullptr, t, what);
+      });
 }
 
 Event ThreadsCommunicator::reduce_scatter(const ReduceScatterOptions& o, Completion c) {
   check_counts(*this, "reduce_scatter", "recv_counts", o.recv_counts);
-  return start("reduce_scatter", o, c,
-               [this](std::uint64_t seq, const std::shared_ptr<const ReduceScatterOptions>& opts,
-                      Timeout t, const std::string& what) {
-                 const ReduceScatterOptions& me = *opts;
-                 auto p = as<ReduceScatterOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
-                 check_agree(p, devices(), what, "recv_counts",
-                             [](const ReduceScatterOptions& x) { return x.recv_counts; });
-                 check_agree(p, devices(), what, "dtype and op", [](const ReduceScatterOptions& x) {
-                   return std::pair(x.dtype, x.op);
-                 });
-                 const auto es = static_cast<std::int64_t>(size_of(me.dtype));
-                 const std::int64_t offset = displacements(me.recv_counts)[rank_] * es;
-                 std::vector<const std::byte*> terms;
-                 for (const auto* k : p) terms.push_back(k->send + offset);
-                 reduce_terms(me.op, me.dtype, terms, me.recv, me.recv_counts[rank_]);
-                 group_->arrive(seq, rank_, 1, nullptr, t, what);
-               });
+  return start(
+      "reduce_scatter", o, c,
+      [this](std::uint64_t seq, const std::shared_ptr<const ReduceScatterOptions>& opts, Timeout t,
+             const std::string& what) {
+        auto p = as<ReduceScatterOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
+        check_agree(p, devices(), what, "recv_counts",
+                    [](const ReduceScatterOptions& x) { return x.recv_counts; });
+        check_agree(p, devices(), what, "dtype and op",
+                    [](const ReduceScatterOptions& x) { return std::pair(x.dtype, x.op); });
+        const std::size_t es = size_of(opts->dtype);
+        const auto displ = displacements(opts->recv_counts);
+        const int n = size();
+        std::vector<ReducePiece> pieces;
+        for (int r = 0; r < n; ++r) add_reduce(pieces, r, opts->recv_counts[r], es);
+        share(*group_, seq, 0, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
+          const ReducePiece& q = pieces[i];
+          std::vector<const std::byte*> terms;
+          for (const auto* k : p) terms.push_back(k->send + (displ[q.block] + q.lo) * es);
+          reduce_terms(opts->op, opts->dtype, terms, p[q.block]->recv + q.lo * es, q.count);
+        });
+        group_->arrive(seq, rank_, 1, nullptr, t, what);
+      });
 }
 
 Event ThreadsCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
-  if (o.count < 0)
+  if (o.count < 0) {
     fail(ErrorKind::kInvalidArgument, "{}: negative count {}", describe("all_reduce", devices()),
          o.count);
+  }
   return start(
       "all_reduce", o, c,
       [this](std::uint64_t seq, const std::shared_ptr<const AllReduceOptions>& opts, Timeout t,
              const std::string& what) {
-        const AllReduceOptions& me = *opts;
         auto p = as<AllReduceOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
         check_agree(p, devices(), what, "count, dtype and op",
                     [](const AllReduceOptions& x) { return std::tuple(x.count, x.dtype, x.op); });
         const int n = size();
-        const auto es = static_cast<std::int64_t>(size_of(me.dtype));
-        // Chunk k = [k*chunk, min(count, (k+1)*chunk)), chunk = ceil(count / n).
-        const std::int64_t chunk = (me.count + n - 1) / n;
-        auto lo = [&](int k) { return std::min<std::int64_t>(me.count, k * chunk); };
-        auto len = [&](int k) { return std::min<std::int64_t>(me.count, (k + 1) * chunk) - lo(k); };
-        std::vector<const std::byte*> terms;
-        for (const auto* k : p) terms.push_back(k->send + lo(rank_) * es);
-        reduce_terms(me.op, me.dtype, terms, me.recv + lo(rank_) * es, len(rank_));
+        const std::size_t es = size_of(opts->dtype);
+        // Chunk k = [k*chunk, min(count, (k+1)*chunk)), chunk = ceil(count / n), is reduced
+        // once, into rank k's recv, then copied to every other rank.
+        const std::int64_t count = opts->count;
+        const std::int64_t chunk = (count + n - 1) / n;
+        auto lo = [&](int k) { return std::min<std::int64_t>(count, k * chunk); };
+        auto len = [&](int k) { return std::min<std::int64_t>(count, (k + 1) * chunk) - lo(k); };
+        std::vector<ReducePiece> reduce;
+        for (int k = 0; k < n; ++k) add_reduce(reduce, k, len(k), es);
+        share(*group_, seq, 0, static_cast<std::int64_t>(reduce.size()), [&](std::int64_t i) {
+          const ReducePiece& q = reduce[i];
+          const std::int64_t at = (lo(q.block) + q.lo) * static_cast<std::int64_t>(es);
+          std::vector<const std::byte*> terms;
+          for (const auto* k : p) terms.push_back(k->send + at);
+          reduce_terms(opts->op, opts->dtype, terms, p[q.block]->recv + at, q.count);
+        });
         // Every chunk is reduced (and, in place, no send chunk is still needed) before any copy.
         group_->arrive(seq, rank_, 1, nullptr, t, what);
-        for (int i = 1; i < n; ++i) {
-          const int k = (rank_ + i) % n;
-          copy_block(me.recv + lo(k) * es, p[k]->recv + lo(k) * es, len(k) * es);
+        std::vector<CopyPiece> copies;
+        for (int r = 0; r < n; ++r) {
+          for (int i = 1; i < n; ++i) {
+            const int k = (r + i) % n;
+            const std::int64_t at = lo(k) * static_cast<std::int64_t>(es);
+            add_copy(copies, p[r]->recv + at, p[k]->recv + at,
+                     len(k) * static_cast<std::int64_t>(es));
+          }
         }
+        run_copies(*group_, seq, 1, copies);
         group_->arrive(seq, rank_, 2, nullptr, t, what);
       });
 }
@@ -203,30 +270,36 @@ Event ThreadsCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
 Event ThreadsCommunicator::all_to_all(const AllToAllOptions& o, Completion c) {
   check_counts(*this, "all_to_all", "send_counts", o.send_counts);
   check_counts(*this, "all_to_all", "recv_counts", o.recv_counts);
-  return start(
-      "all_to_all", o, c,
-      [this](std::uint64_t seq, const std::shared_ptr<const AllToAllOptions>& opts, Timeout t,
-             const std::string& what) {
-        const AllToAllOptions& me = *opts;
-        auto p = as<AllToAllOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
-        check_agree(p, devices(), what, "dtype", [](const AllToAllOptions& x) { return x.dtype; });
-        const int n = size();
-        for (int k = 0; k < n; ++k) {
-          if (p[k]->send_counts[rank_] != me.recv_counts[k]) {
-            fail(ErrorKind::kInvalidArgument,
-                 "{}: device {} sends {} elements to device {}, which expects {}", what,
-                 devices()[k], p[k]->send_counts[rank_], devices()[rank_], me.recv_counts[k]);
-          }
-        }
-        const auto es = static_cast<std::int64_t>(size_of(me.dtype));
-        const auto rdispl = displacements(me.recv_counts);
-        for (int i = 0; i < n; ++i) {
-          const int k = (rank_ + i) % n;
-          const std::int64_t sdispl = displacements(p[k]->send_counts)[rank_];
-          copy_block(me.recv + rdispl[k] * es, p[k]->send + sdispl * es, me.recv_counts[k] * es);
-        }
-        group_->arrive(seq, rank_, 1, nullptr, t, what);
-      });
+  return start("all_to_all", o, c,
+               [this](std::uint64_t seq, const std::shared_ptr<const AllToAllOptions>& opts,
+                      Timeout t, const std::string& what) {
+                 auto p = as<AllToAllOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
+                 check_agree(p, devices(), what, "dtype",
+                             [](const AllToAllOptions& x) { return x.dtype; });
+                 const int n = size();
+                 for (int r = 0; r < n; ++r) {
+                   for (int k = 0; k < n; ++k) {
+                     if (p[k]->send_counts[r] != p[r]->recv_counts[k]) {
+                       fail(ErrorKind::kInvalidArgument,
+                            "{}: device {} sends {} elements to device {}, which expects {}", what,
+                            devices()[k], p[k]->send_counts[r], devices()[r], p[r]->recv_counts[k]);
+                     }
+                   }
+                 }
+                 const auto es = static_cast<std::int64_t>(size_of(opts->dtype));
+                 std::vector<CopyPiece> pieces;
+                 for (int r = 0; r < n; ++r) {
+                   const auto rdispl = displacements(p[r]->recv_counts);
+                   for (int i = 0; i < n; ++i) {
+                     const int k = (r + i) % n;
+                     const std::int64_t sdispl = displacements(p[k]->send_counts)[r];
+                     add_copy(pieces, p[r]->recv + rdispl[k] * es, p[k]->send + sdispl * es,
+                              p[r]->recv_counts[k] * es);
+                   }
+                 }
+                 run_copies(*group_, seq, 0, pieces);
+                 group_->arrive(seq, rank_, 1, nullptr, t, what);
+               });
 }
 
 Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
@@ -238,13 +311,15 @@ Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
       "broadcast", o, c,
       [this](std::uint64_t seq, const std::shared_ptr<const BroadcastOptions>& opts, Timeout t,
              const std::string& what) {
-        const BroadcastOptions& me = *opts;
         auto p = as<BroadcastOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
         check_agree(p, devices(), what, "count, dtype and root",
                     [](const BroadcastOptions& x) { return std::tuple(x.count, x.dtype, x.root); });
-        if (rank_ != me.root)
-          copy_block(me.data, p[me.root]->data,
-                     me.count * static_cast<std::int64_t>(size_of(me.dtype)));
+        const std::int64_t bytes = opts->count * static_cast<std::int64_t>(size_of(opts->dtype));
+        std::vector<CopyPiece> pieces;
+        for (int r = 0; r < size(); ++r) {
+          if (r != opts->root) add_copy(pieces, p[r]->data, p[opts->root]->data, bytes);
+        }
+        run_copies(*group_, seq, 0, pieces);
         group_->arrive(seq, rank_, 1, nullptr, t, what);
       });
 }
@@ -253,19 +328,22 @@ Event ThreadsCommunicator::collective_permute(const PermuteOptions& o, Completio
   return start("collective_permute", o, c,
                [this](std::uint64_t seq, const std::shared_ptr<const PermuteOptions>& opts,
                       Timeout t, const std::string& what) {
-                 const PermuteOptions& me = *opts;
                  auto p = as<PermuteOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
                  check_agree(p, devices(), what, "shift and dtype",
                              [](const PermuteOptions& x) { return std::pair(x.shift, x.dtype); });
                  const int n = size();
-                 const int from = ((rank_ + me.shift) % n + n) % n;
-                 if (p[from]->send_count != me.recv_count) {
-                   fail(ErrorKind::kInvalidArgument,
-                        "{}: device {} sends {} elements but device {} expects {}", what,
-                        devices()[from], p[from]->send_count, devices()[rank_], me.recv_count);
+                 const auto es = static_cast<std::int64_t>(size_of(opts->dtype));
+                 std::vector<CopyPiece> pieces;
+                 for (int r = 0; r < n; ++r) {
+                   const int from = ((r + opts->shift) % n + n) % n;
+                   if (p[from]->send_count != p[r]->recv_count) {
+                     fail(ErrorKind::kInvalidArgument,
+                          "{}: device {} sends {} elements but device {} expects {}", what,
+                          devices()[from], p[from]->send_count, devices()[r], p[r]->recv_count);
+                   }
+                   add_copy(pieces, p[r]->recv, p[from]->send, p[r]->recv_count * es);
                  }
-                 copy_block(me.recv, p[from]->send,
-                            me.recv_count * static_cast<std::int64_t>(size_of(me.dtype)));
+                 run_copies(*group_, seq, 0, pieces);
                  group_->arrive(seq, rank_, 1, nullptr, t, what);
                });
 }
@@ -279,37 +357,68 @@ Event ThreadsCommunicator::barrier(const BarrierOptions& o, Completion c) {
 
 Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion c) {
   check_exchange(*this, o);
-  return start("exchange_boxes", o, c,
-               [this](std::uint64_t seq, const std::shared_ptr<const ExchangeBoxesOptions>& opts,
-                      Timeout t, const std::string& what) {
-                 const ExchangeBoxesOptions& me = *opts;
-                 auto p = as<ExchangeBoxesOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
-                 check_agree(p, devices(), what, "dtype",
-                             [](const ExchangeBoxesOptions& x) { return x.dtype; });
-                 const int n = size();
-                 const std::size_t es = size_of(me.dtype);
-                 for (int i = 0; i < n; ++i) {
-                   const int k = (rank_ + i) % n;
-                   const auto& theirs = p[k]->send[rank_];
-                   const auto& mine = me.recv[k];
-                   if (theirs.size() != mine.size()) {
-                     fail(ErrorKind::kInvalidArgument,
-                          "{}: device {} sends {} regions to device {}, which expects {}", what,
-                          devices()[k], theirs.size(), device(), mine.size());
-                   }
-                   for (std::size_t j = 0; j < mine.size(); ++j) {
-                     if (theirs[j].extent != mine[j].extent) {
-                       fail(ErrorKind::kInvalidArgument,
-                            "{}: region {} from device {} does not fit region {} of device {}",
-                            what, to_string(theirs[j]), devices()[k], to_string(mine[j]), device());
-                     }
-                     copy_box(ConstBuffer{p[k]->src, &p[k]->src_shape, es}, theirs[j].offset,
-                              MutableBuffer{me.dst, &me.dst_shape, es}, mine[j].offset,
-                              mine[j].extent);
-                   }
-                 }
-                 group_->arrive(seq, rank_, 1, nullptr, t, what);
-               });
+  return start(
+      "exchange_boxes", o, c,
+      [this](std::uint64_t seq, const std::shared_ptr<const ExchangeBoxesOptions>& opts, Timeout t,
+             const std::string& what) {
+        auto p = as<ExchangeBoxesOptions>(group_->arrive(seq, rank_, 0, opts, t, what));
+        check_agree(p, devices(), what, "dtype",
+                    [](const ExchangeBoxesOptions& x) { return x.dtype; });
+        const int n = size();
+        // One piece per region, cut along its outermost dim into slabs of about kPieceBytes.
+        struct RegionPiece {
+          int dst, src;
+          std::size_t region;
+          std::int64_t lo, rows;
+        };
+        const std::size_t es = size_of(opts->dtype);
+        std::vector<RegionPiece> pieces;
+        for (int r = 0; r < n; ++r) {
+          for (int i = 0; i < n; ++i) {
+            const int k = (r + i) % n;
+            const auto& theirs = p[k]->send[r];
+            const auto& mine = p[r]->recv[k];
+            if (theirs.size() != mine.size()) {
+              fail(ErrorKind::kInvalidArgument,
+                   "{}: device {} sends {} regions to device {}, which expects {}", what,
+                   devices()[k], theirs.size(), devices()[r], mine.size());
+            }
+            for (std::size_t j = 0; j < mine.size(); ++j) {
+              if (theirs[j].extent != mine[j].extent) {
+                fail(ErrorKind::kInvalidArgument,
+                     "{}: region {} from device {} does not fit region {} of device {}", what,
+                     to_string(theirs[j]), devices()[k], to_string(mine[j]), devices()[r]);
+              }
+              const Box& b = mine[j];
+              if (numel(b) == 0) continue;
+              if (b.extent.empty()) {
+                pieces.push_back({r, k, j, 0, 1});
+                continue;
+              }
+              const std::int64_t row_bytes = numel(b) / b.extent[0] * static_cast<std::int64_t>(es);
+              const std::int64_t step =
+                  std::max<std::int64_t>(1, kPieceBytes / std::max<std::int64_t>(1, row_bytes));
+              for (std::int64_t lo = 0; lo < b.extent[0]; lo += step) {
+                pieces.push_back({r, k, j, lo, std::min(step, b.extent[0] - lo)});
+              }
+            }
+          }
+        }
+        share(*group_, seq, 0, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
+          const RegionPiece& q = pieces[i];
+          const Box& from = p[q.src]->send[q.dst][q.region];
+          const Box& to = p[q.dst]->recv[q.src][q.region];
+          std::vector<std::int64_t> src_off = from.offset, dst_off = to.offset, extent = to.extent;
+          if (!extent.empty()) {
+            src_off[0] += q.lo;
+            dst_off[0] += q.lo;
+            extent[0] = q.rows;
+          }
+          copy_box(ConstBuffer{p[q.src]->src, &p[q.src]->src_shape, es}, src_off,
+                   MutableBuffer{p[q.dst]->dst, &p[q.dst]->dst_shape, es}, dst_off, extent);
+        });
+        group_->arrive(seq, rank_, 1, nullptr, t, what);
+      });
 }
 
 namespace {

@@ -78,6 +78,15 @@ std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
   return slot.args;
 }
 
+std::int64_t Group::claim(std::uint64_t seq, int phase) {
+  std::atomic<std::int64_t>* counter = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    counter = &slots_.at(seq).next_piece.at(phase);
+  }
+  return counter->fetch_add(1, std::memory_order_relaxed);
+}
+
 void Group::leave(std::uint64_t seq, int /*rank*/) {
   std::lock_guard lock(mu_);
   auto it = slots_.find(seq);

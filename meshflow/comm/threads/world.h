@@ -8,8 +8,14 @@
 // pointers); each later phase is a barrier between steps of the algorithm; the last phase is
 // the exit barrier after which no rank reads another's buffers. A rank waits for a phase until
 // all ranks arrived, a device failed, a missing rank's device exited, or the deadline passed.
+//
+// Shared work. Between barriers every rank knows every rank's buffers, so the copies and
+// reductions of a phase form one list of pieces that any rank may run: ranks claim pieces from
+// the slot's counter for that phase until none is left. With more device threads than cores,
+// the ranks that are running do the work of those that are not, instead of waiting for them.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -46,6 +52,10 @@ class Group {
   std::vector<const void*> arrive(std::uint64_t seq, int rank, int phase,
                                   std::shared_ptr<const void> args, Timeout timeout,
                                   const std::string& what);
+  // Returns the index of the next unclaimed piece of `phase` of collective `seq` (0, 1, ...;
+  // each index is returned once across all ranks). Valid between arrive and leave.
+  std::int64_t claim(std::uint64_t seq, int phase);
+
   // Rank `rank` is done with collective `seq`, whether it succeeded or failed; the slot is freed
   // once every rank has left.
   void leave(std::uint64_t seq, int rank);
@@ -66,9 +76,10 @@ class Group {
  private:
   struct Slot {
     std::vector<const void*> args;
-    std::vector<std::shared_ptr<const void>> keep;  // owners of args
-    std::vector<std::vector<char>> arrived;         // [phase][rank]
-    std::vector<int> count;                         // ranks arrived per phase
+    std::vector<std::shared_ptr<const void>> keep;          // owners of args
+    std::vector<std::vector<char>> arrived;                 // [phase][rank]
+    std::vector<int> count;                                 // ranks arrived per phase
+    std::array<std::atomic<std::int64_t>, 4> next_piece{};  // shared work, per phase
     int left = 0;
     // Set when a rank gave up on this collective (timeout, failure): its options may be gone,
     // so a late rank must fail rather than read them.
