@@ -1,10 +1,8 @@
 // The conformance suite on the mpi backend; run by ctest under `mpirun -n 4` and `-n 3`. Every
 // rank runs every check; a failure on any rank fails the job. Only rank 0 prints the report.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include "meshflow/comm/launch.h"
-#include "meshflow/comm/mpi/launch.h"
 #include "tests/comm_conformance.h"
 
 namespace meshflow {
@@ -30,18 +28,3 @@ INSTANTIATE_TEST_SUITE_P(Checks, MpiConformance, ::testing::ValuesIn(params()),
 
 }  // namespace
 }  // namespace meshflow
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const int rank = meshflow::mpi::world_rank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  // Every rank reports; the job fails if any rank failed.
-  int any = failed;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (rank == 0 && any && !failed) std::fprintf(stderr, "a check failed on another rank\n");
-  return any;
-}

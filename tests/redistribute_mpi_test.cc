@@ -1,12 +1,10 @@
 // Redistribution on the mpi backend (run under mpirun -n 4): a representative subset of the
 // threads suite, checked the same way.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <random>
 
 #include "meshflow/comm/launch.h"
-#include "meshflow/comm/mpi/launch.h"
 #include "tests/redistribute_check.h"
 
 namespace meshflow {
@@ -43,16 +41,3 @@ TEST(MpiRedistribute, CrossMesh) {
 
 }  // namespace
 }  // namespace meshflow
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const int rank = meshflow::mpi::world_rank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  int any = failed;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any;
-}

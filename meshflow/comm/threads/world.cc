@@ -115,43 +115,34 @@ void deliver(std::byte* dst, std::int64_t dst_bytes, const std::byte* src, std::
 
 void Group::post_send(int src, int dst, int tag, const std::byte* data, std::int64_t bytes,
                       std::shared_ptr<EventState> done) {
-  if (auto f = world_.failure()) {
-    done->fail(std::make_exception_ptr(
-        Error(ErrorKind::kCommunication, fmt::format("{} failed: {}", done->what(), *f))));
-    return;
-  }
-  std::unique_lock lock(mu_);
-  Channel& ch = channels_[{src, dst, tag}];
-  if (ch.recvs.empty()) {
-    ch.sends.push_back({data, bytes, std::move(done)});
-    return;
-  }
-  PendingRecv r = std::move(ch.recvs.front());
-  ch.recvs.pop_front();
-  lock.unlock();
-  deliver(
-      r.data, r.bytes, data, bytes, *r.done, *done,
-      fmt::format("send from device {} to device {} tag {}", devices_[src], devices_[dst], tag));
+  post(src, dst, tag, Pending{nullptr, data, bytes, std::move(done)}, /*sending=*/true);
 }
 
 void Group::post_recv(int src, int dst, int tag, std::byte* data, std::int64_t bytes,
                       std::shared_ptr<EventState> done) {
+  post(src, dst, tag, Pending{data, nullptr, bytes, std::move(done)}, /*sending=*/false);
+}
+
+void Group::post(int src, int dst, int tag, Pending mine, bool sending) {
   if (auto f = world_.failure()) {
-    done->fail(std::make_exception_ptr(
-        Error(ErrorKind::kCommunication, fmt::format("{} failed: {}", done->what(), *f))));
+    mine.done->fail(std::make_exception_ptr(
+        Error(ErrorKind::kCommunication, fmt::format("{} failed: {}", mine.done->what(), *f))));
     return;
   }
   std::unique_lock lock(mu_);
   Channel& ch = channels_[{src, dst, tag}];
-  if (ch.sends.empty()) {
-    ch.recvs.push_back({data, bytes, std::move(done)});
+  std::deque<Pending>& others = sending ? ch.recvs : ch.sends;
+  if (others.empty()) {
+    (sending ? ch.sends : ch.recvs).push_back(std::move(mine));
     return;
   }
-  PendingSend s = std::move(ch.sends.front());
-  ch.sends.pop_front();
+  Pending other = std::move(others.front());
+  others.pop_front();
   lock.unlock();
+  const Pending& s = sending ? mine : other;
+  const Pending& r = sending ? other : mine;
   deliver(
-      data, bytes, s.data, s.bytes, *done, *s.done,
+      r.recv_data, r.bytes, s.send_data, s.bytes, *r.done, *s.done,
       fmt::format("send from device {} to device {} tag {}", devices_[src], devices_[dst], tag));
 }
 

@@ -85,20 +85,20 @@ class Group {
     // so a late rank must fail rather than read them.
     std::optional<std::string> abandoned;
   };
-  struct PendingSend {
-    const std::byte* data;
-    std::int64_t bytes;
-    std::shared_ptr<EventState> done;
-  };
-  struct PendingRecv {
-    std::byte* data;
+  // A posted send (send_data set) or receive (recv_data set) waiting for its match.
+  struct Pending {
+    std::byte* recv_data;
+    const std::byte* send_data;
     std::int64_t bytes;
     std::shared_ptr<EventState> done;
   };
   struct Channel {
-    std::deque<PendingSend> sends;
-    std::deque<PendingRecv> recvs;
+    std::deque<Pending> sends;
+    std::deque<Pending> recvs;
   };
+
+  // Matches `mine` with the oldest opposite posting of (src, dst, tag), or queues it.
+  void post(int src, int dst, int tag, Pending mine, bool sending);
 
   World& world_;
   const std::vector<DeviceId> devices_;
