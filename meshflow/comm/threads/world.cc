@@ -2,12 +2,16 @@
 #include "meshflow/comm/threads/world.h"
 
 #include <cstring>
+#include <thread>
 
 #include "meshflow/core/error.h"
 
 namespace meshflow::threads {
 
 namespace {
+
+// How often a waiting rank yields its core before it sleeps on the condition variable.
+constexpr int kYieldsBeforeSleep = 16;
 
 std::string list(const std::vector<DeviceId>& ids) {
   std::string out;
@@ -57,6 +61,15 @@ std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
     cv_.notify_all();
     throw Error(kind, message);
   };
+  // Yield the core a few times before sleeping: with more device threads than cores, the
+  // missing rank is usually runnable and arrives within a time slice, and a sleep/wake pair
+  // costs more than that.
+  for (int spin = 0; spin < kYieldsBeforeSleep && slot.count[phase] < n && !world_.failure();
+       ++spin) {
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
   while (slot.count[phase] < n) {
     if (slot.abandoned)
       fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
