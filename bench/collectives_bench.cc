@@ -48,6 +48,14 @@ std::int64_t parse_bytes(std::string_view text) {
   return value * scale;
 }
 
+double time_between_barriers(Communicator& comm, const std::function<void()>& fn) {
+  barrier(comm);
+  return time_once([&] {
+    fn();
+    barrier(comm);
+  });
+}
+
 double measure_memcpy_seconds(std::int64_t bytes) {
   Tensor a = random_tensor(DType::kFloat32, {bytes / 4}, 1);
   Tensor b(DType::kFloat32, {bytes / 4});
@@ -274,11 +282,7 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
                            .devices = n,
                            .bytes = count * kElem};
         auto timed = [&](const std::function<void()>& fn) {
-          barrier(comm);
-          return time_once([&] {
-            fn();
-            barrier(comm);
-          });
+          return time_between_barriers(comm, fn);
         };
         auto run_case = [&] { spec.run(comm, mine, count, Completion::kWait); };
         std::function<void()> other;

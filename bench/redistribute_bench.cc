@@ -175,11 +175,7 @@ BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool
                                   .devices = n,
                                   .bytes = numel(shape) * static_cast<std::int64_t>(kElem)};
                auto timed = [&](const std::function<void()>& fn) {
-                 barrier(comm);
-                 return time_once([&] {
-                   fn();
-                   barrier(comm);
-                 });
+                 return time_between_barriers(comm, fn);
                };
                auto run_case = [&] {
                  mine.out = execute_plan(*plan, comm, mine.in, std::move(mine.out));

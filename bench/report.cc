@@ -98,17 +98,4 @@ double time_once(const std::function<void()>& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void measure_interleaved(BenchResult& result, int warmup, int reps,
-                         const std::function<void()>& case_fn,
-                         const std::function<void()>& floor_fn) {
-  for (int i = 0; i < warmup; ++i) {
-    case_fn();
-    if (floor_fn) floor_fn();
-  }
-  for (int i = 0; i < reps; ++i) {
-    result.case_s.push_back(time_once(case_fn));
-    if (floor_fn) result.floor_s.push_back(time_once(floor_fn));
-  }
-}
-
 }  // namespace meshflow::bench

@@ -43,10 +43,4 @@ std::string to_table(const BenchReport& report);
 // Returns the seconds `fn` takes, by the steady clock.
 double time_once(const std::function<void()>& fn);
 
-// Runs `warmup` untimed rounds then `reps` rounds, each timing `case_fn` then `floor_fn` (if
-// any) back to back, so both see the same machine state. Fills result.case_s and floor_s.
-void measure_interleaved(BenchResult& result, int warmup, int reps,
-                         const std::function<void()>& case_fn,
-                         const std::function<void()>& floor_fn);
-
 }  // namespace meshflow::bench

@@ -91,10 +91,4 @@ Event when_all(const std::vector<Event>& events) {
   return out;
 }
 
-Event failed_event(std::exception_ptr error) {
-  auto state = std::make_shared<EventState>("failed work");
-  state->fail(std::move(error));
-  return Event(state);
-}
-
 }  // namespace meshflow

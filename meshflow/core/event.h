@@ -65,7 +65,4 @@ class Event {
 
 Event when_all(const std::vector<Event>& events);
 
-// Returns a complete event that carries `error`.
-Event failed_event(std::exception_ptr error);
-
 }  // namespace meshflow
