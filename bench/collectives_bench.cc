@@ -5,7 +5,8 @@
 //   reduce_scatter   n memcpys of block r of every rank's send into r's recv (one read of every
 //                    term).
 //   all_reduce       the bandwidth-optimal pattern: reduce-scatter's n memcpys of chunk r, then
-//                    n - 1 memcpys of chunk k from rank k's recv (twice the all-gather's bytes).
+//                    n - 1 memcpys of chunk k from rank k (twice the all-gather's bytes; read
+//                    from rank k's send buffer, which no rank writes, so the floor has no race).
 //   all_to_all       n memcpys of block r of rank k's send into r's recv.
 //   broadcast        every non-root memcpys S from the root.
 //   permute          one memcpy of S/n from rank (r + 1) mod n.
@@ -155,7 +156,7 @@ std::map<std::string, Spec> specs(int n) {
           mcopy(p[r]->recv.bytes() + d[r] * kElem, p[k]->send.bytes() + d[r] * kElem, cs[r]);
         for (int i = 1; i < n_; ++i) {
           int k = (r + i) % n_;
-          mcopy(p[r]->recv.bytes() + d[k] * kElem, p[k]->recv.bytes() + d[k] * kElem, cs[k]);
+          mcopy(p[r]->recv.bytes() + d[k] * kElem, p[k]->send.bytes() + d[k] * kElem, cs[k]);
         }
       }};
   s["all_to_all"] = {"direct copy", ring,

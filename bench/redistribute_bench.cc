@@ -6,7 +6,8 @@
 //                 row by row from k's shard into r's output (each byte once, from where it lives)
 //   P(sum)->S(0)  memcpy of r's row block from every device's term (one read of every term)
 //   P(sum)->R     the bandwidth-optimal all-reduce pattern: P(sum)->S(0)'s reads, then every
-//                 other device's reduced block into r's output
+//                 other device's block into r's output (read from its input, so that the floor,
+//                 which has no synchronisation, has no data race either)
 #include "bench/redistribute_bench.h"
 
 #include <algorithm>
@@ -73,7 +74,7 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
     for (int i = 1; i < n; ++i) {
       const int k = (r + i) % n;
       const Box b = shard_box(rows, k);
-      std::memcpy(out + b.offset[0] * row, peers[k]->out.bytes() + b.offset[0] * row,
+      std::memcpy(out + b.offset[0] * row, peers[k]->in.bytes() + b.offset[0] * row,
                   b.extent[0] * row);
     }
   }
