@@ -1,6 +1,7 @@
 // `meshflow bench NAME`: runs a benchmark and prints its table, or its JSON with --json.
 #include <fmt/format.h>
 
+#include <functional>
 #include <optional>
 
 #include "bench/collectives_bench.h"
@@ -20,6 +21,54 @@ void print_report(const bench::BenchReport& report, bool json) {
   }
 }
 
+// What the distributed benchmarks (collectives, redistribute) take, parsed.
+struct DistributedRun {
+  Backend backend;
+  int devices;
+  std::vector<std::int64_t> sizes;
+  std::vector<std::string> subset;
+  int reps;
+};
+
+// Registers `meshflow bench NAME` with the options both distributed benchmarks share; `run`
+// returns the report and sets `printer` where it should be printed (device 0 under mpi).
+void add_distributed(CLI::App* bench, const char* name, const char* help, const char* subset_flag,
+                     const char* subset_help,
+                     std::function<bench::BenchReport(const DistributedRun&, bool*)> run) {
+  struct Args {
+    std::string backend;
+    std::optional<int> devices;
+    std::vector<std::string> sizes{"16M", "256M"};
+    std::vector<std::string> subset;
+    int reps = 7;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = bench->add_subcommand(name, help);
+  cmd->add_option("--backend", args->backend,
+                  "threads or mpi (default: mpi under mpirun, else threads)");
+  cmd->add_option("--devices", args->devices,
+                  "device threads (threads, default 4); devices of the world (mpi, default all)");
+  cmd->add_option("--sizes", args->sizes, "global bytes per case, e.g. 4K,16M,256M")
+      ->delimiter(',');
+  cmd->add_option(subset_flag, args->subset, subset_help)->delimiter(',');
+  cmd->add_option("--reps", args->reps, "timed repetitions")->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", args->json, "print JSON");
+  cmd->callback([args, run] {
+    DistributedRun r{
+        .backend = args->backend.empty() ? detect_backend() : parse_backend(args->backend),
+        .devices = 0,
+        .sizes = {},
+        .subset = args->subset,
+        .reps = args->reps};
+    r.devices = args->devices.value_or(r.backend == Backend::kThreads ? 4 : 0);
+    for (const auto& size : args->sizes) r.sizes.push_back(bench::parse_bytes(size));
+    bool printer = false;
+    bench::BenchReport report = run(r, &printer);
+    if (printer) print_report(report, args->json);
+  });
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -35,62 +84,29 @@ void add_bench(CLI::App& app) {
   c->add_flag("--json", *copy_json, "print JSON");
   c->callback([copy, copy_json] { print_report(bench::run_copy_bench(*copy), *copy_json); });
 
-  struct CollArgs {
-    std::string backend;
-    std::optional<int> devices;
-    std::vector<std::string> sizes{"16M", "256M"};
-    std::vector<std::string> collectives;
-    int reps = 7;
-    bool json = false;
-  };
-  auto coll = std::make_shared<CollArgs>();
-  CLI::App* k = bench->add_subcommand(
-      "collectives", "every collective against its memcpy floor (threads) or raw MPI (mpi)");
-  k->add_option("--backend", coll->backend,
-                "threads or mpi (default: mpi under mpirun, else threads)");
-  k->add_option("--devices", coll->devices,
-                "device threads (threads, default 4); devices of the world (mpi, default all)");
-  k->add_option("--sizes", coll->sizes, "global bytes per case, e.g. 4K,16M,256M")->delimiter(',');
-  k->add_option("--collectives", coll->collectives, "subset, e.g. all_gather,all_reduce")
-      ->delimiter(',');
-  k->add_option("--reps", coll->reps, "timed repetitions")->check(CLI::PositiveNumber);
-  k->add_flag("--json", coll->json, "print JSON");
-  k->callback([coll] {
-    bench::CollectivesBenchOptions o;
-    o.backend = coll->backend.empty() ? detect_backend() : parse_backend(coll->backend);
-    o.devices = coll->devices.value_or(o.backend == Backend::kThreads ? 4 : 0);
-    for (const auto& s : coll->sizes) o.sizes.push_back(bench::parse_bytes(s));
-    o.collectives = coll->collectives;
-    o.reps = coll->reps;
-    bool printer = false;
-    bench::BenchReport report = bench::run_collectives_bench(o, &printer);
-    if (printer) print_report(report, coll->json);
-  });
-
-  auto red = std::make_shared<CollArgs>();
-  red->collectives.clear();
-  CLI::App* rd = bench->add_subcommand(
-      "redistribute",
-      "S(0)->R, S(0)->S(1), P(sum)->S(0), P(sum)->R against memcpy floors; planning times");
-  rd->add_option("--backend", red->backend,
-                 "threads or mpi (default: mpi under mpirun, else threads)");
-  rd->add_option("--devices", red->devices,
-                 "device threads (threads, default 4); devices of the world (mpi, default all)");
-  rd->add_option("--sizes", red->sizes, "global bytes per case, e.g. 16M,256M")->delimiter(',');
-  rd->add_option("--cases", red->collectives, "subset, e.g. \"S(0)->R\"")->delimiter(',');
-  rd->add_option("--reps", red->reps, "timed repetitions")->check(CLI::PositiveNumber);
-  rd->add_flag("--json", red->json, "print JSON");
-  rd->callback([red] {
-    bench::RedistributeBenchOptions o;
-    o.backend = red->backend.empty() ? detect_backend() : parse_backend(red->backend);
-    o.devices = red->devices.value_or(o.backend == Backend::kThreads ? 4 : 0);
-    for (const auto& s : red->sizes) o.sizes.push_back(bench::parse_bytes(s));
-    o.cases = red->collectives;
-    o.reps = red->reps;
-    bool printer = false;
-    bench::BenchReport report = bench::run_redistribute_bench(o, &printer);
-    if (printer) print_report(report, red->json);
-  });
+  add_distributed(bench, "collectives",
+                  "every collective against its memcpy floor (threads) or raw MPI (mpi)",
+                  "--collectives", "subset, e.g. all_gather,all_reduce",
+                  [](const DistributedRun& r, bool* printer) {
+                    return bench::run_collectives_bench({.backend = r.backend,
+                                                         .devices = r.devices,
+                                                         .sizes = r.sizes,
+                                                         .collectives = r.subset,
+                                                         .reps = r.reps},
+                                                        printer);
+                  });
+  add_distributed(bench, "redistribute",
+                  "S(0)->R, S(0)->S(1), P(sum)->S(0), P(sum)->R against memcpy floors; planning "
+                  "times",
+                  "--cases", "subset, e.g. \"S(0)->R\"",
+                  [](const DistributedRun& r, bool* printer) {
+                    return bench::run_redistribute_bench({.backend = r.backend,
+                                                          .devices = r.devices,
+                                                          .sizes = r.sizes,
+                                                          .cases = r.subset,
+                                                          .reps = r.reps},
+                                                         printer);
+                  });
 }
 
 }  // namespace meshflow::cli
