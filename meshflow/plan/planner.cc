@@ -28,6 +28,17 @@ void push_move(std::vector<Step>& steps, const Layout& from, std::vector<Placeme
   state = next;
 }
 
+// Steps `choice` (an odometer over universe[dims[i]]) to its next combination; returns false
+// after the last one.
+bool advance(std::vector<std::size_t>& choice, const std::vector<MeshDim>& dims,
+             const std::vector<std::vector<Placement>>& universe) {
+  for (std::size_t i = dims.size(); i-- > 0;) {
+    if (++choice[i] < universe[dims[i]].size()) return true;
+    choice[i] = 0;
+  }
+  return false;
+}
+
 bool shards_on_inner(const Layout& l, const std::vector<Placement>& s, MeshDim m, int d) {
   for (std::size_t k = m + 1; k < s.size(); ++k) {
     if (l.mesh.shape[k] > 1 && s[k] == Placement::shard(d)) return true;
@@ -174,7 +185,7 @@ std::vector<Step> plan_search(const Layout& from, const Layout& to, const Machin
         if (mask & (1 << m)) dims.push_back(m);
       }
       std::vector<std::size_t> choice(dims.size(), 0);
-      while (true) {
+      do {
         std::vector<Placement> next = e.state;
         bool changes_all = true;
         for (std::size_t i = 0; i < dims.size(); ++i) {
@@ -200,15 +211,7 @@ std::vector<Step> plan_search(const Layout& from, const Layout& to, const Machin
             }
           }
         }
-        std::size_t i = dims.size();
-        while (i > 0) {
-          --i;
-          if (++choice[i] < universe[dims[i]].size()) break;
-          choice[i] = 0;
-          if (i == 0) goto next_mask;
-        }
-      }
-    next_mask:;
+      } while (advance(choice, dims, universe));
     }
   }
   MESHFLOW_CHECK(best.contains(goal), "search found no path {} -> {}", to_string(start),

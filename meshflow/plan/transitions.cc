@@ -60,7 +60,7 @@ bool inner_shard_outside(const Layout& layout, const std::vector<Placement>& pla
 }
 
 // Returns true when tensor dim d divides evenly by the product of the sizes of the mesh dims
-// sharding it in `placements` up to and including mesh dim `last`, plus `dims`.
+// sharding it in `placements` (or in `dims`) up to and including the last mesh dim of `dims`.
 bool divides_evenly(const Layout& layout, const std::vector<Placement>& placements,
                     const std::vector<MeshDim>& dims, int d) {
   std::int64_t parts = 1;
