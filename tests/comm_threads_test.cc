@@ -75,7 +75,7 @@ TEST(ThreadsFailure, AFailingDeviceFailsItsPeersCollectivesAndIsRethrown) {
 
 TEST(ThreadsFailure, ACollectiveThatWaitsTooLongNamesTheMissingDevice) {
   const auto start = std::chrono::steady_clock::now();
-  launch({.backend = Backend::kThreads, .devices = 4, .timeout = milliseconds(300)},
+  launch({.backend = Backend::kThreads, .devices = 4, .timeout = milliseconds(500)},
          [&](Communicator& comm) {
            std::vector<std::int64_t> counts(4, 1);
            std::vector<float> send(1, 1.0f), recv(4);
@@ -85,13 +85,13 @@ TEST(ThreadsFailure, ACollectiveThatWaitsTooLongNamesTheMissingDevice) {
                                .recv_counts = counts});
            };
            if (comm.device() == 3) {
-             std::this_thread::sleep_for(milliseconds(1500));
+             std::this_thread::sleep_for(milliseconds(2500));
              std::string late = message_of(gather);
              EXPECT_NE(late.find("abandoned"), std::string::npos) << late;
              return;
            }
            std::string m = message_of(gather);
-           EXPECT_NE(m.find("all_gather on devices [0,1,2,3] timed out after 300 ms: devices [3] "
+           EXPECT_NE(m.find("all_gather on devices [0,1,2,3] timed out after 500 ms: devices [3] "
                             "never arrived"),
                      std::string::npos)
                << m;
