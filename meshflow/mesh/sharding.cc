@@ -24,10 +24,9 @@ std::vector<Tensor> shard_tensor(const Tensor& global, const Layout& layout) {
   return shards;
 }
 
-void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes,
-                          DType dtype, const std::vector<const std::byte*>& terms, std::byte* out,
-                          std::int64_t n) {
-  MESHFLOW_CHECK(ops.size() == sizes.size() && !terms.empty());
+std::optional<FlatReduction> flat_reduction(const std::vector<ReduceOp>& ops,
+                                            const std::vector<std::int64_t>& sizes) {
+  MESHFLOW_CHECK(ops.size() == sizes.size());
   bool all_sum_avg = true, all_same = true;
   std::int64_t avg_divisor = 1;
   for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -35,10 +34,18 @@ void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<st
     all_same = all_same && ops[i] == ops[0];
     if (ops[i] == ReduceOp::kAvg) avg_divisor *= sizes[i];
   }
-  if (ops.empty() || all_sum_avg || all_same) {
-    const ReduceOp op = ops.empty() || all_sum_avg ? ReduceOp::kSum : ops[0];
-    reduce_terms(op, dtype, terms, out, n);
-    if (all_sum_avg) divide_by(dtype, out, n, avg_divisor);
+  if (all_sum_avg) return FlatReduction{ReduceOp::kSum, avg_divisor};
+  if (all_same) return FlatReduction{ops[0], 1};
+  return std::nullopt;
+}
+
+void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes,
+                          DType dtype, const std::vector<const std::byte*>& terms, std::byte* out,
+                          std::int64_t n) {
+  MESHFLOW_CHECK(!terms.empty());
+  if (auto flat = flat_reduction(ops, sizes)) {
+    reduce_terms(flat->op, dtype, terms, out, n);
+    divide_by(dtype, out, n, flat->divisor);
     return;
   }
   // Mixed ops: value = op_0(op_1(...)): reduce each block of terms sharing the outer

@@ -2,6 +2,7 @@
 // (reducing Partial terms, checking that replicas agree).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "meshflow/core/tensor.h"
@@ -13,6 +14,16 @@ namespace meshflow {
 // Preconditions (throws Error): global's shape and dtype match the layout; no Partial placement
 // (a full value cannot be split into terms without choosing a convention; redistribute does it).
 std::vector<Tensor> shard_tensor(const Tensor& global, const Layout& layout);
+
+// One reduction equivalent to reducing Partial dims with ops `ops` (sizes `sizes`) together:
+// when every op is sum or avg, a sum followed by division by the product of the avg dims'
+// sizes; when all ops are equal, that op (divisor 1). Mixed ops have none (nullopt).
+struct FlatReduction {
+  ReduceOp op;
+  std::int64_t divisor;
+};
+std::optional<FlatReduction> flat_reduction(const std::vector<ReduceOp>& ops,
+                                            const std::vector<std::int64_t>& sizes);
 
 // Writes into `out` (n elements) the value of Partial terms laid out as the devices of a group
 // along Partial mesh dims with sizes `sizes` and ops `ops`, `terms` in row-major order over

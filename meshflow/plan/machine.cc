@@ -73,15 +73,4 @@ MachineModel load_machine(const std::filesystem::path& path) {
   return machine_from_json(json, path.string());
 }
 
-nlohmann::json to_json(const MachineModel& model) {
-  nlohmann::json links = nlohmann::json::object();
-  for (const auto& [name, l] : model.links)
-    links[name] = {{"bandwidth_gbps", l.bandwidth_gbps}, {"latency_us", l.latency_us}};
-  return {{"links", links},
-          {"default_link", model.default_link},
-          {"dim_links", model.dim_links},
-          {"memcpy_gbps", model.memcpy_gbps},
-          {"collective_overhead_us", model.collective_overhead_us}};
-}
-
 }  // namespace meshflow

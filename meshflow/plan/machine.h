@@ -39,6 +39,5 @@ const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 // Error naming the bad field.
 MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
 MachineModel load_machine(const std::filesystem::path& path);
-nlohmann::json to_json(const MachineModel& model);
 
 }  // namespace meshflow

@@ -108,19 +108,18 @@ Tensor run_all_gather(const StepContext& c, const Step& s, const Tensor& local) 
   return out;
 }
 
-// Returns the communicator op for reducing Partial dims `dims` of `before`, and the divisor
-// applied afterwards (avg dims reduce as sum, then divide by the product of their sizes).
-std::pair<ReduceOp, std::int64_t> reduction(const Layout& before,
-                                            const std::vector<MeshDim>& dims) {
-  bool all_sum_avg = true;
-  std::int64_t divisor = 1;
+// Returns the communicator op for reducing Partial dims `dims` of `before` together, and the
+// divisor applied afterwards. The move is valid (transitions.h), so the ops reduce together.
+FlatReduction reduction(const Layout& before, const std::vector<MeshDim>& dims) {
+  std::vector<ReduceOp> ops;
+  std::vector<std::int64_t> sizes;
   for (MeshDim m : dims) {
-    const ReduceOp op = before.placements[m].op;
-    all_sum_avg = all_sum_avg && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
-    if (op == ReduceOp::kAvg) divisor *= before.mesh.shape[m];
+    ops.push_back(before.placements[m].op);
+    sizes.push_back(before.mesh.shape[m]);
   }
-  if (all_sum_avg) return {ReduceOp::kSum, divisor};
-  return {before.placements[dims[0]].op, 1};
+  auto flat = flat_reduction(ops, sizes);
+  MESHFLOW_CHECK(flat.has_value(), "mesh dims with incompatible Partial ops in one step");
+  return *flat;
 }
 
 Tensor run_reduce_scatter(const StepContext& c, const Step& s, const Tensor& local) {
@@ -344,16 +343,6 @@ std::shared_ptr<const Plan> PlanCache::get(const Layout& from, const Layout& to)
   auto plan = std::make_shared<const Plan>(plan_redistribute(from, to, options_));
   std::lock_guard lock(mu_);
   return plans_.emplace(std::move(key), std::move(plan)).first->second;
-}
-
-std::size_t PlanCache::size() const {
-  std::lock_guard lock(mu_);
-  return plans_.size();
-}
-
-Tensor redistribute(Communicator& world, const Tensor& local, const Layout& from, const Layout& to,
-                    PlanCache& cache, Tensor recycled) {
-  return execute_plan(*cache.get(from, to), world, local, std::move(recycled));
 }
 
 }  // namespace meshflow

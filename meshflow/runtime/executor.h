@@ -28,7 +28,6 @@ class PlanCache {
   explicit PlanCache(PlanOptions options = {}) : options_(options) {}
   // Returns the plan for (from, to), planning it on first use.
   std::shared_ptr<const Plan> get(const Layout& from, const Layout& to);
-  std::size_t size() const;
 
  private:
   struct Key {
@@ -44,10 +43,5 @@ class PlanCache {
   mutable std::mutex mu_;
   std::unordered_map<Key, std::shared_ptr<const Plan>, KeyHash> plans_;
 };
-
-// Returns this device's shard of `local` (laid out by `from`) redistributed to `to`, planning
-// through `cache`.
-Tensor redistribute(Communicator& world, const Tensor& local, const Layout& from, const Layout& to,
-                    PlanCache& cache, Tensor recycled = Tensor());
 
 }  // namespace meshflow
