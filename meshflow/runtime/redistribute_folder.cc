@@ -33,10 +33,11 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
                       .count = 1,
                       .dtype = DType::kInt64,
                       .root = leader});
-    const std::filesystem::path tmp = options.out.string() + fmt::format(".tmp-{}", pid);
+    const std::string tag = fmt::format(".tmp-{}", pid);
+    const std::filesystem::path tmp = options.out.string() + tag;
     if (me == leader) {
       std::lock_guard lock(mu);
-      staged = stage_folder(options.out, fmt::format(".tmp-{}", pid));
+      staged = stage_folder(options.out, tag);
     }
     barrier(world);
     const auto from_index = find_device(from.mesh, me);
