@@ -180,17 +180,17 @@ std::map<std::string, Spec> specs(int n) {
                                p[k]->send.bytes() + r * per * kElem, per);
                        }
                      }};
-  s["broadcast"] = {"direct copy", 1.0,
-                    [](std::int64_t count, int, int r) {
-                      return Buffers{Tensor(kDtype, {0}), random_tensor(kDtype, {count}, r)};
-                    },
-                    [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
-                      broadcast(
-                          c, {.data = b.recv.bytes(), .count = count, .dtype = kDtype, .root = 0});
-                    },
-                    [](int r, int, const std::vector<Buffers*>& p, std::int64_t count) {
-                      if (r != 0) mcopy(p[r]->recv.bytes(), p[0]->recv.bytes(), count);
-                    }};
+  s["broadcast"] = {
+      "direct copy", 1.0,
+      [](std::int64_t count, int, int r) {
+        return Buffers{Tensor(kDtype, {0}), random_tensor(kDtype, {count}, r)};
+      },
+      [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
+        broadcast(c, {.data = b.recv.bytes(), .count = count, .dtype = kDtype, .root = Rank{0}});
+      },
+      [](int r, int, const std::vector<Buffers*>& p, std::int64_t count) {
+        if (r != 0) mcopy(p[r]->recv.bytes(), p[0]->recv.bytes(), count);
+      }};
   s["collective_permute"] = {
       "direct copy", 1.0 / n,
       [](std::int64_t count, int n_, int r) {
@@ -259,7 +259,9 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
   std::vector<Buffers*> peers;
   const bool threads = options.backend == Backend::kThreads;
   LaunchOptions launch_options{
-      .backend = options.backend, .devices = options.devices, .timeout = std::chrono::seconds(600)};
+      .backend = options.backend,
+      .devices = options.devices > 0 ? first_devices(options.devices) : std::vector<DeviceId>{},
+      .timeout = std::chrono::seconds(600)};
   launch(launch_options, [&](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
     if (r == 0) {

@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "meshflow/comm/launch.h"
 #include "meshflow/core/error.h"
 
 int main(int argc, char** argv) {
@@ -39,7 +40,9 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "meshflow: {} (see meshflow --help)\n", e.what());
     return 2;
   } catch (const meshflow::Error& e) {
-    fmt::print(stderr, "meshflow: error: {}\n", e.what());
+    // An error every device of an mpi job holds is printed once, by device 0.
+    if (e.scope() == meshflow::ErrorScope::kThisDevice || meshflow::prints_shared_errors())
+      fmt::print(stderr, "meshflow: error: {}\n", e.what());
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "meshflow: error: {}\n", e.what());

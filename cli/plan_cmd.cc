@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "meshflow/comm/launch.h"
+#include "meshflow/plan/lower.h"
 #include "meshflow/plan/planner.h"
 #include "meshflow/runtime/redistribute_folder.h"
 
@@ -21,7 +22,7 @@ std::shared_ptr<MachineModel> machine_option(const std::string& path) {
 void add_plan(CLI::App& app) {
   struct Args {
     std::string mesh, shape, dtype = "float32", from, to, to_mesh, machine;
-    bool json = false;
+    bool json = false, devices = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd =
@@ -34,6 +35,8 @@ void add_plan(CLI::App& app) {
   cmd->add_option("--to-mesh", args->to_mesh, "destination mesh (default: the source mesh)");
   cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
   cmd->add_flag("--json", args->json, "print JSON");
+  cmd->add_flag("--devices", args->devices,
+                "also print each device's program: every call, group, count and region it runs");
   cmd->callback([args] {
     const Shape shape = parse_shape(args->shape);
     const DType dtype = parse_dtype(args->dtype);
@@ -43,7 +46,14 @@ void add_plan(CLI::App& app) {
                                   parse_placements(args->to), shape, dtype);
     auto machine = machine_option(args->machine);
     const Plan plan = plan_redistribute(from, to, {.machine = machine.get()});
-    fmt::print("{}", args->json ? to_json(plan).dump(2) + "\n" : to_text(plan));
+    if (args->json) {
+      fmt::print("{}\n", to_json(plan).dump(2));
+      return;
+    }
+    fmt::print("{}", to_text(plan));
+    if (args->devices) {
+      for (DeviceId d : plan_devices(plan)) fmt::print("{}", to_text(lower(plan, d)));
+    }
   });
 }
 

@@ -2,9 +2,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "meshflow/core/npy.h"
-#include "meshflow/mesh/sharded_folder.h"
-#include "meshflow/mesh/sharding.h"
+#include "meshflow/mesh/folder_io.h"
 
 namespace meshflow::cli {
 
@@ -23,10 +21,8 @@ void add_shard(CLI::App& app) {
   cmd->add_option("--out", args->out, "output folder (layout.json + rank<i>.npy)")->required();
   cmd->add_flag("--quiet", args->quiet, "print nothing on success");
   cmd->callback([args] {
-    Tensor global = read_npy(args->input);
-    Layout layout = make_layout(parse_mesh(args->mesh), parse_placements(args->placements),
-                                global.shape(), global.dtype());
-    write_sharded(args->out, layout, shard_tensor(global, layout));
+    const Layout layout = shard_file(args->input, parse_mesh(args->mesh),
+                                     parse_placements(args->placements), args->out);
     if (args->quiet) return;
     fmt::print("{}\n", to_string(layout));
     for (int i = 0; i < size(layout.mesh); ++i) {
@@ -46,10 +42,7 @@ void add_gather(CLI::App& app) {
       "gather", "Assemble a sharded folder into one .npy array (reduces Partial, checks replicas)");
   cmd->add_option("--in", args->in, "sharded folder")->required();
   cmd->add_option("--out", args->out, "the .npy file to write")->required();
-  cmd->callback([args] {
-    ShardedTensor st = read_sharded(args->in);
-    write_npy(args->out, assemble(st.layout, st.shards));
-  });
+  cmd->callback([args] { gather_file(args->in, args->out); });
 }
 
 }  // namespace meshflow::cli

@@ -141,7 +141,7 @@ TEST_F(CliShardGather, GatherErrorsNameTheFileAtFault) {
   Tensor t = read_npy(in + "/rank3.npy");
   t.data<float>()[0] += 1.0f;
   write_npy(in + "/rank3.npy", t);
-  expect_gather_error("devices 2 and 3");
+  expect_gather_error("replicas disagree: devices 2 (rank2) and 3 (rank3)");
   // A shard of the wrong shape.
   write_npy(in + "/rank1.npy", Tensor(DType::kFloat32, {2, 2}));
   expect_gather_error("rank1.npy: holds 2x2 float32 but layout.json gives device 1 box [0:7, 0:6]");

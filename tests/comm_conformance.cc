@@ -200,8 +200,9 @@ void check_broadcast(Communicator& comm, const Env&, int id) {
       Tensor want =
           random_tensor(DType::kFloat64, {count}, seed_of(id, root, comm.devices()[root]));
       Tensor buf = comm.rank() == root ? want.clone() : random_tensor(DType::kFloat64, {count}, 99);
-      broadcast(comm,
-                {.data = buf.bytes(), .count = count, .dtype = DType::kFloat64, .root = root});
+      broadcast(
+          comm,
+          {.data = buf.bytes(), .count = count, .dtype = DType::kFloat64, .root = Rank{root}});
       EXPECT_EQ(compare_exact(buf, want), std::nullopt)
           << "broadcast root " << root << " count " << count;
     }
@@ -216,11 +217,13 @@ void check_send_recv(Communicator& comm, const Env&, int id) {
   Tensor b = random_tensor(DType::kInt64, {5}, seed_of(id, 2, comm.device()));
   Tensor got_a(DType::kInt64, {37}), got_b(DType::kInt64, {5});
   Event sa = send_async(
-      comm, {.data = a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = next, .tag = 1});
+      comm, {.data = a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = Rank{next}, .tag = 1});
   Event sb = send_async(
-      comm, {.data = b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = next, .tag = 2});
-  recv(comm, {.data = got_b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = prev, .tag = 2});
-  recv(comm, {.data = got_a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = prev, .tag = 1});
+      comm, {.data = b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = Rank{next}, .tag = 2});
+  recv(comm,
+       {.data = got_b.bytes(), .count = 5, .dtype = DType::kInt64, .peer = Rank{prev}, .tag = 2});
+  recv(comm,
+       {.data = got_a.bytes(), .count = 37, .dtype = DType::kInt64, .peer = Rank{prev}, .tag = 1});
   when_all({sa, sb}).wait(comm.default_timeout());
   EXPECT_EQ(compare_exact(got_a,
                           random_tensor(DType::kInt64, {37}, seed_of(id, 1, comm.devices()[prev]))),

@@ -11,10 +11,9 @@ namespace {
 class MpiConformance : public ::testing::TestWithParam<const conformance::Check*> {};
 
 TEST_P(MpiConformance, Runs) {
-  launch({.backend = Backend::kMpi, .devices = 0, .timeout = std::chrono::seconds(60)},
-         [&](Communicator& comm) {
-           GetParam()->run(comm, conformance::Env{.rank_order_reductions = false});
-         });
+  launch({.backend = Backend::kMpi, .timeout = std::chrono::seconds(60)}, [&](Communicator& comm) {
+    GetParam()->run(comm, conformance::Env{.rank_order_reductions = false});
+  });
 }
 
 std::vector<const conformance::Check*> params() {

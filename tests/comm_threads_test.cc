@@ -22,7 +22,9 @@ class ThreadsConformance : public ::testing::TestWithParam<Param> {};
 
 TEST_P(ThreadsConformance, Runs) {
   const Param& p = GetParam();
-  launch({.backend = Backend::kThreads, .devices = p.devices, .timeout = std::chrono::seconds(60)},
+  launch({.backend = Backend::kThreads,
+          .devices = first_devices(p.devices),
+          .timeout = std::chrono::seconds(60)},
          [&](Communicator& comm) {
            p.check->run(comm, conformance::Env{.rank_order_reductions = true});
          });
@@ -54,7 +56,9 @@ std::string message_of(const std::function<void()>& fn) {
 TEST(ThreadsFailure, AFailingDeviceFailsItsPeersCollectivesAndIsRethrown) {
   std::atomic<int> peers_failed{0};
   std::string launched = message_of([&] {
-    launch({.backend = Backend::kThreads, .devices = 4, .timeout = std::chrono::seconds(30)},
+    launch({.backend = Backend::kThreads,
+            .devices = first_devices(4),
+            .timeout = std::chrono::seconds(30)},
            [&](Communicator& comm) {
              if (comm.device() == 2)
                throw Error(ErrorKind::kInvalidArgument, "bad shard on device 2");
@@ -75,7 +79,7 @@ TEST(ThreadsFailure, AFailingDeviceFailsItsPeersCollectivesAndIsRethrown) {
 
 TEST(ThreadsFailure, ACollectiveThatWaitsTooLongNamesTheMissingDevice) {
   const auto start = std::chrono::steady_clock::now();
-  launch({.backend = Backend::kThreads, .devices = 4, .timeout = milliseconds(500)},
+  launch({.backend = Backend::kThreads, .devices = first_devices(4), .timeout = milliseconds(500)},
          [&](Communicator& comm) {
            std::vector<std::int64_t> counts(4, 1);
            std::vector<float> send(1, 1.0f), recv(4);
@@ -100,7 +104,9 @@ TEST(ThreadsFailure, ACollectiveThatWaitsTooLongNamesTheMissingDevice) {
 }
 
 TEST(ThreadsFailure, ADeviceThatFinishesWithoutJoiningIsNamed) {
-  launch({.backend = Backend::kThreads, .devices = 3, .timeout = std::chrono::seconds(30)},
+  launch({.backend = Backend::kThreads,
+          .devices = first_devices(3),
+          .timeout = std::chrono::seconds(30)},
          [&](Communicator& comm) {
            if (comm.device() == 0) return;
            std::string m = message_of([&] { barrier(comm); });
@@ -110,7 +116,7 @@ TEST(ThreadsFailure, ADeviceThatFinishesWithoutJoiningIsNamed) {
 }
 
 TEST(ThreadsFailure, MismatchedArgumentsAreErrorsNotCorruption) {
-  launch({.backend = Backend::kThreads, .devices = 2}, [&](Communicator& comm) {
+  launch({.backend = Backend::kThreads, .devices = first_devices(2)}, [&](Communicator& comm) {
     std::vector<float> a(4), b(8);
     std::string m = message_of([&] {
       all_reduce(comm, {.send = reinterpret_cast<std::byte*>(a.data()),

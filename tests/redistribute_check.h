@@ -26,7 +26,7 @@ int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>
                 PlanCache& cache, std::uint64_t seed);
 
 // Returns every ordered pair of placement lists over {R, S(0), S(1), P(sum), P(avg), P(max)}
-// on `mesh` for a tensor of `shape`.
+// on `mesh` for a tensor of `shape` (P(avg) only for floating-point dtypes).
 std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const Shape& shape,
                                                  DType dtype);
 

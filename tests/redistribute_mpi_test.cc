@@ -12,7 +12,7 @@ namespace {
 
 void run_pairs(const std::vector<std::pair<Layout, Layout>>& pairs, std::uint64_t seed) {
   PlanCache cache;
-  launch({.backend = Backend::kMpi, .devices = 0},
+  launch({.backend = Backend::kMpi},
          [&](Communicator& world) { testing::check_pairs(world, pairs, cache, seed); });
 }
 

@@ -7,6 +7,7 @@
 #include "meshflow/comm/launch.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
+#include "meshflow/mesh/sharding.h"
 #include "tests/redistribute_check.h"
 
 namespace meshflow {
@@ -18,7 +19,7 @@ using testing::check_pairs;
 void run_pairs(int devices, const std::vector<std::pair<Layout, Layout>>& pairs,
                std::uint64_t seed) {
   PlanCache cache;
-  launch({.backend = Backend::kThreads, .devices = devices},
+  launch({.backend = Backend::kThreads, .devices = first_devices(devices)},
          [&](Communicator& world) { check_pairs(world, pairs, cache, seed); });
 }
 
@@ -58,27 +59,41 @@ TEST(RandomPairs, TwoThousandOnA2x2x2Mesh) {
   run_pairs(8, pairs, seed);
 }
 
-TEST(ExactPairs, IntegerSumsAndMaxAreBitExact) {
-  // Integer data makes every sum exact, so any plan must match the reference bit for bit. Left
-  // out: avg (integer division depends on grouping) and P(sum) dims that must be rebuilt (R ->
-  // P(sum) divides by the dim's size, DESIGN.md's rule, which truncates integers): new ones, and
-  // those under a max that has to be reduced first.
-  DeviceMesh mesh = make_mesh({2, 2});
-  std::vector<std::pair<Layout, Layout>> pairs;
-  for (auto& [a, b] : all_pairs(mesh, {7, 5}, DType::kInt64)) {
-    bool skip = false, source_max = false, target_sum = false;
-    for (std::size_t m = 0; m < a.placements.size(); ++m) {
-      source_max =
-          source_max || (a.placements[m].is_partial() && a.placements[m].op == ReduceOp::kMax);
-      target_sum =
-          target_sum || (b.placements[m].is_partial() && b.placements[m].op == ReduceOp::kSum);
-      for (const Placement& p : {a.placements[m], b.placements[m]})
-        skip = skip || (p.is_partial() && p.op == ReduceOp::kAvg);
-      skip = skip || (b.placements[m].is_partial() && !(a.placements[m] == b.placements[m]));
-    }
-    if (!skip && !(source_max && target_sum)) pairs.emplace_back(a, b);
+TEST(ExactPairs, IntegerPairsAreBitExact) {
+  // Integer data makes every sum exact, and Replicate -> Partial(sum) keeps integers on the first
+  // device along the dim (the others hold 0), so every pair must match the reference bit for bit.
+  run_pairs(4, all_pairs(make_mesh({2, 2}), {7, 5}, DType::kInt64), 99);
+  run_pairs(6, all_pairs(make_mesh({2, 3}), {5, 3}, DType::kInt32), 98);
+}
+
+TEST(ExactPairs, IntegerReplicateToPartialSumKeepsEveryValue) {
+  // Regression: int64 [7,5,1,3,-9] replicated on 3 devices and moved to P(sum) gathered as
+  // [6,3,0,3,-9] when each device divided its copy by 3.
+  const Layout from = make_layout(make_mesh({3}), {Placement::replicate()}, {5}, DType::kInt64);
+  const Layout to = make_layout(make_mesh({3}), {Placement::partial()}, {5}, DType::kInt64);
+  const Plan plan = plan_redistribute(from, to);
+  std::vector<Tensor> shards(3);
+  launch({.backend = Backend::kThreads, .devices = first_devices(3)}, [&](Communicator& world) {
+    Tensor x(DType::kInt64, {5});
+    const std::int64_t values[] = {7, 5, 1, 3, -9};
+    for (int i = 0; i < 5; ++i) x.data<std::int64_t>()[i] = values[i];
+    shards[world.device()] = execute(lower(plan, world.device()), world, x);
+  });
+  const Tensor value = assemble(to, shards);
+  const std::int64_t expected[] = {7, 5, 1, 3, -9};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(value.data<std::int64_t>()[i], expected[i]) << i;
+  EXPECT_EQ(shards[1].data<std::int64_t>()[0], 0) << "devices after the first hold 0";
+}
+
+TEST(ExactPairs, IntegerPartialAvgIsRefusedNamingThePlacement) {
+  try {
+    make_layout(make_mesh({2}), {Placement::partial(ReduceOp::kAvg)}, {4}, DType::kInt32);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"P(avg)\" needs a floating-point dtype"),
+              std::string::npos)
+        << e.what();
   }
-  run_pairs(4, pairs, 99);
 }
 
 Layout L(const char* mesh, const char* placements, Shape shape) {
@@ -113,8 +128,8 @@ TEST(MergedAllReduce, AvgAvgSumOfTheSameValueGivesTwiceIt) {
   ASSERT_EQ(plan.steps.size(), 1u) << to_text(plan);
   EXPECT_EQ(plan.steps[0].kind, StepKind::kAllReduce);
   EXPECT_EQ(plan.steps[0].mesh_dims, (std::vector<MeshDim>{0, 1, 2}));
-  launch({.backend = Backend::kThreads, .devices = 8}, [&](Communicator& world) {
-    Tensor got = execute_plan(plan, world, x);
+  launch({.backend = Backend::kThreads, .devices = first_devices(8)}, [&](Communicator& world) {
+    Tensor got = execute(lower(plan, world.device()), world, x);
     for (int i = 0; i < 30; ++i)
       ASSERT_EQ(got.data<float>()[i], 2 * x.data<float>()[i]) << "device " << world.device();
   });

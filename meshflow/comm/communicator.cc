@@ -1,6 +1,9 @@
 // The blocking and asynchronous free functions over Communicator, and shared argument checks.
 #include "meshflow/comm/communicator.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "meshflow/core/error.h"
 
 namespace meshflow {
@@ -10,9 +13,16 @@ Timeout resolve_timeout(const Communicator& comm, Timeout requested) {
 }
 
 std::string describe(std::string_view collective, const std::vector<DeviceId>& devices) {
+  // Long groups are cut so that a message stays one readable line.
+  constexpr std::size_t kShown = 8;
   std::string out = fmt::format("{} on devices [", collective);
-  for (std::size_t i = 0; i < devices.size(); ++i)
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    if (devices.size() > 2 * kShown && i == kShown) {
+      out += fmt::format(",... ({} devices)", devices.size());
+      break;
+    }
     out += (i ? "," : "") + std::to_string(devices[i]);
+  }
   return out + "]";
 }
 
@@ -32,6 +42,68 @@ void check_counts(const Communicator& comm, std::string_view collective, std::st
     if (c < 0)
       fail(ErrorKind::kInvalidArgument, "{}: {} has a negative count {}",
            describe(collective, comm.devices()), field, c);
+  }
+}
+
+Rank rank_of(const Communicator& comm, DeviceId device) {
+  const auto& ds = comm.devices();
+  for (std::size_t i = 0; i < ds.size(); ++i) {
+    if (ds[i] == device) return Rank{static_cast<int>(i)};
+  }
+  fail(ErrorKind::kInvalidArgument, "device {} is not a member of {}", device,
+       describe("the group", ds));
+}
+
+std::string broadcast_string(Communicator& comm, std::string text, Rank root) {
+  std::int64_t length = static_cast<std::int64_t>(text.size());
+  broadcast(comm, {.data = reinterpret_cast<std::byte*>(&length),
+                   .count = 1,
+                   .dtype = DType::kInt64,
+                   .root = root});
+  // The bytes travel as int64 words; the buffer is padded to a whole word.
+  std::vector<std::int64_t> words(static_cast<std::size_t>((length + 7) / 8), 0);
+  if (comm.rank() == index(root)) std::memcpy(words.data(), text.data(), text.size());
+  broadcast(comm, {.data = reinterpret_cast<std::byte*>(words.data()),
+                   .count = static_cast<std::int64_t>(words.size()),
+                   .dtype = DType::kInt64,
+                   .root = root});
+  text.assign(reinterpret_cast<const char*>(words.data()), static_cast<std::size_t>(length));
+  return text;
+}
+
+void check_count(const Communicator& comm, std::string_view collective, std::int64_t count) {
+  if (count < 0) {
+    fail(ErrorKind::kInvalidArgument, "{}: negative count {}", describe(collective, comm.devices()),
+         count);
+  }
+}
+
+void check_rank(const Communicator& comm, std::string_view collective, std::string_view role,
+                Rank rank) {
+  const bool peer = role == "peer";
+  if (index(rank) < 0 || index(rank) >= comm.size() || (peer && index(rank) == comm.rank())) {
+    fail(ErrorKind::kInvalidArgument, "{}: {} rank {} is {} (the group has ranks 0..{}{})",
+         describe(collective, comm.devices()), role, index(rank),
+         peer && index(rank) == comm.rank() ? "this rank" : "out of range", comm.size() - 1,
+         peer ? fmt::format(", this is rank {}", comm.rank()) : "");
+  }
+}
+
+void check_members(const std::vector<DeviceId>& members, DeviceId self,
+                   const std::vector<DeviceId>& world) {
+  std::vector<DeviceId> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    fail(ErrorKind::kInvalidArgument, "{}: a device is listed twice", describe("group", members));
+  }
+  if (std::find(members.begin(), members.end(), self) == members.end()) {
+    fail(ErrorKind::kInvalidArgument, "{}: device {} is not a member", describe("group", members),
+         self);
+  }
+  for (DeviceId d : members) {
+    if (std::find(world.begin(), world.end(), d) == world.end()) {
+      fail(ErrorKind::kInvalidArgument, "group names device {}, which this launch does not run", d);
+    }
   }
 }
 

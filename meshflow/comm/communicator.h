@@ -23,6 +23,13 @@ namespace meshflow {
 // A timeout of 0 means "the communicator's default" (LaunchOptions::timeout).
 using Timeout = std::chrono::milliseconds;
 
+// A member's position in a communicator's group (0 .. size - 1). Distinct from DeviceId (a
+// device's global label): rank_of converts one into the other.
+enum class Rank : int {};
+
+// Returns the rank as an index.
+inline int index(Rank rank) { return static_cast<int>(rank); }
+
 // Counts are in elements of `dtype`. Where a collective takes per-rank counts ("v" forms), the
 // vectors have one entry per rank of the communicator and blocks lie back to back in rank
 // order. A send buffer may equal the receive buffer where noted (in place).
@@ -74,7 +81,7 @@ struct BroadcastOptions {
   std::byte* data = nullptr;
   std::int64_t count = 0;
   DType dtype = DType::kFloat32;
-  int root = 0;
+  Rank root{0};
   Timeout timeout{0};
 };
 
@@ -84,7 +91,7 @@ struct SendOptions {
   const std::byte* data = nullptr;
   std::int64_t count = 0;
   DType dtype = DType::kFloat32;
-  int peer = 0;
+  Rank peer{0};
   int tag = 0;
   Timeout timeout{0};
 };
@@ -92,7 +99,7 @@ struct RecvOptions {
   std::byte* data = nullptr;
   std::int64_t count = 0;
   DType dtype = DType::kFloat32;
-  int peer = 0;
+  Rank peer{0};
   int tag = 0;
   Timeout timeout{0};
 };
@@ -189,6 +196,12 @@ Event collective_permute_async(Communicator& comm, const PermuteOptions& o);
 Event barrier_async(Communicator& comm, const BarrierOptions& o = {});
 Event exchange_boxes_async(Communicator& comm, const ExchangeBoxesOptions& o);
 
+// Returns the rank of `device` in `comm`; throws Error naming both when it is not a member.
+Rank rank_of(const Communicator& comm, DeviceId device);
+
+// Returns `text` as rank `root` holds it, on every rank (two broadcasts: length, then bytes).
+std::string broadcast_string(Communicator& comm, std::string text, Rank root);
+
 // Returns the timeout `requested` resolves to on `comm` (its default when 0).
 Timeout resolve_timeout(const Communicator& comm, Timeout requested);
 
@@ -198,13 +211,20 @@ std::string describe(std::string_view collective, const std::vector<DeviceId>& d
 // Returns the prefix sums of `counts` (displacements), with one extra final entry (the total).
 std::vector<std::int64_t> displacements(const std::vector<std::int64_t>& counts);
 
-// Checks that `o` has one region list per rank in send and recv, each region inside its
-// tensor; throws Error naming the offending region otherwise.
+// The argument checks every backend runs before a call starts, so both reject the same bad
+// arguments with the same message (naming the collective, its devices and the value).
+// check_exchange: one region list per rank in send and recv, each region inside its tensor.
+// check_counts: one non-negative entry per rank. check_count: a non-negative element count.
+// check_rank: a rank of this group (`role`: "root", "peer"); a peer must not be this rank.
+// check_members: `members` (global ids, rank order) lists no device twice, includes `self`,
+// and names only devices in `world`.
 void check_exchange(const Communicator& comm, const ExchangeBoxesOptions& o);
-
-// Checks that a per-rank count vector has one non-negative entry per rank; throws Error naming
-// `collective` and `field` otherwise.
 void check_counts(const Communicator& comm, std::string_view collective, std::string_view field,
                   const std::vector<std::int64_t>& counts);
+void check_count(const Communicator& comm, std::string_view collective, std::int64_t count);
+void check_rank(const Communicator& comm, std::string_view collective, std::string_view role,
+                Rank rank);
+void check_members(const std::vector<DeviceId>& members, DeviceId self,
+                   const std::vector<DeviceId>& world);
 
 }  // namespace meshflow

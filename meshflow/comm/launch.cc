@@ -1,6 +1,7 @@
-// Backend selection and dispatch to the backend launchers.
+// Backend names and selection, and dispatch to the backend launchers.
 #include "meshflow/comm/launch.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "meshflow/comm/threads/launch.h"
@@ -34,6 +35,19 @@ Backend parse_backend(std::string_view name) {
 Backend detect_backend() {
   return mpi_available() && std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? Backend::kMpi
                                                                            : Backend::kThreads;
+}
+
+std::vector<DeviceId> first_devices(int n) {
+  std::vector<DeviceId> ids(static_cast<std::size_t>(std::max(0, n)));
+  for (int i = 0; i < n; ++i) ids[i] = i;
+  return ids;
+}
+
+bool prints_shared_errors() {
+#ifdef MESHFLOW_HAVE_MPI
+  if (detect_backend() == Backend::kMpi) return mpi::world_rank() == 0;
+#endif
+  return true;
 }
 
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {

@@ -44,6 +44,58 @@ std::string to_string(const Box& box) {
   return out + "]";
 }
 
+std::optional<std::int64_t> contiguous_offset(const Box& inner, const Box& outer) {
+  if (numel(inner) == 0) return std::nullopt;
+  const std::size_t rank = inner.extent.size();
+  std::size_t j = 0;  // first dim where inner does not have extent 1
+  while (j < rank && inner.extent[j] == 1) ++j;
+  for (std::size_t k = j + 1; k < rank; ++k) {
+    if (inner.extent[k] != outer.extent[k]) return std::nullopt;
+  }
+  std::int64_t flat = 0;
+  const auto strides = row_major_strides(outer.extent);
+  for (std::size_t k = 0; k < rank; ++k) flat += (inner.offset[k] - outer.offset[k]) * strides[k];
+  return flat;
+}
+
+void for_each_slab(const Shape& shape, std::int64_t max_elems,
+                   const std::function<void(const Box&)>& fn) {
+  const std::int64_t total = numel(shape);
+  if (total == 0) return;
+  const std::size_t rank = shape.size();
+  if (rank == 0) return fn(Box{});
+  max_elems = std::max<std::int64_t>(1, max_elems);
+  // j: the outermost dim whose trailing dims (after j) fit in one slab.
+  std::size_t j = rank - 1;
+  std::int64_t trailing = 1;  // elements of one index of dim j
+  while (j > 0 && trailing * shape[j] <= max_elems) {
+    trailing *= shape[j];
+    --j;
+  }
+  const std::int64_t step = std::max<std::int64_t>(1, max_elems / trailing);
+  Box slab = full_box(shape);
+  std::vector<std::int64_t> prefix(j, 0);  // the fixed index of each dim before j
+  while (true) {
+    for (std::size_t d = 0; d < j; ++d) {
+      slab.offset[d] = prefix[d];
+      slab.extent[d] = 1;
+    }
+    for (std::int64_t lo = 0; lo < shape[j]; lo += step) {
+      slab.offset[j] = lo;
+      slab.extent[j] = std::min(step, shape[j] - lo);
+      fn(slab);
+    }
+    std::size_t d = j;
+    while (d > 0) {
+      --d;
+      if (++prefix[d] < shape[d]) break;
+      prefix[d] = 0;
+      if (d == 0) return;
+    }
+    if (j == 0) return;
+  }
+}
+
 namespace {
 
 void check_region(const Shape& shape, const std::vector<std::int64_t>& offset,

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,18 @@ Box intersect(const Box& a, const Box& b);
 
 // Returns true when `inner` lies within `outer` (an empty box lies within any box of its rank).
 bool contains(const Box& outer, const Box& inner);
+
+// Returns the flat element offset of `inner` within a row-major tensor that holds exactly the
+// region `outer`, when `inner` (inside `outer`) is one contiguous run there; nullopt when it is
+// not, or is empty.
+std::optional<std::int64_t> contiguous_offset(const Box& inner, const Box& outer);
+
+// Calls fn(slab) for boxes that tile `shape` in row-major storage order, each one contiguous run
+// of the tensor's storage holding at most max(max_elems, one element) elements... unless a
+// single innermost row alone is larger, in which case that row is cut too. Each slab fixes one
+// index in the dims before some dim j, takes a range of dim j and spans every dim after j.
+void for_each_slab(const Shape& shape, std::int64_t max_elems,
+                   const std::function<void(const Box&)>& fn);
 
 // Returns "[o0:o0+e0, o1:o1+e1]" (NumPy slice notation).
 std::string to_string(const Box& box);

@@ -15,14 +15,21 @@ enum class ErrorKind { kInvalidArgument, kShapeMismatch, kIo, kCommunication, kT
 // Returns the lower-case name of `kind`, e.g. "invalid argument".
 std::string_view to_string(ErrorKind kind);
 
+// Where an error was raised: on this device alone, or on every device of a job at once (after
+// the devices agreed that they all fail, so one of them reports it for all).
+enum class ErrorScope { kThisDevice, kEveryDevice };
+
 // A failure the user can cause or act on. The message names the offending value.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message, ErrorScope scope = ErrorScope::kThisDevice)
+      : std::runtime_error(message), kind_(kind), scope_(scope) {}
   ErrorKind kind() const { return kind_; }
+  ErrorScope scope() const { return scope_; }
 
  private:
   ErrorKind kind_;
+  ErrorScope scope_;
 };
 
 // Throws Error(kind, fmt::format(format, args...)).

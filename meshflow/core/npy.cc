@@ -3,15 +3,12 @@
 // parsed here by a small recursive-descent reader that accepts exactly the keys NumPy writes.
 #include "meshflow/core/npy.h"
 
-#include <unistd.h>
-
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/limits.h"
 
 namespace meshflow {
 
@@ -61,6 +58,9 @@ class HeaderParser {
       skip_space();
       if (peek() != '}') bad("expected ',' or '}'");
     }
+    ++pos_;
+    skip_space();
+    if (pos_ != text_.size()) bad(fmt::format("unexpected text after the dict at byte {}", pos_));
     if (!have_descr || !have_order || !have_shape) {
       bad("header lacks one of 'descr', 'fortran_order', 'shape'");
     }
@@ -159,7 +159,7 @@ std::uint32_t read_le(std::string_view bytes, std::size_t at, std::size_t width)
 
 }  // namespace
 
-Tensor parse_npy(std::string_view bytes, std::string_view name) {
+NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::int64_t file_size) {
   if (bytes.size() < 10 || bytes.substr(0, 6) != kMagic) {
     fail(ErrorKind::kIo, "{}: not a .npy file (bad magic)", name);
   }
@@ -171,10 +171,15 @@ Tensor parse_npy(std::string_view bytes, std::string_view name) {
   }
   const std::size_t len_width = major == 1 ? 2 : 4;
   if (bytes.size() < 8 + len_width) fail(ErrorKind::kIo, "{}: truncated .npy header", name);
-  const std::size_t header_len = read_le(bytes, 8, len_width);
-  const std::size_t data_start = 8 + len_width + header_len;
-  if (bytes.size() < data_start) fail(ErrorKind::kIo, "{}: truncated .npy header", name);
-  std::string_view header = bytes.substr(8 + len_width, header_len);
+  const std::int64_t header_len = read_le(bytes, 8, len_width);
+  if (header_len > kMaxNpyHeaderBytes) {
+    fail(ErrorKind::kIo, "{}: .npy header of {} bytes is longer than the {} meshflow reads", name,
+         header_len, kMaxNpyHeaderBytes);
+  }
+  const std::int64_t data_start = static_cast<std::int64_t>(8 + len_width) + header_len;
+  if (static_cast<std::int64_t>(bytes.size()) < data_start)
+    fail(ErrorKind::kIo, "{}: truncated .npy header", name);
+  std::string_view header = bytes.substr(8 + len_width, static_cast<std::size_t>(header_len));
   while (!header.empty() && (header.back() == '\n' || header.back() == ' '))
     header.remove_suffix(1);
 
@@ -182,18 +187,15 @@ Tensor parse_npy(std::string_view bytes, std::string_view name) {
   if (h.fortran_order) {
     fail(ErrorKind::kIo, "{}: Fortran-order arrays are not supported (save with C order)", name);
   }
-  DType dtype = dtype_from_descr(h.descr, name);
-  // Guard the element count against overflow before allocating.
-  std::uint64_t count = 1;
-  for (std::int64_t e : h.shape) {
-    if (e != 0 &&
-        count > std::numeric_limits<std::uint64_t>::max() / 16 / static_cast<std::uint64_t>(e)) {
-      fail(ErrorKind::kIo, "{}: shape {} is too large", name, to_string(h.shape));
-    }
-    count *= static_cast<std::uint64_t>(e);
+  const DType dtype = dtype_from_descr(h.descr, name);
+  std::int64_t count = 0;
+  try {
+    count = checked_numel(h.shape, dtype, "array");
+  } catch (const Error& e) {
+    fail(ErrorKind::kIo, "{}: {}", name, e.what());
   }
-  const std::uint64_t expected = count * size_of(dtype);
-  const std::uint64_t actual = bytes.size() - data_start;
+  const std::int64_t expected = count * static_cast<std::int64_t>(size_of(dtype));
+  const std::int64_t actual = file_size - data_start;
   if (actual < expected) {
     fail(ErrorKind::kIo, "{}: truncated data: shape {} of {} needs {} bytes, file has {}", name,
          to_string(h.shape), to_string(dtype), expected, actual);
@@ -202,37 +204,54 @@ Tensor parse_npy(std::string_view bytes, std::string_view name) {
     fail(ErrorKind::kIo, "{}: {} unexpected bytes after the data of shape {} of {}", name,
          actual - expected, to_string(h.shape), to_string(dtype));
   }
-  Tensor t(dtype, h.shape);
-  if (expected > 0) std::memcpy(t.bytes(), bytes.data() + data_start, expected);
+  return NpyHeader{dtype, h.shape, data_start};
+}
+
+NpyHeader read_npy_header(const File& file) {
+  const std::int64_t size = file.size();
+  const std::string name = file.path().string();
+  // The fixed prefix says how long the header is; read exactly that much.
+  std::string prefix(static_cast<std::size_t>(std::min<std::int64_t>(size, 12)), '\0');
+  file.read_at(0, std::as_writable_bytes(std::span<char>(prefix.data(), prefix.size())));
+  std::int64_t header_end = static_cast<std::int64_t>(prefix.size());
+  if (prefix.size() >= 10 && std::string_view(prefix).substr(0, 6) == kMagic) {
+    const std::size_t len_width = prefix[6] == 1 ? 2 : 4;
+    if (prefix.size() >= 8 + len_width) {
+      header_end = std::min<std::int64_t>(
+          size, static_cast<std::int64_t>(8 + len_width) +
+                    std::min<std::int64_t>(read_le(prefix, 8, len_width), kMaxNpyHeaderBytes + 1));
+    }
+  }
+  std::string header(static_cast<std::size_t>(header_end), '\0');
+  file.read_at(0, std::as_writable_bytes(std::span<char>(header.data(), header.size())));
+  return parse_npy_header(header, name, size);
+}
+
+Tensor parse_npy(std::string_view bytes, std::string_view name) {
+  const NpyHeader h = parse_npy_header(bytes, name, static_cast<std::int64_t>(bytes.size()));
+  Tensor t = Tensor::uninitialized(h.dtype, h.shape);
+  if (t.nbytes() > 0) std::memcpy(t.bytes(), bytes.data() + h.data_offset, t.nbytes());
   return t;
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "cannot open \"{}\": {}", path.string(), std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) fail(ErrorKind::kIo, "cannot read \"{}\"", path.string());
-  return std::move(buffer).str();
-}
-
 Tensor read_npy(const std::filesystem::path& path) {
-  if (std::filesystem::is_directory(path)) {
-    fail(ErrorKind::kIo, "\"{}\" is a directory, not a .npy file", path.string());
-  }
-  return parse_npy(read_file(path), path.string());
+  const File file = File::open_read(path);
+  const NpyHeader h = read_npy_header(file);
+  Tensor t = Tensor::uninitialized(h.dtype, h.shape);
+  file.read_at(h.data_offset, std::span<std::byte>(t.bytes(), t.nbytes()));
+  return t;
 }
 
-std::string encode_npy(const Tensor& tensor) {
+std::string encode_npy_header(DType dtype, const Shape& dims) {
   std::string shape = "(";
-  for (std::size_t i = 0; i < tensor.shape().size(); ++i) {
-    shape += std::to_string(tensor.shape()[i]);
-    shape += (tensor.shape().size() == 1 || i + 1 < tensor.shape().size()) ? ", " : "";
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    shape += std::to_string(dims[i]);
+    shape += (dims.size() == 1 || i + 1 < dims.size()) ? ", " : "";
   }
-  if (tensor.shape().size() == 1) shape.pop_back();  // "(3,)" as NumPy writes it
+  if (dims.size() == 1) shape.pop_back();  // "(3,)" as NumPy writes it
   shape += ")";
   std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
-                                 npy_descr(tensor.dtype()), shape);
+                                 npy_descr(dtype), shape);
   int major = 1;
   std::size_t prefix = 10;
   std::size_t total =
@@ -246,41 +265,34 @@ std::string encode_npy(const Tensor& tensor) {
   dict.append(header_len - dict.size() - 1, ' ');
   dict += '\n';
   std::string out;
-  out.reserve(total + tensor.nbytes());
   out += kMagic;
   out += static_cast<char>(major);
   out += '\0';
   for (std::size_t i = 0; i < prefix - 8; ++i)
     out += static_cast<char>((header_len >> (8 * i)) & 0xFF);
-  out += dict;
+  return out + dict;
+}
+
+std::string encode_npy(const Tensor& tensor) {
+  std::string out = encode_npy_header(tensor.dtype(), tensor.shape());
   out.append(reinterpret_cast<const char*>(tensor.bytes()), tensor.nbytes());
   return out;
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view contents) {
-  std::filesystem::path tmp = path;
-  tmp += fmt::format(".tmp-{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(ErrorKind::kIo, "cannot write \"{}\": {}", path.string(), std::strerror(errno));
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    out.close();
-    if (!out) {
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      fail(ErrorKind::kIo, "cannot write \"{}\"", path.string());
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fail(ErrorKind::kIo, "cannot rename into \"{}\": {}", path.string(), ec.message());
-  }
-}
-
 void write_npy(const std::filesystem::path& path, const Tensor& tensor) {
-  write_file_atomic(path, encode_npy(tensor));
+  const std::filesystem::path target = output_target(path);
+  const std::filesystem::path staged = staging_path(target);
+  try {
+    const File file = File::create(staged);
+    const std::string header = encode_npy_header(tensor.dtype(), tensor.shape());
+    file.write_at(0, std::as_bytes(std::span<const char>(header.data(), header.size())));
+    file.write_at(static_cast<std::int64_t>(header.size()),
+                  std::span<const std::byte>(tensor.bytes(), tensor.nbytes()));
+  } catch (...) {
+    discard(staged);
+    throw;
+  }
+  publish(staged, target);
 }
 
 }  // namespace meshflow

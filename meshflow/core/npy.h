@@ -1,16 +1,44 @@
 // NumPy .npy files: read format versions 1.0-3.0, write 1.0 (2.0 when the header needs it).
-// Little-endian, C order, dtypes float32/float64/int32/int64 only.
+// Little-endian, C order, dtypes float32/float64/int32/int64 only. Reads and writes go straight
+// between the file and tensor memory (positioned I/O), so a file of any size needs no copy of
+// itself in memory, and headers are read apart from the data so callers can stream.
 #pragma once
 
 #include <filesystem>
+#include <string>
+#include <string_view>
 
+#include "meshflow/core/file.h"
 #include "meshflow/core/tensor.h"
 
 namespace meshflow {
 
-// Returns the array stored in `path`. Throws Error(kIo) naming the file and the problem for a
-// missing file, bad magic, unsupported version, malformed header, big-endian or object or
-// unsupported dtype, Fortran order, or a data section that is truncated or has extra bytes.
+// What a .npy header says: the element type, the shape and where the data starts.
+struct NpyHeader {
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::int64_t data_offset = 0;
+  bool operator==(const NpyHeader&) const = default;
+};
+
+// The largest header meshflow reads (NumPy itself writes a few hundred bytes).
+inline constexpr std::int64_t kMaxNpyHeaderBytes = 1 << 20;
+
+// Returns the header at the start of `bytes`, the first bytes of a .npy file of `file_size`
+// bytes (`bytes` must hold the whole header when the file does). Throws Error(kIo) naming
+// `name` and the problem for bad magic, an unsupported version, a malformed header or trailing
+// text after it, a big-endian, object or unsupported dtype, Fortran order, a shape over the
+// size limits, or a data section that is truncated or has extra bytes.
+NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::int64_t file_size);
+
+// Returns the header of the open .npy `file`, checked as parse_npy_header does.
+NpyHeader read_npy_header(const File& file);
+
+// Returns the header bytes (magic, version, length, padded dict) of an array of `dtype` and
+// `shape`; the data that follows starts 64-byte aligned.
+std::string encode_npy_header(DType dtype, const Shape& shape);
+
+// Returns the array stored in `path`.
 Tensor read_npy(const std::filesystem::path& path);
 
 // Returns the array encoded by the .npy bytes `bytes` (`name` is used in error messages).
@@ -19,14 +47,8 @@ Tensor parse_npy(std::string_view bytes, std::string_view name);
 // Returns the .npy encoding of `tensor`.
 std::string encode_npy(const Tensor& tensor);
 
-// Writes `tensor` to `path` through a temporary file renamed into place, so a reader never sees
-// a partial file. Throws Error(kIo) on failure.
+// Writes `tensor` to `path` by the atomic output protocol of file.h (a reader never sees a
+// partial file). Throws Error(kIo) on failure.
 void write_npy(const std::filesystem::path& path, const Tensor& tensor);
-
-// Writes `contents` to `path` through a temporary file renamed into place.
-void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
-
-// Returns the contents of `path`; throws Error(kIo) naming it when it cannot be read.
-std::string read_file(const std::filesystem::path& path);
 
 }  // namespace meshflow

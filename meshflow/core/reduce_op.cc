@@ -31,6 +31,7 @@ ReduceOp parse_reduce_op(std::string_view name) {
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace meshflow {
 
@@ -136,6 +137,47 @@ void divide_by(DType dtype, std::byte* data, std::int64_t n, std::int64_t diviso
     const T d = static_cast<T>(divisor);
     for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / d);
   });
+}
+
+std::optional<FlatReduction> flat_reduction(std::span<const ReduceOp> ops,
+                                            std::span<const std::int64_t> sizes) {
+  MESHFLOW_CHECK(ops.size() == sizes.size());
+  bool all_sum_avg = true, all_same = true;
+  std::int64_t avg_divisor = 1;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    all_sum_avg = all_sum_avg && (ops[i] == ReduceOp::kSum || ops[i] == ReduceOp::kAvg);
+    all_same = all_same && ops[i] == ops[0];
+    if (ops[i] == ReduceOp::kAvg) avg_divisor *= sizes[i];
+  }
+  if (all_sum_avg) return FlatReduction{ReduceOp::kSum, avg_divisor};
+  if (all_same) return FlatReduction{ops[0], 1};
+  return std::nullopt;
+}
+
+void reduce_partial_terms(std::span<const ReduceOp> ops, std::span<const std::int64_t> sizes,
+                          DType dtype, std::span<const std::byte* const> terms, std::byte* out,
+                          std::int64_t n) {
+  MESHFLOW_CHECK(!terms.empty());
+  if (auto flat = flat_reduction(ops, sizes)) {
+    reduce_terms(flat->op, dtype, terms, out, n);
+    divide_by(dtype, out, n, flat->divisor);
+    return;
+  }
+  // Mixed ops: value = op_0(op_1(...)): reduce each block of terms sharing the outer
+  // coordinates over the innermost dim, then recurse on the outer dims.
+  const std::int64_t inner = sizes.back();
+  const std::size_t es = size_of(dtype);
+  std::vector<std::vector<std::byte>> partial(
+      terms.size() / inner, std::vector<std::byte>(static_cast<std::size_t>(n) * es + 1));
+  std::vector<const std::byte*> next;
+  for (std::size_t g = 0; g < partial.size(); ++g) {
+    reduce_partial_terms(ops.last(1), sizes.last(1), dtype,
+                         terms.subspan(g * static_cast<std::size_t>(inner), inner),
+                         partial[g].data(), n);
+    next.push_back(partial[g].data());
+  }
+  reduce_partial_terms(ops.first(ops.size() - 1), sizes.first(sizes.size() - 1), dtype, next, out,
+                       n);
 }
 
 }  // namespace meshflow

@@ -19,6 +19,7 @@ ReduceOp parse_reduce_op(std::string_view name);
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "meshflow/core/dtype.h"
@@ -31,6 +32,26 @@ namespace meshflow {
 // in-place all-reduce). Precondition: terms non-empty.
 void reduce_terms(ReduceOp op, DType dtype, std::span<const std::byte* const> terms, std::byte* out,
                   std::int64_t n);
+
+// One reduction equivalent to reducing Partial dims with ops `ops` (sizes `sizes`) together:
+// when every op is sum or avg, a sum followed by division by the product of the avg dims'
+// sizes; when all ops are equal, that op (divisor 1). Mixed ops have none (nullopt).
+struct FlatReduction {
+  ReduceOp op;
+  std::int64_t divisor;
+  bool operator==(const FlatReduction&) const = default;
+};
+std::optional<FlatReduction> flat_reduction(std::span<const ReduceOp> ops,
+                                            std::span<const std::int64_t> sizes);
+
+// Writes into `out` (n elements) the value of Partial terms laid out as the devices of a group
+// along Partial mesh dims with sizes `sizes` and ops `ops`, `terms` in row-major order over
+// those dims. When every op is sum or avg: the flat sum in that order divided by the product of
+// the avg dims' sizes; when all ops are equal: the flat op; otherwise the innermost dim reduces
+// first. `out` may be one of the terms.
+void reduce_partial_terms(std::span<const ReduceOp> ops, std::span<const std::int64_t> sizes,
+                          DType dtype, std::span<const std::byte* const> terms, std::byte* out,
+                          std::int64_t n);
 
 // Divides n elements of `data` by `divisor` (integers truncate toward zero, as NumPy's // does
 // not; this matches C++ and MPI).

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <new>
 
+#include "meshflow/core/limits.h"
+
 namespace meshflow {
 
 void Tensor::FreeAligned::operator()(std::byte* p) const { std::free(p); }
@@ -18,11 +20,7 @@ Tensor Tensor::uninitialized(DType dtype, Shape shape) {
 }
 
 Tensor::Tensor(DType dtype, Shape shape, NoFill) : dtype_(dtype), shape_(std::move(shape)) {
-  for (std::int64_t e : shape_) {
-    if (e < 0)
-      fail(ErrorKind::kInvalidArgument, "tensor shape {} has a negative extent", to_string(shape_));
-  }
-  numel_ = meshflow::numel(shape_);
+  numel_ = checked_numel(shape_, dtype_, "tensor shape");
   // Always allocate at least one aligned block so data pointers are never null.
   std::size_t bytes = nbytes();
   std::size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;

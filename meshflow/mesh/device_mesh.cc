@@ -6,6 +6,7 @@
 #include <set>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/limits.h"
 
 namespace meshflow {
 
@@ -20,19 +21,18 @@ std::string join(const std::vector<DeviceId>& ids) {
 }  // namespace
 
 DeviceMesh make_mesh(Shape shape, std::vector<DeviceId> devices, std::vector<std::string> names) {
-  for (std::int64_t e : shape) {
-    if (e < 1)
-      fail(ErrorKind::kInvalidArgument, "mesh shape {} has an extent below 1", to_string(shape));
-  }
-  if (static_cast<std::int64_t>(devices.size()) != numel(shape)) {
-    fail(ErrorKind::kInvalidArgument, "mesh shape {} needs {} devices but {} were given ({})",
-         to_string(shape), numel(shape), devices.size(), join(devices));
+  const std::int64_t count =
+      checked_mesh_size(shape, fmt::format("mesh shape {}", to_string(shape)));
+  if (static_cast<std::int64_t>(devices.size()) != count) {
+    fail(ErrorKind::kInvalidArgument, "mesh shape {} needs {} devices but {} were given{}",
+         to_string(shape), count, devices.size(),
+         devices.size() <= 16 ? " (" + join(devices) + ")" : "");
   }
   std::set<DeviceId> seen;
   for (DeviceId d : devices) {
     if (d < 0) fail(ErrorKind::kInvalidArgument, "mesh device id {} is negative", d);
     if (!seen.insert(d).second) {
-      fail(ErrorKind::kInvalidArgument, "mesh lists device {} twice ({})", d, join(devices));
+      fail(ErrorKind::kInvalidArgument, "mesh lists device {} twice", d);
     }
   }
   if (!names.empty()) {
@@ -51,7 +51,8 @@ DeviceMesh make_mesh(Shape shape, std::vector<DeviceId> devices, std::vector<std
 }
 
 DeviceMesh make_mesh(Shape shape) {
-  std::vector<DeviceId> devices(static_cast<std::size_t>(std::max<std::int64_t>(0, numel(shape))));
+  std::vector<DeviceId> devices(static_cast<std::size_t>(
+      checked_mesh_size(shape, fmt::format("mesh shape {}", to_string(shape)))));
   for (std::size_t i = 0; i < devices.size(); ++i) devices[i] = static_cast<DeviceId>(i);
   return make_mesh(std::move(shape), std::move(devices));
 }

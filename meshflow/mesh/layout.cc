@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/limits.h"
 
 namespace meshflow {
 
@@ -12,10 +13,7 @@ Layout make_layout(DeviceMesh mesh, std::vector<Placement> placements, Shape sha
     fail(ErrorKind::kInvalidArgument, "placements \"{}\" give {} entries but mesh {} has {} dims",
          to_string(placements), placements.size(), to_string(mesh), ndim(mesh));
   }
-  for (std::int64_t e : shape) {
-    if (e < 0)
-      fail(ErrorKind::kInvalidArgument, "shape {} has a negative extent", to_string(shape));
-  }
+  checked_numel(shape, dtype, fmt::format("shape {}", to_string(shape)));
   const int rank = static_cast<int>(shape.size());
   for (Placement& p : placements) {
     if (!p.is_shard()) continue;
@@ -25,6 +23,15 @@ Layout make_layout(DeviceMesh mesh, std::vector<Placement> placements, Shape sha
            rank);
     }
     if (p.dim < 0) p.dim += rank;
+  }
+  for (const Placement& p : placements) {
+    // The value of integer Partial(avg) terms would depend on the order the division truncates.
+    if (p.is_partial() && p.op == ReduceOp::kAvg && !is_floating(dtype)) {
+      fail(ErrorKind::kInvalidArgument,
+           "placement \"{}\" needs a floating-point dtype: an integer average would truncate "
+           "differently depending on the reduction order ({} given)",
+           to_string(p), to_string(dtype));
+    }
   }
   return Layout{std::move(mesh), std::move(placements), std::move(shape), dtype};
 }

@@ -1,9 +1,12 @@
 // Sharded folders on disk.
 #include "meshflow/mesh/sharded_folder.h"
 
-#include <unistd.h>
+#include <limits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/file.h"
+#include "meshflow/core/json_field.h"
+#include "meshflow/core/limits.h"
 #include "meshflow/core/npy.h"
 
 namespace meshflow {
@@ -27,28 +30,33 @@ nlohmann::json layout_to_json(const Layout& layout) {
 }
 
 Layout layout_from_json(const nlohmann::json& json, std::string_view source) {
-  auto field = [&](const nlohmann::json& obj, const char* key,
-                   const char* where) -> const nlohmann::json& {
-    if (!obj.is_object() || !obj.contains(key)) {
-      fail(ErrorKind::kIo, "{}: missing field \"{}\"{}", source, key, where);
-    }
-    return obj.at(key);
+  const JsonField root(json, std::string(source));
+  auto shape_of = [](const JsonField& f, std::int64_t lo, std::int64_t hi) {
+    Shape out;
+    for (std::size_t i = 0; i < f.size(); ++i) out.push_back(f.at(i).as_int(lo, hi));
+    return out;
   };
   try {
-    const nlohmann::json& mesh = field(json, "mesh", "");
-    Shape mesh_shape = field(mesh, "shape", " in \"mesh\"").get<Shape>();
-    std::vector<DeviceId> devices =
-        field(mesh, "devices", " in \"mesh\"").get<std::vector<DeviceId>>();
+    const JsonField mesh = root.member("mesh");
+    const Shape mesh_shape = shape_of(mesh.member("shape"), 1, kMaxMeshDevices);
+    const JsonField device_list = mesh.member("devices");
+    std::vector<DeviceId> devices;
+    // Sized by the list, never by a declared count: the mesh check compares the two.
+    for (std::size_t i = 0; i < device_list.size(); ++i) {
+      devices.push_back(
+          static_cast<DeviceId>(device_list.at(i).as_int(0, std::numeric_limits<DeviceId>::max())));
+    }
     std::vector<std::string> names;
-    if (mesh.contains("names")) names = mesh.at("names").get<std::vector<std::string>>();
+    if (auto n = mesh.find("names")) {
+      for (std::size_t i = 0; i < n->size(); ++i) names.push_back(n->at(i).as_string());
+    }
     std::vector<Placement> placements;
-    for (const auto& p : field(json, "placements", ""))
-      placements.push_back(parse_placement(p.get<std::string>()));
-    Shape shape = field(json, "shape", "").get<Shape>();
-    DType dtype = parse_dtype(field(json, "dtype", "").get<std::string>());
+    const JsonField ps = root.member("placements");
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      placements.push_back(parse_placement(ps.at(i).as_string()));
+    const Shape shape = shape_of(root.member("shape"), 0, kMaxTensorBytes);
+    const DType dtype = parse_dtype(root.member("dtype").as_string());
     return make_layout(make_mesh(mesh_shape, devices, names), placements, shape, dtype);
-  } catch (const nlohmann::json::exception& e) {
-    fail(ErrorKind::kIo, "{}: {}", source, e.what());
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kIo) throw;
     fail(ErrorKind::kIo, "{}: {}", source, e.what());
@@ -59,14 +67,7 @@ Layout read_layout(const fs::path& dir) {
   if (!fs::is_directory(dir))
     fail(ErrorKind::kIo, "\"{}\" is not a sharded tensor folder", dir.string());
   const fs::path file = dir / "layout.json";
-  const std::string text = read_file(file);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(ErrorKind::kIo, "{}: invalid JSON at byte {}", file.string(), e.byte);
-  }
-  return layout_from_json(json, file.string());
+  return layout_from_json(parse_json(read_file(file), file.string()), file.string());
 }
 
 Tensor read_shard(const fs::path& dir, const Layout& layout, int mesh_index) {
@@ -88,57 +89,44 @@ ShardedTensor read_sharded(const fs::path& dir) {
   return st;
 }
 
-fs::path stage_folder(const fs::path& dir, const std::string& tag) {
+fs::path stage_folder(const fs::path& dir) {
+  const fs::path target = output_target(dir);
   std::error_code ec;
-  if (fs::exists(dir) &&
-      !(fs::is_directory(dir) && (fs::is_empty(dir) || fs::exists(dir / "layout.json")))) {
+  if (fs::exists(target) &&
+      !(fs::is_directory(target) && (fs::is_empty(target) || fs::exists(target / "layout.json")))) {
     fail(ErrorKind::kIo, "refusing to replace \"{}\": it exists and is not a sharded tensor folder",
-         dir.string());
+         target.string());
   }
-  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(parent)) {
-    fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", dir.string(),
+    fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", target.string(),
          parent.string());
   }
-  fs::path tmp = dir;
-  tmp += tag;
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directory(tmp, ec))
-    fail(ErrorKind::kIo, "cannot create \"{}\": {}", tmp.string(), ec.message());
-  return tmp;
+  clear_stale(target);
+  const fs::path staged = staging_path(target);
+  if (!fs::create_directory(staged, ec))
+    fail(ErrorKind::kIo, "cannot create \"{}\": {}", staged.string(), ec.message());
+  return staged;
 }
 
 void commit_folder(const fs::path& staged, const fs::path& dir) {
-  std::error_code ec;
-  fs::path old = dir;
-  old += fmt::format(".old-{}", ::getpid());
-  const bool replacing = fs::exists(dir);
-  if (replacing) fs::rename(dir, old, ec);
-  if (!ec) fs::rename(staged, dir, ec);
-  if (ec) {
-    discard_folder(staged);
-    fail(ErrorKind::kIo, "cannot move the new folder into \"{}\"", dir.string());
-  }
-  if (replacing) fs::remove_all(old, ec);
+  publish(staged, output_target(dir));
 }
 
-void discard_folder(const fs::path& staged) {
-  std::error_code ignored;
-  fs::remove_all(staged, ignored);
-}
+void discard_folder(const fs::path& staged) { discard(staged); }
 
 void write_sharded(const fs::path& dir, const Layout& layout, const std::vector<Tensor>& shards) {
   MESHFLOW_CHECK(shards.size() == layout.mesh.devices.size());
-  const fs::path tmp = stage_folder(dir, fmt::format(".tmp-{}", ::getpid()));
+  const fs::path staged = stage_folder(dir);
   try {
-    write_file_atomic(tmp / "layout.json", layout_to_json(layout).dump(2) + "\n");
+    write_file_atomic(staged / "layout.json", layout_to_json(layout).dump(2) + "\n");
     for (std::size_t i = 0; i < shards.size(); ++i)
-      write_npy(tmp / shard_file_name(static_cast<int>(i)), shards[i]);
+      write_npy(staged / shard_file_name(static_cast<int>(i)), shards[i]);
   } catch (...) {
-    discard_folder(tmp);
+    discard_folder(staged);
     throw;
   }
-  commit_folder(tmp, dir);
+  commit_folder(staged, dir);
 }
 
 }  // namespace meshflow

@@ -31,19 +31,20 @@ ShardedTensor read_sharded(const std::filesystem::path& dir);
 // Returns the layout in `dir`/layout.json.
 Layout read_layout(const std::filesystem::path& dir);
 
-// Writes `layout` and `shards` as folder `dir`. The folder appears complete or not at all; an
-// existing sharded folder at `dir` is replaced, anything else there is an error.
+// Writes `layout` and `shards` as folder `dir` by the atomic output protocol (core/file.h): the
+// path holds the complete old folder or the complete new one at every instant. An existing
+// sharded folder (or empty folder) at `dir` is replaced; anything else there is an error.
 void write_sharded(const std::filesystem::path& dir, const Layout& layout,
                    const std::vector<Tensor>& shards);
 
 // Returns the shard of the `mesh_index`-th device stored in `dir`, checked against `layout`.
 Tensor read_shard(const std::filesystem::path& dir, const Layout& layout, int mesh_index);
 
-// Writing a folder in stages, for writers spread over devices: stage_folder checks that `dir`
-// may be replaced and creates the empty temporary sibling `dir` + `tag` (returned); files are
-// written into it; commit_folder moves it into place (replacing an old sharded folder), and
+// Writing a folder in stages, for writers spread over devices or streams: stage_folder checks
+// that `dir` may be replaced, clears what killed writers left, and creates an empty staging
+// folder (returned); files are written into it; commit_folder publishes it as `dir`, and
 // discard_folder removes it after a failure.
-std::filesystem::path stage_folder(const std::filesystem::path& dir, const std::string& tag);
+std::filesystem::path stage_folder(const std::filesystem::path& dir);
 void commit_folder(const std::filesystem::path& staged, const std::filesystem::path& dir);
 void discard_folder(const std::filesystem::path& staged);
 

@@ -15,31 +15,38 @@ namespace meshflow {
 // (a full value cannot be split into terms without choosing a convention; redistribute does it).
 std::vector<Tensor> shard_tensor(const Tensor& global, const Layout& layout);
 
-// One reduction equivalent to reducing Partial dims with ops `ops` (sizes `sizes`) together:
-// when every op is sum or avg, a sum followed by division by the product of the avg dims'
-// sizes; when all ops are equal, that op (divisor 1). Mixed ops have none (nullopt).
-struct FlatReduction {
-  ReduceOp op;
-  std::int64_t divisor;
+// Throws Error naming the placement when `layout` has a Partial placement, which a full value
+// cannot be split into without choosing a convention (redistribute does that).
+void check_shardable(const Layout& layout);
+
+// The replica rule: devices whose mesh coordinates differ only on Replicate mesh dims hold the
+// same bytes (the same shard, or the same Partial term). Returns the device every replica of
+// `device` is compared with: the one with coordinate 0 on every Replicate dim (nullopt when that
+// is `device` itself).
+std::optional<DeviceId> replica_reference(const Layout& layout, DeviceId device);
+
+// Throws Error(kShapeMismatch) saying that `device` and its replica_reference disagree. Every
+// command that reads a sharded folder reports a broken replica with this message.
+[[noreturn]] void fail_replicas_disagree(const Layout& layout, DeviceId device);
+
+// Returns the Partial mesh dims of `layout` with their ops and sizes, in mesh order: what
+// reduce_partial_terms takes for the terms of one Partial group.
+struct PartialGroup {
+  std::vector<MeshDim> dims;
+  std::vector<ReduceOp> ops;
+  std::vector<std::int64_t> sizes;
 };
-std::optional<FlatReduction> flat_reduction(const std::vector<ReduceOp>& ops,
-                                            const std::vector<std::int64_t>& sizes);
+PartialGroup partial_group(const Layout& layout);
 
-// Writes into `out` (n elements) the value of Partial terms laid out as the devices of a group
-// along Partial mesh dims with sizes `sizes` and ops `ops`, `terms` in row-major order over
-// those dims. When every op is sum or avg: the flat sum in that order divided by the product of
-// the avg dims' sizes; when all ops are equal: the flat op; otherwise the innermost dim reduces
-// first. `out` may be one of the terms.
-void reduce_partial_terms(const std::vector<ReduceOp>& ops, const std::vector<std::int64_t>& sizes,
-                          DType dtype, const std::vector<const std::byte*>& terms, std::byte* out,
-                          std::int64_t n);
+// Returns true when `device` holds the first term of its Partial group and the first replica
+// (coordinate 0 on every Partial and Replicate mesh dim): the devices whose boxes tile the
+// global tensor exactly once.
+bool is_representative(const Layout& layout, DeviceId device);
 
-// Returns the global tensor the shards represent. Partial mesh dims are reduced: when every
-// Partial op is sum or avg, all terms are summed in row-major mesh order and divided by the
-// product of the avg dims' sizes; when all are max (or all min) the same flat order is used;
-// mixed ops reduce the innermost Partial mesh dim first. Replicas must agree (bitwise; within a
-// float tolerance where Partial sums are involved). Throws Error naming the device and box
-// for a wrong shard count, dtype or shape, or for disagreeing replicas.
+// Returns the global tensor the shards represent. Partial mesh dims are reduced by
+// reduce_partial_terms over each group's terms in row-major mesh order. Replicas must hold the
+// same bytes (the replica rule). Throws Error naming the device and box for a wrong shard count,
+// dtype or shape, or for disagreeing replicas.
 Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards);
 
 }  // namespace meshflow

@@ -25,6 +25,24 @@ std::string_view to_string(StepKind kind) {
   return "?";
 }
 
+std::string_view to_string(PartialSplit split) {
+  switch (split) {
+    case PartialSplit::kNone:
+      return "none";
+    case PartialSplit::kDivide:
+      return "divide";
+    case PartialSplit::kFirstKeeps:
+      return "first_keeps";
+  }
+  return "?";
+}
+
+std::vector<DeviceId> plan_devices(const Plan& plan) {
+  std::set<DeviceId> ids(plan.from.mesh.devices.begin(), plan.from.mesh.devices.end());
+  ids.insert(plan.to.mesh.devices.begin(), plan.to.mesh.devices.end());
+  return {ids.begin(), ids.end()};
+}
+
 std::vector<DeviceId> step_devices(const Plan& plan, const Step& step) {
   if (step.kind != StepKind::kPointToPoint) return plan.from.mesh.devices;
   std::set<DeviceId> ids;
@@ -45,6 +63,27 @@ std::string dims_text(const std::vector<MeshDim>& dims) {
 }
 
 std::string seconds(double s) { return fmt::format("{:.3g} us", s * 1e6); }
+
+// Returns "reduce sum over mesh_dims [0,2] then /4", or for ops that do not reduce together
+// "reduce max(sum) over mesh_dims [0,2], innermost first".
+std::string reduction_text(const Plan& plan, const Step& s) {
+  std::vector<ReduceOp> ops;
+  std::vector<std::int64_t> sizes;
+  for (MeshDim m : s.reduced_dims) {
+    ops.push_back(plan.from.placements[m].op);
+    sizes.push_back(plan.from.mesh.shape[m]);
+  }
+  if (flat_reduction(ops, sizes)) {
+    return fmt::format("reduce {} over mesh_dims {}{}", to_string(s.op), dims_text(s.reduced_dims),
+                       s.divisor != 1 ? fmt::format(" then /{}", s.divisor) : "");
+  }
+  std::string nested;
+  for (std::size_t i = ops.size(); i-- > 0;)
+    nested = i + 1 == ops.size() ? std::string(to_string(ops[i]))
+                                 : fmt::format("{}({})", to_string(ops[i]), nested);
+  return fmt::format("reduce {} over mesh_dims {}, innermost first", nested,
+                     dims_text(s.reduced_dims));
+}
 
 }  // namespace
 
@@ -67,6 +106,9 @@ std::string to_text(const Plan& plan) {
       out += fmt::format(" mesh_dims {} (groups of {}) {} -> {}", dims_text(s.mesh_dims), group,
                          to_string(s.before), to_string(s.after));
     }
+    if (!s.reduced_dims.empty()) out += ", " + reduction_text(plan, s);
+    if (s.split != PartialSplit::kNone)
+      out += fmt::format(", split {} on mesh_dims {}", to_string(s.split), dims_text(s.split_dims));
     out += fmt::format(", {} bytes/device, {} total, est {}\n", s.bytes_per_device, s.total_bytes,
                        seconds(s.est_s));
   }
@@ -85,6 +127,11 @@ nlohmann::json to_json(const Plan& plan) {
                      {"devices", step_devices(plan, s)},
                      {"before", to_string(s.before)},
                      {"after", to_string(s.after)},
+                     {"reduced_dims", s.reduced_dims},
+                     {"op", to_string(s.op)},
+                     {"divisor", s.divisor},
+                     {"split_dims", s.split_dims},
+                     {"split", to_string(s.split)},
                      {"bytes_per_device", s.bytes_per_device},
                      {"total_bytes", s.total_bytes},
                      {"est_s", s.est_s}});

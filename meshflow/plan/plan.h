@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshflow/core/box.h"
+#include "meshflow/core/reduce_op.h"
 #include "meshflow/mesh/layout.h"
 
 namespace meshflow {
@@ -27,10 +28,20 @@ struct Transfer {
   bool operator==(const Transfer&) const = default;
 };
 
+// DESIGN's Replicate -> Partial(sum) rule, as a step applies it on the mesh dims it turns from
+// Replicate into Partial(sum): floating-point values are divided by the number of devices along
+// those dims (DTensor's rule); integer values stay on the first device along them (coordinate 0
+// on each) and are 0 on the others, so no integer is lost to truncation.
+enum class PartialSplit { kNone, kDivide, kFirstKeeps };
+
+// Returns "none", "divide", "first_keeps".
+std::string_view to_string(PartialSplit split);
+
 // Invariants: collective and local steps run on the source mesh and turn placements `before`
 // into `after`, changing exactly the mesh dims in `mesh_dims` (ascending); a point-to-point
 // step turns the source layout into the destination layout (its `before`/`after` are those
-// layouts' placements) and lists every transfer.
+// layouts' placements) and lists every transfer. Every decision the executor needs is here or
+// follows mechanically from it (plan/lower.h): nothing is decided while running.
 struct Step {
   StepKind kind = StepKind::kLocal;
   std::vector<MeshDim> mesh_dims;
@@ -38,6 +49,17 @@ struct Step {
   std::int64_t bytes_per_device = 0;  // the most any device receives
   std::int64_t total_bytes = 0;       // received, summed over devices
   double est_s = 0;
+  // Reducing steps (all_reduce, reduce_scatter, point_to_point with terms > 1): the Partial
+  // mesh dims of `before` reduced, in mesh order; with ops all sum/avg or all equal, one flat
+  // reduction `op` in rank order followed by division by `divisor` (the avg dims' sizes);
+  // point_to_point with mixed ops reduces the innermost dim first.
+  std::vector<MeshDim> reduced_dims;
+  ReduceOp op = ReduceOp::kSum;
+  std::int64_t divisor = 1;
+  // The mesh dims (of the destination mesh) this step turns from Replicate into Partial(sum),
+  // and how (local and point_to_point steps).
+  std::vector<MeshDim> split_dims;
+  PartialSplit split = PartialSplit::kNone;
   std::vector<Transfer> transfers;  // point_to_point only
   int terms = 1;                    // point_to_point: partial terms each device reduces
   bool operator==(const Step&) const = default;
@@ -68,6 +90,9 @@ std::string to_text(const Plan& plan);
 // "mesh_dims", "devices", "bytes_per_device", "est_s"}], ...} plus "total_bytes" and
 // "alternatives".
 nlohmann::json to_json(const Plan& plan);
+
+// Returns every device of the source and destination meshes, ascending.
+std::vector<DeviceId> plan_devices(const Plan& plan);
 
 // Returns the devices a step involves (the source mesh's devices for collectives; senders and
 // receivers for point_to_point).

@@ -7,7 +7,7 @@
 // Cross-mesh redistribution uses point_to_point. Planning is pure: it never touches a backend.
 #pragma once
 
-#include "meshflow/plan/machine.h"
+#include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/plan.h"
 
 namespace meshflow {

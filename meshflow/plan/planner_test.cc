@@ -6,6 +6,7 @@
 #include <random>
 
 #include "meshflow/core/error.h"
+#include "meshflow/plan/lower.h"
 #include "meshflow/plan/point_to_point.h"
 #include "meshflow/plan/transitions.h"
 
@@ -140,13 +141,13 @@ TEST(Planner, ChosenPlanIsCheapestAndRespectsTheLowerBound) {
   EXPECT_GT(planned, 300);
 }
 
-// Golden text: each line of plan_cases.txt is "MESH | SHAPE | FROM | TO | TO_MESH"; the plans'
-// text forms, concatenated, must equal plan_golden.txt. After an intended change, regenerate it
-// with `meshflow plan` (same text) and review the diff by hand.
-TEST(Golden, PlanTextMatchesTheGoldenFile) {
-  const std::string dir = MESHFLOW_PLAN_TESTDATA;
-  std::ifstream cases(dir + "/plan_cases.txt");
-  ASSERT_TRUE(cases) << dir;
+// Golden text: each line of a cases file is "MESH | SHAPE | FROM | TO | TO_MESH | DTYPE" (the
+// last two optional); the plans' text forms (and, for program_cases.txt, every device's lowered
+// program after its plan) must equal the golden file. After an intended change, regenerate it
+// with `meshflow plan` (`--devices` for programs: the same text) and review the diff by hand.
+std::string golden_text(const std::string& cases_file, bool programs) {
+  std::ifstream cases(cases_file);
+  EXPECT_TRUE(cases) << cases_file;
   std::string line, got;
   while (std::getline(cases, line)) {
     if (line.empty() || line[0] == '#') continue;
@@ -161,17 +162,37 @@ TEST(Golden, PlanTextMatchesTheGoldenFile) {
       if (bar == std::string::npos) break;
       pos = bar + 1;
     }
-    ASSERT_GE(f.size(), 4u) << line;
+    EXPECT_GE(f.size(), 4u) << line;
     const Shape shape = parse_shape(f[1]);
-    Layout from = make_layout(parse_mesh(f[0]), parse_placements(f[2]), shape);
+    const DType dtype = f.size() > 5 ? parse_dtype(f[5]) : DType::kFloat32;
+    Layout from = make_layout(parse_mesh(f[0]), parse_placements(f[2]), shape, dtype);
     Layout to = make_layout(parse_mesh(f.size() > 4 && !f[4].empty() ? f[4] : f[0]),
-                            parse_placements(f[3]), shape);
-    got += to_text(plan_redistribute(from, to)) + "\n";
+                            parse_placements(f[3]), shape, dtype);
+    const Plan plan = plan_redistribute(from, to);
+    got += to_text(plan);
+    if (programs) {
+      for (DeviceId d : plan_devices(plan)) got += to_text(lower(plan, d));
+    }
+    got += "\n";
   }
-  std::ifstream golden_file(dir + "/plan_golden.txt");
-  std::string golden((std::istreambuf_iterator<char>(golden_file)),
-                     std::istreambuf_iterator<char>());
-  EXPECT_EQ(got, golden) << "got:\n" << got;
+  return got;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream file(path);
+  return {(std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>()};
+}
+
+TEST(Golden, PlanTextMatchesTheGoldenFile) {
+  const std::string dir = MESHFLOW_PLAN_TESTDATA;
+  const std::string got = golden_text(dir + "/plan_cases.txt", /*programs=*/false);
+  EXPECT_EQ(got, read_text(dir + "/plan_golden.txt")) << "got:\n" << got;
+}
+
+TEST(Golden, DeviceProgramsMatchTheGoldenFile) {
+  const std::string dir = MESHFLOW_PLAN_TESTDATA;
+  const std::string got = golden_text(dir + "/program_cases.txt", /*programs=*/true);
+  EXPECT_EQ(got, read_text(dir + "/program_golden.txt")) << "got:\n" << got;
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 // only planner that crosses meshes.
 #pragma once
 
-#include "meshflow/plan/machine.h"
+#include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/plan.h"
 
 namespace meshflow {

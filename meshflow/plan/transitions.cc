@@ -2,7 +2,6 @@
 #include "meshflow/plan/transitions.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "meshflow/core/error.h"
 
@@ -94,10 +93,13 @@ bool compatible_ops(ReduceOp a, ReduceOp b) {
   return a == b || (additive(a) && additive(b));
 }
 
-std::optional<StepKind> classify_move(const Layout& before, const std::vector<Placement>& after,
-                                      const std::vector<MeshDim>& dims) {
-  if (dims.empty()) return std::nullopt;
-  const auto& cur = before.placements;
+namespace {
+
+// Returns the kind every dim of `dims` moves by (before[m] -> after[m]), or nullopt when a dim
+// does not change or the dims move by different kinds.
+std::optional<StepKind> common_kind(const std::vector<Placement>& cur,
+                                    const std::vector<Placement>& after,
+                                    const std::vector<MeshDim>& dims) {
   std::optional<StepKind> kind;
   for (MeshDim m : dims) {
     const Placement& p = cur[m];
@@ -112,63 +114,106 @@ std::optional<StepKind> classify_move(const Layout& before, const std::vector<Pl
     if (!k || (kind && *kind != *k)) return std::nullopt;
     kind = k;
   }
-  const bool merged = dims.size() > 1;
-  const Placement& first_before = cur[dims[0]];
-  const Placement& first_after = after[dims[0]];
-  switch (*kind) {
-    case StepKind::kAllGather: {
-      const int d = first_before.dim;
-      for (MeshDim m : dims) {
-        if (cur[m].dim != d) return std::nullopt;
-      }
-      if (inner_shard_outside(before, cur, dims, d)) return std::nullopt;
-      if (merged && !divides_evenly(before, cur, dims, d)) return std::nullopt;
-      break;
-    }
-    case StepKind::kAllReduce: {
-      bool sum_avg = true, same = true;
-      for (MeshDim m : dims) {
-        sum_avg = sum_avg && (cur[m].op == ReduceOp::kSum || cur[m].op == ReduceOp::kAvg);
-        same = same && cur[m].op == first_before.op;
-      }
-      if (!sum_avg && !same) return std::nullopt;
-      if (incompatible_inner_partial(before, cur, dims)) return std::nullopt;
-      break;
-    }
-    case StepKind::kReduceScatter: {
-      const int d = first_after.dim;
-      for (MeshDim m : dims) {
-        if (after[m].dim != d || cur[m].op != first_before.op) return std::nullopt;
-      }
-      if (inner_shard_outside(before, cur, dims, d)) return std::nullopt;
-      if (merged && !divides_evenly(before, cur, dims, d)) return std::nullopt;
-      if (incompatible_inner_partial(before, cur, dims)) return std::nullopt;
-      break;
-    }
-    case StepKind::kAllToAll: {
-      if (merged) return std::nullopt;
-      if (inner_shard_outside(before, cur, dims, first_before.dim) ||
-          inner_shard_outside(before, cur, dims, first_after.dim)) {
-        return std::nullopt;
-      }
-      break;
-    }
-    case StepKind::kLocal: {
-      for (MeshDim m : dims) {
-        if (after[m].is_shard() && inner_shard_outside(before, cur, {m}, after[m].dim))
-          return std::nullopt;
-        // Chunking several dims at once must follow the outer-first rule among themselves too.
-        for (MeshDim m2 : dims) {
-          if (m2 > m && after[m].is_shard() && cur[m2] == Placement::shard(after[m].dim))
-            return std::nullopt;
-        }
-      }
-      break;
-    }
-    case StepKind::kPointToPoint:
-      return std::nullopt;
-  }
   return kind;
+}
+
+// The invariants of transitions.h for one kind of move.
+bool valid_gather(const Layout& before, const std::vector<MeshDim>& dims) {
+  const auto& cur = before.placements;
+  const int d = cur[dims[0]].dim;
+  for (MeshDim m : dims) {
+    if (cur[m].dim != d) return false;
+  }
+  return !inner_shard_outside(before, cur, dims, d) &&
+         (dims.size() == 1 || divides_evenly(before, cur, dims, d));
+}
+
+bool valid_all_reduce(const Layout& before, const std::vector<MeshDim>& dims) {
+  const auto& cur = before.placements;
+  bool sum_avg = true, same = true;
+  for (MeshDim m : dims) {
+    sum_avg = sum_avg && (cur[m].op == ReduceOp::kSum || cur[m].op == ReduceOp::kAvg);
+    same = same && cur[m].op == cur[dims[0]].op;
+  }
+  return (sum_avg || same) && !incompatible_inner_partial(before, cur, dims);
+}
+
+bool valid_reduce_scatter(const Layout& before, const std::vector<Placement>& after,
+                          const std::vector<MeshDim>& dims) {
+  const auto& cur = before.placements;
+  const int d = after[dims[0]].dim;
+  for (MeshDim m : dims) {
+    if (after[m].dim != d || cur[m].op != cur[dims[0]].op) return false;
+  }
+  return !inner_shard_outside(before, cur, dims, d) &&
+         (dims.size() == 1 || divides_evenly(before, cur, dims, d)) &&
+         !incompatible_inner_partial(before, cur, dims);
+}
+
+bool valid_all_to_all(const Layout& before, const std::vector<Placement>& after,
+                      const std::vector<MeshDim>& dims) {
+  const auto& cur = before.placements;
+  return dims.size() == 1 && !inner_shard_outside(before, cur, dims, cur[dims[0]].dim) &&
+         !inner_shard_outside(before, cur, dims, after[dims[0]].dim);
+}
+
+bool valid_local(const Layout& before, const std::vector<Placement>& after,
+                 const std::vector<MeshDim>& dims) {
+  const auto& cur = before.placements;
+  for (MeshDim m : dims) {
+    if (after[m].is_shard() && inner_shard_outside(before, cur, {m}, after[m].dim)) return false;
+    // Chunking several dims at once must follow the outer-first rule among themselves too.
+    for (MeshDim m2 : dims) {
+      if (m2 > m && after[m].is_shard() && cur[m2] == Placement::shard(after[m].dim)) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<StepKind> classify_move(const Layout& before, const std::vector<Placement>& after,
+                                      const std::vector<MeshDim>& dims) {
+  if (dims.empty()) return std::nullopt;
+  const std::optional<StepKind> kind = common_kind(before.placements, after, dims);
+  if (!kind) return std::nullopt;
+  bool valid = false;
+  switch (*kind) {
+    case StepKind::kAllGather:
+      valid = valid_gather(before, dims);
+      break;
+    case StepKind::kAllReduce:
+      valid = valid_all_reduce(before, dims);
+      break;
+    case StepKind::kReduceScatter:
+      valid = valid_reduce_scatter(before, after, dims);
+      break;
+    case StepKind::kAllToAll:
+      valid = valid_all_to_all(before, after, dims);
+      break;
+    case StepKind::kLocal:
+      valid = valid_local(before, after, dims);
+      break;
+    case StepKind::kPointToPoint:
+      break;
+  }
+  return valid ? kind : std::nullopt;
+}
+
+PartialSplit partial_split_rule(DType dtype) {
+  return is_floating(dtype) ? PartialSplit::kDivide : PartialSplit::kFirstKeeps;
+}
+
+FlatReduction reduction_of(const Layout& before, const std::vector<MeshDim>& dims) {
+  std::vector<ReduceOp> ops;
+  std::vector<std::int64_t> sizes;
+  for (MeshDim m : dims) {
+    ops.push_back(before.placements[m].op);
+    sizes.push_back(before.mesh.shape[m]);
+  }
+  const auto flat = flat_reduction(ops, sizes);
+  MESHFLOW_CHECK(flat.has_value(), "mesh dims with incompatible Partial ops reduced in one step");
+  return *flat;
 }
 
 namespace {
@@ -204,16 +249,6 @@ std::int64_t received(const Layout& before, const Layout& after, StepKind kind,
   }
 }
 
-LinkClass slowest_link(const MachineModel& machine, const std::vector<MeshDim>& dims) {
-  LinkClass out = link_of(machine, dims.empty() ? 0 : dims[0]);
-  for (MeshDim m : dims) {
-    const LinkClass& l = link_of(machine, m);
-    out.bandwidth_gbps = std::min(out.bandwidth_gbps, l.bandwidth_gbps);
-    out.latency_us = std::max(out.latency_us, l.latency_us);
-  }
-  return out;
-}
-
 }  // namespace
 
 Step make_step(const Layout& before, const Move& move, const MachineModel& machine) {
@@ -222,39 +257,27 @@ Step make_step(const Layout& before, const Move& move, const MachineModel& machi
       .kind = move.kind, .mesh_dims = move.dims, .before = before.placements, .after = move.after};
   const auto origin = zero_coords(before);  // the device with the largest shard
   step.bytes_per_device = received(before, after, move.kind, move.dims, origin);
-  const LinkClass link = slowest_link(machine, move.dims);
-  const double alpha = link.latency_us * 1e-6, beta = link.bandwidth_gbps * 1e9,
-               mem = machine.memcpy_gbps * 1e9;
-  const double n = static_cast<double>(group_size(before, move.dims));
-  const double rounds = std::ceil(std::log2(std::max(n, 1.0)));  // tree / recursive doubling
-  const double overhead = machine.collective_overhead_us * 1e-6;
-  const double es = static_cast<double>(size_of(before.dtype));
-  const double in_bytes = numel(shard_box_at(before, origin)) * es;
-  const double out_bytes = numel(shard_box_at(after, origin)) * es;
-  switch (move.kind) {
-    case StepKind::kAllGather:
-      step.est_s = overhead + rounds * alpha + step.bytes_per_device / beta;
-      break;
-    case StepKind::kReduceScatter:
-      step.est_s = overhead + rounds * alpha + step.bytes_per_device / beta + n * out_bytes / mem;
-      break;
-    case StepKind::kAllReduce:
-      step.est_s = overhead + 2 * rounds * alpha + step.bytes_per_device / beta + in_bytes / mem;
-      break;
-    case StepKind::kAllToAll:
-      step.est_s = overhead + (n - 1) * alpha + step.bytes_per_device / beta;
-      break;
-    case StepKind::kLocal: {
-      bool scales = false;
-      for (MeshDim m : move.dims)
-        scales = scales || (move.after[m].is_partial() && move.after[m].op == ReduceOp::kSum);
-      bool chunks = out_bytes != in_bytes;
-      step.est_s = (chunks ? out_bytes / mem : 0) + (scales ? out_bytes / mem : 0) + 1e-9;
-      break;
-    }
-    case StepKind::kPointToPoint:
-      break;
+  if (move.kind == StepKind::kAllReduce || move.kind == StepKind::kReduceScatter) {
+    step.reduced_dims = move.dims;
+    const FlatReduction flat = reduction_of(before, move.dims);
+    step.op = flat.op;
+    step.divisor = flat.divisor;
   }
+  if (move.kind == StepKind::kLocal) {
+    for (MeshDim m : move.dims) {
+      if (move.after[m].is_partial() && move.after[m].op == ReduceOp::kSum)
+        step.split_dims.push_back(m);
+    }
+    if (!step.split_dims.empty()) step.split = partial_split_rule(before.dtype);
+  }
+  const auto es = static_cast<std::int64_t>(size_of(before.dtype));
+  step.est_s = step_seconds(machine, {.kind = move.kind,
+                                      .mesh_dims = move.dims,
+                                      .group_size = group_size(before, move.dims),
+                                      .bytes_received = step.bytes_per_device,
+                                      .in_bytes = numel(shard_box_at(before, origin)) * es,
+                                      .out_bytes = numel(shard_box_at(after, origin)) * es,
+                                      .scales = step.split == PartialSplit::kDivide});
   return step;
 }
 

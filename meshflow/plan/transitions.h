@@ -28,7 +28,8 @@
 #include <optional>
 #include <vector>
 
-#include "meshflow/plan/machine.h"
+#include "meshflow/core/reduce_op.h"
+#include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/plan.h"
 
 namespace meshflow {
@@ -69,6 +70,14 @@ std::int64_t min_bytes(const Layout& from, const Layout& to);
 
 // Returns true when Partial ops `a` and `b` reduce together (both sum/avg, or equal).
 bool compatible_ops(ReduceOp a, ReduceOp b);
+
+// Returns how a step turns Replicate into Partial(sum) values of `dtype` (the one place the
+// Replicate -> Partial rule is decided; see PartialSplit).
+PartialSplit partial_split_rule(DType dtype);
+
+// Returns the flat reduction (op and divisor) that reduces Partial mesh dims `dims` of `before`
+// together; the dims must reduce together (a valid move).
+FlatReduction reduction_of(const Layout& before, const std::vector<MeshDim>& dims);
 
 // Returns `layout` with its placements replaced.
 Layout with_placements(const Layout& layout, std::vector<Placement> placements);

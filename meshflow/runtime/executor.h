@@ -1,6 +1,7 @@
-// Runs a Plan for one device over a Communicator: each step becomes collectives on the groups
-// along the step's mesh dims (or one exchange for point_to_point). Uneven shards use the "v"
-// collectives, so no data is padded, lost or invented.
+// Runs one device's lowered plan (plan/lower.h) over a Communicator. The program says every
+// group, count, region, reduction and scaling; the executor only makes those calls, so running
+// a plan touches runtime/, comm/ and core/ alone. Uneven shards use the v-collectives or region
+// exchanges the program names, so no data is padded, lost or invented.
 #pragma once
 
 #include <memory>
@@ -9,25 +10,30 @@
 
 #include "meshflow/comm/communicator.h"
 #include "meshflow/core/tensor.h"
+#include "meshflow/plan/lower.h"
 #include "meshflow/plan/planner.h"
 
 namespace meshflow {
 
-// Returns this device's shard under plan.to, given its shard `local` under plan.from. `world`
-// spans every device (rank = device id). A device in neither mesh returns at once; a device
-// only in one mesh passes or receives an empty tensor. Every device of both meshes must call.
-// `recycled`, when its dtype and shape match the result, becomes the result's storage (so a
-// loop that redistributes every step reuses one buffer instead of allocating and faulting in a
-// fresh one).
-Tensor execute_plan(const Plan& plan, Communicator& world, const Tensor& local,
-                    Tensor recycled = Tensor());
+// Returns this device's shard after `program`, given its shard `local` before. `world` must
+// hold every device of the program's groups (rank order need not match). Every device of both
+// meshes must call with its own program. `recycled`, when its dtype and shape match the result,
+// becomes the result's storage (so a loop that redistributes every step reuses one buffer
+// instead of allocating and faulting in a fresh one). Throws Error naming the device when
+// `local` is not the shard the program expects.
+Tensor execute(const DeviceProgram& program, Communicator& world, const Tensor& local,
+               Tensor recycled = Tensor());
 
-// Plans cached by (from, to): plan_redistribute runs once per pair. Thread-safe.
+// Plans and programs cached by (from, to): plan_redistribute runs once per pair and lower once
+// per (pair, device). Thread-safe.
 class PlanCache {
  public:
   explicit PlanCache(PlanOptions options = {}) : options_(options) {}
   // Returns the plan for (from, to), planning it on first use.
   std::shared_ptr<const Plan> get(const Layout& from, const Layout& to);
+  // Returns `device`'s program for (from, to), lowering it on first use.
+  std::shared_ptr<const DeviceProgram> program(const Layout& from, const Layout& to,
+                                               DeviceId device);
 
  private:
   struct Key {
@@ -39,9 +45,13 @@ class PlanCache {
       return hash_value(k.from) * 31 + hash_value(k.to);
     }
   };
+  struct Entry {
+    std::shared_ptr<const Plan> plan;
+    std::unordered_map<DeviceId, std::shared_ptr<const DeviceProgram>> programs;
+  };
   PlanOptions options_;
   mutable std::mutex mu_;
-  std::unordered_map<Key, std::shared_ptr<const Plan>, KeyHash> plans_;
+  std::unordered_map<Key, Entry, KeyHash> entries_;
 };
 
 }  // namespace meshflow

@@ -17,7 +17,7 @@ struct RedistributeFolderOptions {
   std::optional<DeviceMesh> to_mesh;  // default: the source mesh
   Backend backend = Backend::kThreads;
   PlanOptions plan;
-  Timeout timeout{std::chrono::seconds(60)};
+  Timeout timeout = kDefaultTimeout;
 };
 
 struct RedistributeFolderResult {

@@ -118,10 +118,12 @@ MpiCommunicator::~MpiCommunicator() {
 
 Event MpiCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
   const std::string what = describe("all_reduce", devices_);
+  check_count(*this, "all_reduce", o.count);
   const int count = as_int(o.count, what);
   const void* send = o.send == o.recv ? MPI_IN_PLACE : static_cast<const void*>(o.send);
   auto finish = avg_finish(o.op, o.dtype, o.recv, o.count, size());
   if (c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
     check(MPI_Allreduce(send, o.recv, count, mpi_type(o.dtype), mpi_op(o.op), comm_), what);
     return finish_event(what, {}, finish);
   }
@@ -140,6 +142,7 @@ Event MpiCommunicator::all_gather(const AllGatherOptions& o, Completion c) {
   const void* send = o.send == mine ? MPI_IN_PLACE : static_cast<const void*>(o.send);
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
     check(
         MPI_Allgatherv(send, (*counts)[rank_], t, o.recv, counts->data(), displs->data(), t, comm_),
         what);
@@ -161,6 +164,7 @@ Event MpiCommunicator::reduce_scatter(const ReduceScatterOptions& o, Completion 
   int_displacements(*counts, what);  // the total must fit too
   auto finish = avg_finish(o.op, o.dtype, o.recv, o.recv_counts[rank_], size());
   if (c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
     check(
         MPI_Reduce_scatter(o.send, o.recv, counts->data(), mpi_type(o.dtype), mpi_op(o.op), comm_),
         what);
@@ -187,6 +191,7 @@ Event MpiCommunicator::all_to_all(const AllToAllOptions& o, Completion c) {
   a->rd = int_displacements(a->rc, what);
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
     check(MPI_Alltoallv(o.send, a->sc.data(), a->sd.data(), t, o.recv, a->rc.data(), a->rd.data(),
                         t, comm_),
           what);
@@ -201,53 +206,64 @@ Event MpiCommunicator::all_to_all(const AllToAllOptions& o, Completion c) {
 
 Event MpiCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
   const std::string what = describe("broadcast", devices_);
-  if (o.root < 0 || o.root >= size())
-    fail(ErrorKind::kInvalidArgument, "{}: root rank {} out of range", what, o.root);
+  check_rank(*this, "broadcast", "root", o.root);
+  check_count(*this, "broadcast", o.count);
   const int count = as_int(o.count, what);
   if (c == Completion::kWait) {
-    check(MPI_Bcast(o.data, count, mpi_type(o.dtype), o.root, comm_), what);
+    const auto armed = guard(what, o.timeout);
+    check(MPI_Bcast(o.data, count, mpi_type(o.dtype), index(o.root), comm_), what);
     return Event();
   }
   MPI_Request req;
-  check(MPI_Ibcast(o.data, count, mpi_type(o.dtype), o.root, comm_, &req), what);
+  check(MPI_Ibcast(o.data, count, mpi_type(o.dtype), index(o.root), comm_, &req), what);
   return finish_event(what, {req}, nullptr);
 }
 
 Event MpiCommunicator::send(const SendOptions& o, Completion c) {
-  const std::string what =
-      fmt::format("send from device {} to device {} tag {}", device(), devices_.at(o.peer), o.tag);
+  check_rank(*this, "send", "peer", o.peer);
+  check_count(*this, "send", o.count);
+  const std::string what = fmt::format("send from device {} to device {} tag {}", device(),
+                                       devices_[index(o.peer)], o.tag);
   const int count = as_int(o.count, what);
   if (c == Completion::kWait) {
-    check(MPI_Send(o.data, count, mpi_type(o.dtype), o.peer, o.tag, comm_), what);
+    const auto armed = guard(what, o.timeout);
+    check(MPI_Send(o.data, count, mpi_type(o.dtype), index(o.peer), o.tag, comm_), what);
     return Event();
   }
   MPI_Request req;
-  check(MPI_Isend(o.data, count, mpi_type(o.dtype), o.peer, o.tag, comm_, &req), what);
+  check(MPI_Isend(o.data, count, mpi_type(o.dtype), index(o.peer), o.tag, comm_, &req), what);
   return finish_event(what, {req}, nullptr);
 }
 
 Event MpiCommunicator::recv(const RecvOptions& o, Completion c) {
-  const std::string what =
-      fmt::format("recv on device {} from device {} tag {}", device(), devices_.at(o.peer), o.tag);
+  check_rank(*this, "recv", "peer", o.peer);
+  check_count(*this, "recv", o.count);
+  const std::string what = fmt::format("recv on device {} from device {} tag {}", device(),
+                                       devices_[index(o.peer)], o.tag);
   const int count = as_int(o.count, what);
   if (c == Completion::kWait) {
-    check(MPI_Recv(o.data, count, mpi_type(o.dtype), o.peer, o.tag, comm_, MPI_STATUS_IGNORE),
-          what);
+    const auto armed = guard(what, o.timeout);
+    check(
+        MPI_Recv(o.data, count, mpi_type(o.dtype), index(o.peer), o.tag, comm_, MPI_STATUS_IGNORE),
+        what);
     return Event();
   }
   MPI_Request req;
-  check(MPI_Irecv(o.data, count, mpi_type(o.dtype), o.peer, o.tag, comm_, &req), what);
+  check(MPI_Irecv(o.data, count, mpi_type(o.dtype), index(o.peer), o.tag, comm_, &req), what);
   return finish_event(what, {req}, nullptr);
 }
 
 Event MpiCommunicator::collective_permute(const PermuteOptions& o, Completion c) {
   const std::string what = describe("collective_permute", devices_);
+  check_count(*this, "collective_permute", o.send_count);
+  check_count(*this, "collective_permute", o.recv_count);
   const int n = size();
   const int to = ((rank_ - o.shift) % n + n) % n;
   const int from = ((rank_ + o.shift) % n + n) % n;
   const int sc = as_int(o.send_count, what), rc = as_int(o.recv_count, what);
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
     check(MPI_Sendrecv(o.send, sc, t, to, 0, o.recv, rc, t, from, 0, internal_, MPI_STATUS_IGNORE),
           what);
     return Event();
@@ -258,9 +274,10 @@ Event MpiCommunicator::collective_permute(const PermuteOptions& o, Completion c)
   return finish_event(what, {reqs[0], reqs[1]}, nullptr);
 }
 
-Event MpiCommunicator::barrier(const BarrierOptions&, Completion c) {
+Event MpiCommunicator::barrier(const BarrierOptions& o, Completion c) {
   const std::string what = describe("barrier", devices_);
   if (c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
     check(MPI_Barrier(comm_), what);
     return Event();
   }
@@ -322,6 +339,7 @@ Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion 
   };
   const MPI_Datatype t = mpi_type(o.dtype);
   if (c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
     check(MPI_Alltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(),
                         st->rc.data(), st->rd.data(), t, comm_),
           what);
@@ -338,49 +356,27 @@ Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion 
 std::shared_ptr<Communicator> MpiCommunicator::group(const std::vector<DeviceId>& members) {
   auto it = context_->groups.find(members);
   if (it != context_->groups.end()) return it->second;
-  int world_size = 0, world_rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  std::vector<DeviceId> sorted = members;
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    fail(ErrorKind::kInvalidArgument, "{}: a device is listed twice", describe("group", members));
-  }
-  if (std::find(members.begin(), members.end(), world_rank) == members.end()) {
-    fail(ErrorKind::kInvalidArgument, "{}: device {} is not a member", describe("group", members),
-         world_rank);
-  }
-  for (DeviceId d : members) {
-    if (d < 0 || d >= world_size) {
-      fail(ErrorKind::kInvalidArgument, "group names device {} but mpirun started {} processes", d,
-           world_size);
-    }
-  }
+  check_members(members, device(), context_->devices);
+  return make_communicator(*context_, members);
+}
+
+std::shared_ptr<Communicator> make_communicator(ProcessContext& context,
+                                                const std::vector<DeviceId>& members) {
   MPI_Group world_group, g;
   MPI_Comm_group(MPI_COMM_WORLD, &world_group);
   MPI_Group_incl(world_group, static_cast<int>(members.size()), members.data(), &g);
   MPI_Comm comm;
-  check(MPI_Comm_create_group(MPI_COMM_WORLD, g, /*tag=*/0, &comm), describe("group", members));
+  const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, g, /*tag=*/0, &comm);
   MPI_Group_free(&g);
   MPI_Group_free(&world_group);
-  auto out = std::make_shared<MpiCommunicator>(context_, comm, members);
-  context_->groups.emplace(members, out);
+  check(rc, describe("group", members));
+  auto out = std::make_shared<MpiCommunicator>(&context, comm, members);
+  context.groups.emplace(members, out);
   return out;
 }
 
-std::shared_ptr<Communicator> make_world_communicator(ProcessContext& context, int devices) {
-  std::vector<DeviceId> all(devices);
-  for (int i = 0; i < devices; ++i) all[i] = i;
-  MPI_Group world_group, g;
-  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  MPI_Group_incl(world_group, devices, all.data(), &g);
-  MPI_Comm comm;
-  check(MPI_Comm_create_group(MPI_COMM_WORLD, g, /*tag=*/1, &comm), describe("world", all));
-  MPI_Group_free(&g);
-  MPI_Group_free(&world_group);
-  auto out = std::make_shared<MpiCommunicator>(&context, comm, all);
-  context.groups.emplace(all, out);
-  return out;
+std::shared_ptr<Communicator> make_world_communicator(ProcessContext& context) {
+  return make_communicator(context, context.devices);
 }
 
 }  // namespace meshflow::mpi

@@ -9,12 +9,16 @@
 #include <memory>
 
 #include "meshflow/comm/communicator.h"
+#include "meshflow/comm/mpi/watchdog.h"
 
 namespace meshflow::mpi {
 
-// What this process owns across its communicators: the group cache and the default timeout.
+// What this process owns across its communicators: the devices of the launch, the default
+// timeout, the watchdog that bounds every blocking call, and the group cache.
 struct ProcessContext {
+  std::vector<DeviceId> devices;
   Timeout timeout;
+  Watchdog* watchdog = nullptr;
   std::map<std::vector<DeviceId>, std::shared_ptr<Communicator>> groups;
 };
 
@@ -47,6 +51,11 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm handle() const { return comm_; }
 
  private:
+  // Returns the watchdog guard for a blocking call described by `what` with `timeout`.
+  Watchdog::Armed guard(const std::string& what, Timeout timeout) const {
+    return Watchdog::Armed(*context_->watchdog, what, resolve_timeout(*this, timeout));
+  }
+
   ProcessContext* context_;
   MPI_Comm comm_;      // collectives and user point-to-point
   MPI_Comm internal_;  // collective_permute, so its messages never match user receives
@@ -54,7 +63,13 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
 };
 
-// Returns the communicator over world ranks 0..devices-1; collective over those ranks only.
-std::shared_ptr<Communicator> make_world_communicator(ProcessContext& context, int devices);
+// Returns the communicator over `members` (world ranks, in rank order), cached in `context`;
+// collective over those ranks only.
+std::shared_ptr<Communicator> make_communicator(ProcessContext& context,
+                                                const std::vector<DeviceId>& members);
+
+// Returns the communicator over context.devices (world ranks, in that order); collective over
+// those ranks only.
+std::shared_ptr<Communicator> make_world_communicator(ProcessContext& context);
 
 }  // namespace meshflow::mpi

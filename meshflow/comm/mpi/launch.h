@@ -3,7 +3,7 @@
 
 #include <functional>
 
-#include "meshflow/comm/launch.h"
+#include "meshflow/comm/backend.h"
 
 namespace meshflow::mpi {
 

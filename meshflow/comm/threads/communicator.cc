@@ -223,10 +223,7 @@ Event ThreadsCommunicator::reduce_scatter(const ReduceScatterOptions& o, Complet
 }
 
 Event ThreadsCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
-  if (o.count < 0) {
-    fail(ErrorKind::kInvalidArgument, "{}: negative count {}", describe("all_reduce", devices()),
-         o.count);
-  }
+  check_count(*this, "all_reduce", o.count);
   return start(
       "all_reduce", o, c,
       [this](std::uint64_t seq, const std::shared_ptr<const AllReduceOptions>& opts, Timeout t,
@@ -303,10 +300,8 @@ Event ThreadsCommunicator::all_to_all(const AllToAllOptions& o, Completion c) {
 }
 
 Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
-  if (o.root < 0 || o.root >= size()) {
-    fail(ErrorKind::kInvalidArgument, "{}: root rank {} out of range",
-         describe("broadcast", devices()), o.root);
-  }
+  check_rank(*this, "broadcast", "root", o.root);
+  check_count(*this, "broadcast", o.count);
   return start(
       "broadcast", o, c,
       [this](std::uint64_t seq, const std::shared_ptr<const BroadcastOptions>& opts, Timeout t,
@@ -317,7 +312,8 @@ Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
         const std::int64_t bytes = opts->count * static_cast<std::int64_t>(size_of(opts->dtype));
         std::vector<CopyPiece> pieces;
         for (int r = 0; r < size(); ++r) {
-          if (r != opts->root) add_copy(pieces, p[r]->data, p[opts->root]->data, bytes);
+          if (r != index(opts->root))
+            add_copy(pieces, p[r]->data, p[index(opts->root)]->data, bytes);
         }
         run_copies(*group_, seq, 0, pieces);
         group_->arrive(seq, rank_, 1, nullptr, t, what);
@@ -325,6 +321,8 @@ Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
 }
 
 Event ThreadsCommunicator::collective_permute(const PermuteOptions& o, Completion c) {
+  check_count(*this, "collective_permute", o.send_count);
+  check_count(*this, "collective_permute", o.recv_count);
   return start("collective_permute", o, c,
                [this](std::uint64_t seq, const std::shared_ptr<const PermuteOptions>& opts,
                       Timeout t, const std::string& what) {
@@ -421,33 +419,22 @@ Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Complet
       });
 }
 
-namespace {
-
-void check_peer(const Communicator& comm, std::string_view op, int peer, std::int64_t count) {
-  if (peer < 0 || peer >= comm.size() || peer == comm.rank()) {
-    fail(ErrorKind::kInvalidArgument, "{}: peer rank {} is out of range or this rank",
-         describe(op, comm.devices()), peer);
-  }
-  if (count < 0)
-    fail(ErrorKind::kInvalidArgument, "{}: negative count {}", describe(op, comm.devices()), count);
-}
-
-}  // namespace
-
 Event ThreadsCommunicator::send(const SendOptions& o, Completion) {
-  check_peer(*this, "send", o.peer, o.count);
-  auto state = std::make_shared<EventState>(
-      fmt::format("send from device {} to device {} tag {}", device(), devices()[o.peer], o.tag));
-  group_->post_send(rank_, o.peer, o.tag, o.data,
+  check_rank(*this, "send", "peer", o.peer);
+  check_count(*this, "send", o.count);
+  auto state = std::make_shared<EventState>(fmt::format("send from device {} to device {} tag {}",
+                                                        device(), devices()[index(o.peer)], o.tag));
+  group_->post_send(rank_, index(o.peer), o.tag, o.data,
                     o.count * static_cast<std::int64_t>(size_of(o.dtype)), state);
   return Event(state);
 }
 
 Event ThreadsCommunicator::recv(const RecvOptions& o, Completion) {
-  check_peer(*this, "recv", o.peer, o.count);
-  auto state = std::make_shared<EventState>(
-      fmt::format("recv on device {} from device {} tag {}", device(), devices()[o.peer], o.tag));
-  group_->post_recv(o.peer, rank_, o.tag, o.data,
+  check_rank(*this, "recv", "peer", o.peer);
+  check_count(*this, "recv", o.count);
+  auto state = std::make_shared<EventState>(fmt::format("recv on device {} from device {} tag {}",
+                                                        device(), devices()[index(o.peer)], o.tag));
+  group_->post_recv(index(o.peer), rank_, o.tag, o.data,
                     o.count * static_cast<std::int64_t>(size_of(o.dtype)), state);
   return Event(state);
 }
@@ -455,22 +442,9 @@ Event ThreadsCommunicator::recv(const RecvOptions& o, Completion) {
 std::shared_ptr<Communicator> ThreadsCommunicator::group(const std::vector<DeviceId>& members) {
   auto it = context_->groups.find(members);
   if (it != context_->groups.end()) return it->second;
-  int my_rank = -1;
-  std::vector<DeviceId> sorted = members;
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    fail(ErrorKind::kInvalidArgument, "{}: a device is listed twice", describe("group", members));
-  }
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    if (members[i] < 0 || members[i] >= context_->world.size()) {
-      fail(ErrorKind::kInvalidArgument, "group names device {} but the world has devices 0..{}",
-           members[i], context_->world.size() - 1);
-    }
-    if (members[i] == device()) my_rank = static_cast<int>(i);
-  }
-  if (my_rank < 0)
-    fail(ErrorKind::kInvalidArgument, "{}: device {} is not a member", describe("group", members),
-         device());
+  check_members(members, device(), context_->world.devices());
+  const int my_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), device()) - members.begin());
   auto comm =
       std::make_shared<ThreadsCommunicator>(context_, context_->world.group(members), my_rank);
   context_->groups.emplace(members, comm);
@@ -478,10 +452,9 @@ std::shared_ptr<Communicator> ThreadsCommunicator::group(const std::vector<Devic
 }
 
 std::shared_ptr<Communicator> world_communicator(DeviceContext& context) {
-  std::vector<DeviceId> all(context.world.size());
-  for (int i = 0; i < context.world.size(); ++i) all[i] = i;
-  auto comm =
-      std::make_shared<ThreadsCommunicator>(&context, context.world.group(all), context.device);
+  const std::vector<DeviceId>& all = context.world.devices();
+  const int rank = context.world.index_of(context.device);
+  auto comm = std::make_shared<ThreadsCommunicator>(&context, context.world.group(all), rank);
   context.groups.emplace(all, comm);
   return comm;
 }

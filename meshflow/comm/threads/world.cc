@@ -197,8 +197,17 @@ void Group::on_exit(DeviceId device) {
   }
 }
 
-World::World(int devices, Timeout timeout) : timeout_(timeout), exited_(devices) {
+World::World(std::vector<DeviceId> devices, Timeout timeout)
+    : devices_(std::move(devices)), timeout_(timeout), exited_(devices_.size()) {
+  for (std::size_t i = 0; i < devices_.size(); ++i)
+    index_.emplace(devices_[i], static_cast<int>(i));
   for (auto& e : exited_) e = false;
+}
+
+int World::index_of(DeviceId device) const {
+  auto it = index_.find(device);
+  MESHFLOW_CHECK(it != index_.end(), "device {} is not in this launch", device);
+  return it->second;
 }
 
 std::shared_ptr<Group> World::group(const std::vector<DeviceId>& devices) {
@@ -221,7 +230,7 @@ void World::mark_failed(DeviceId device, const std::string& what) {
 }
 
 void World::mark_exited(DeviceId device) {
-  exited_[device] = true;
+  exited_[index_of(device)] = true;
   std::vector<std::shared_ptr<Group>> groups;
   {
     std::lock_guard lock(mu_);

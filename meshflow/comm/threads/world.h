@@ -110,9 +110,13 @@ class Group {
 
 class World {
  public:
-  World(int devices, Timeout timeout);
+  // A world of the devices `devices` (distinct ids, in world rank order).
+  World(std::vector<DeviceId> devices, Timeout timeout);
 
-  int size() const { return static_cast<int>(exited_.size()); }
+  int size() const { return static_cast<int>(devices_.size()); }
+  const std::vector<DeviceId>& devices() const { return devices_; }
+  // Returns the world rank of `device`, a member.
+  int index_of(DeviceId device) const;
   Timeout timeout() const { return timeout_; }
 
   // Returns the group over `devices` (created once, shared by all members).
@@ -127,11 +131,13 @@ class World {
   std::optional<std::string> failure() const;
   // Returns the device that failed first, if any.
   std::optional<DeviceId> first_failed() const;
-  bool exited(DeviceId device) const { return exited_[device].load(); }
+  bool exited(DeviceId device) const { return exited_[index_of(device)].load(); }
 
  private:
   void wake_all(std::exception_ptr error);
 
+  const std::vector<DeviceId> devices_;
+  std::map<DeviceId, int> index_;
   const Timeout timeout_;
   mutable std::mutex mu_;
   std::map<std::vector<DeviceId>, std::shared_ptr<Group>> groups_;

@@ -1,0 +1,69 @@
+// Checked size arithmetic.
+#include "meshflow/core/limits.h"
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t limit,
+                         std::string_view what) {
+  MESHFLOW_CHECK(a >= 0 && b >= 0 && limit >= 0);
+  if (a != 0 && b > limit / a) {
+    fail(ErrorKind::kInvalidArgument, "{} is too large: {} x {} exceeds the limit of {}", what, a,
+         b, limit);
+  }
+  return a * b;
+}
+
+std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what) {
+  if (shape.size() > static_cast<std::size_t>(kMaxTensorRank)) {
+    fail(ErrorKind::kInvalidArgument, "{} has {} dims; at most {} are supported", what,
+         shape.size(), kMaxTensorRank);
+  }
+  const auto es = static_cast<std::int64_t>(size_of(dtype));
+  std::int64_t n = 1;
+  // Each extent is bounded even when another is 0, so arithmetic on extents (chunk sizes,
+  // box corners) cannot overflow either.
+  bool empty = false;
+  for (std::int64_t e : shape) {
+    if (e < 0) fail(ErrorKind::kInvalidArgument, "{} has a negative extent {}", what, e);
+    empty = empty || e == 0;
+  }
+  for (std::int64_t e : shape) {
+    if (e > kMaxTensorBytes / es / (empty ? 1 : n)) {
+      fail(ErrorKind::kInvalidArgument,
+           "{} of {} is too large: shape {} exceeds the limit of {} bytes per tensor", what,
+           to_string(dtype), to_string(shape), kMaxTensorBytes);
+    }
+    if (!empty) n *= e;
+  }
+  return empty ? 0 : n;
+}
+
+std::int64_t checked_mesh_size(const Shape& shape, std::string_view what) {
+  if (shape.empty() || shape.size() > static_cast<std::size_t>(kMaxMeshRank)) {
+    fail(ErrorKind::kInvalidArgument, "{} has {} dims; a mesh has 1 to {}", what, shape.size(),
+         kMaxMeshRank);
+  }
+  std::int64_t n = 1;
+  for (std::int64_t e : shape) {
+    if (e < 1) fail(ErrorKind::kInvalidArgument, "{} has an extent below 1: {}", what, e);
+  }
+  for (std::int64_t e : shape) {
+    if (e > kMaxMeshDevices / n) {
+      fail(ErrorKind::kInvalidArgument, "{} is too large: mesh {} exceeds the limit of {} devices",
+           what, to_string(shape), kMaxMeshDevices);
+    }
+    n *= e;
+  }
+  return n;
+}
+
+int checked_int(std::int64_t value, std::int64_t lo, std::int64_t hi, std::string_view what) {
+  if (value < lo || value > hi) {
+    fail(ErrorKind::kInvalidArgument, "{} must lie in [{}, {}], got {}", what, lo, hi, value);
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace meshflow

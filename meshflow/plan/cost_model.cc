@@ -1,0 +1,122 @@
+// The default machine description, its JSON form, and the cost of each step kind.
+#include "meshflow/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "meshflow/core/error.h"
+#include "meshflow/core/json_field.h"
+#include "meshflow/core/npy.h"
+#include "meshflow/plan/plan.h"
+
+namespace meshflow {
+
+const MachineModel& default_machine() {
+  // Measured on the reference machine (`meshflow bench copy`, `meshflow bench collectives`):
+  // memcpy ~18 GB/s on one thread; a 4-device threads collective costs ~40 us to rendezvous
+  // whatever its size and sustains ~4 GB/s of bus bandwidth per device. The network class is
+  // a typical 100 Gb/s fabric, for meshes spanning nodes under mpi.
+  static const MachineModel model{
+      .links = {{"shared_memory", LinkClass{.bandwidth_gbps = 4.0, .latency_us = 2.0}},
+                {"network", LinkClass{.bandwidth_gbps = 10.0, .latency_us = 20.0}}},
+      .default_link = "shared_memory",
+      .dim_links = {},
+      .memcpy_gbps = 18.0,
+      .collective_overhead_us = 40.0,
+      .local_step_us = 0.001,
+  };
+  return model;
+}
+
+const LinkClass& link_of(const MachineModel& model, int mesh_dim) {
+  const std::string& name = mesh_dim >= 0 && mesh_dim < static_cast<int>(model.dim_links.size())
+                                ? model.dim_links[mesh_dim]
+                                : model.default_link;
+  return model.links.at(name);
+}
+
+MachineModel machine_from_json(const nlohmann::json& json, std::string_view source) {
+  const JsonField root(json, std::string(source), ErrorKind::kInvalidArgument);
+  constexpr double kMax = 1e12;  // any larger rate or latency is a typo, not a machine
+  MachineModel m;
+  const JsonField links = root.member("links");
+  if (!links.value().is_object() || links.value().empty())
+    links.reject("must be an object naming at least one link class");
+  for (auto it = links.value().begin(); it != links.value().end(); ++it) {
+    const JsonField link = links.member(it.key());
+    const LinkClass l{.bandwidth_gbps = link.member("bandwidth_gbps").as_number(0, kMax),
+                      .latency_us = link.member("latency_us").as_number(0, kMax)};
+    if (!(l.bandwidth_gbps > 0)) link.member("bandwidth_gbps").reject("must be > 0");
+    m.links[it.key()] = l;
+  }
+  const JsonField default_link = root.member("default_link");
+  m.default_link = default_link.as_string();
+  if (!m.links.contains(m.default_link))
+    default_link.reject(fmt::format("names \"{}\", which is not among the links", m.default_link));
+  if (auto dims = root.find("dim_links")) {
+    for (std::size_t i = 0; i < dims->size(); ++i) {
+      m.dim_links.push_back(dims->at(i).as_string());
+      if (!m.links.contains(m.dim_links.back()))
+        dims->at(i).reject(fmt::format("names unknown link \"{}\"", m.dim_links.back()));
+    }
+  }
+  const JsonField memcpy_gbps = root.member("memcpy_gbps");
+  m.memcpy_gbps = memcpy_gbps.as_number(0, kMax);
+  if (!(m.memcpy_gbps > 0)) memcpy_gbps.reject("must be > 0");
+  m.collective_overhead_us = root.member("collective_overhead_us").as_number(0, kMax);
+  m.local_step_us = default_machine().local_step_us;
+  if (auto local = root.find("local_step_us")) m.local_step_us = local->as_number(0, kMax);
+  return m;
+}
+
+MachineModel load_machine(const std::filesystem::path& path) {
+  return machine_from_json(parse_json(read_file(path), path.string()), path.string());
+}
+
+namespace {
+
+double seconds_from_us(double us) { return us * 1e-6; }
+double bytes_per_second(double gbps) { return gbps * 1e9; }
+
+LinkClass slowest_link(const MachineModel& machine, const std::vector<int>& dims) {
+  LinkClass out = link_of(machine, dims.empty() ? 0 : dims[0]);
+  for (int m : dims) {
+    const LinkClass& l = link_of(machine, m);
+    out.bandwidth_gbps = std::min(out.bandwidth_gbps, l.bandwidth_gbps);
+    out.latency_us = std::max(out.latency_us, l.latency_us);
+  }
+  return out;
+}
+
+}  // namespace
+
+double step_seconds(const MachineModel& machine, const StepCostInput& step) {
+  const LinkClass link = slowest_link(machine, step.mesh_dims);
+  const double alpha = seconds_from_us(link.latency_us);
+  const double beta = bytes_per_second(link.bandwidth_gbps);
+  const double mem = bytes_per_second(machine.memcpy_gbps);
+  const double overhead = seconds_from_us(machine.collective_overhead_us);
+  const double n = static_cast<double>(step.group_size);
+  const double rounds = std::ceil(std::log2(std::max(n, 1.0)));
+  const auto received = static_cast<double>(step.bytes_received);
+  const auto in = static_cast<double>(step.in_bytes), out = static_cast<double>(step.out_bytes);
+  switch (step.kind) {
+    case StepKind::kAllGather:
+      return overhead + rounds * alpha + received / beta;
+    case StepKind::kReduceScatter:  // every term of the device's block is read once
+      return overhead + rounds * alpha + received / beta + n * out / mem;
+    case StepKind::kAllReduce:
+      return overhead + 2 * rounds * alpha + received / beta + in / mem;
+    case StepKind::kAllToAll:
+      return overhead + (n - 1) * alpha + received / beta;
+    case StepKind::kLocal:
+      return (out != in ? out / mem : 0) + (step.scales ? out / mem : 0) +
+             seconds_from_us(machine.local_step_us);
+    case StepKind::kPointToPoint:
+      return overhead + static_cast<double>(step.peers) * alpha + received / beta +
+             static_cast<double>(step.terms) * out / mem;
+  }
+  return 0;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,69 @@
+// The cost model: the one description of the machine (bandwidth and latency per link class,
+// local memory bandwidth, the fixed cost of a collective) and the estimated time of every step
+// kind. Every cost number of meshflow lives here; planners (and later operators pricing their
+// strategies) ask step_seconds. Defaults were measured on this project's reference machine
+// (2 cores, shared memory); override them from a JSON file (`--machine FILE.json`).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace meshflow {
+
+// One class of link between devices (threads in one process, processes on one node, nodes).
+struct LinkClass {
+  double bandwidth_gbps = 0;  // per device, each direction
+  double latency_us = 0;      // per round of a collective (one message hop)
+  bool operator==(const LinkClass&) const = default;
+};
+
+struct MachineModel {
+  std::map<std::string, LinkClass> links;
+  std::string default_link;            // the class of every mesh dim not in dim_links
+  std::vector<std::string> dim_links;  // optional: the link class of mesh dim i
+  double memcpy_gbps = 0;              // local copies, chunking and reductions
+  double collective_overhead_us = 0;   // fixed cost of starting and finishing one collective
+  double local_step_us = 0;  // fixed cost of a step done on each device alone (a tie-breaker)
+  bool operator==(const MachineModel&) const = default;
+};
+
+// Returns the built-in description (measured with `meshflow bench collectives` and
+// `meshflow bench copy` on the reference machine).
+const MachineModel& default_machine();
+
+// Returns the link class of `mesh_dim` (the default class when the model names none).
+const LinkClass& link_of(const MachineModel& model, int mesh_dim);
+
+// Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us"}},
+// "default_link", "dim_links" (optional), "memcpy_gbps", "collective_overhead_us",
+// "local_step_us" (optional)}; throws Error naming the file and the bad field.
+MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
+MachineModel load_machine(const std::filesystem::path& path);
+
+enum class StepKind;
+
+// What the estimated time of one step depends on (bytes are per device: the device with the
+// largest shard, which every step waits for).
+struct StepCostInput {
+  StepKind kind;
+  std::vector<int> mesh_dims;   // the link classes the step crosses (collectives)
+  std::int64_t group_size = 1;  // devices per group (collectives)
+  std::int64_t bytes_received = 0;
+  std::int64_t in_bytes = 0;   // the device's tensor before the step
+  std::int64_t out_bytes = 0;  // and after it
+  bool scales = false;         // local: values are divided
+  std::int64_t peers = 0;      // point_to_point: the most peers a device receives from
+  std::int64_t terms = 1;      // point_to_point: Partial terms reduced at the destination
+};
+
+// Returns the estimated seconds of the step: a fixed overhead per collective plus latency per
+// message round (ceil(log2 n) rounds for tree / recursive-doubling collectives, n - 1 for an
+// all-to-all, one per peer for point-to-point), received bytes over the slowest link crossed,
+// and local memory traffic (reductions, chunking) at memcpy speed.
+double step_seconds(const MachineModel& machine, const StepCostInput& step);
+
+}  // namespace meshflow
