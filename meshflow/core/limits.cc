@@ -17,8 +17,8 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t limit,
 
 std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what) {
   if (shape.size() > static_cast<std::size_t>(kMaxTensorRank)) {
-    fail(ErrorKind::kInvalidArgument, "{} has {} dims; at most {} are supported", what,
-         shape.size(), kMaxTensorRank);
+    fail(ErrorKind::kInvalidArgument, "{} {} has {} dims; at most {} are supported", what,
+         to_string(shape), shape.size(), kMaxTensorRank);
   }
   const auto es = static_cast<std::int64_t>(size_of(dtype));
   std::int64_t n = 1;
@@ -26,14 +26,17 @@ std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view wha
   // box corners) cannot overflow either.
   bool empty = false;
   for (std::int64_t e : shape) {
-    if (e < 0) fail(ErrorKind::kInvalidArgument, "{} has a negative extent {}", what, e);
+    if (e < 0) {
+      fail(ErrorKind::kInvalidArgument, "{} {} has a negative extent {}", what, to_string(shape),
+           e);
+    }
     empty = empty || e == 0;
   }
   for (std::int64_t e : shape) {
     if (e > kMaxTensorBytes / es / (empty ? 1 : n)) {
       fail(ErrorKind::kInvalidArgument,
-           "{} of {} is too large: shape {} exceeds the limit of {} bytes per tensor", what,
-           to_string(dtype), to_string(shape), kMaxTensorBytes);
+           "{} {} of {} is too large: a tensor may hold at most {} bytes (64 TiB)", what,
+           to_string(shape), to_string(dtype), kMaxTensorBytes);
     }
     if (!empty) n *= e;
   }
@@ -42,16 +45,19 @@ std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view wha
 
 std::int64_t checked_mesh_size(const Shape& shape, std::string_view what) {
   if (shape.empty() || shape.size() > static_cast<std::size_t>(kMaxMeshRank)) {
-    fail(ErrorKind::kInvalidArgument, "{} has {} dims; a mesh has 1 to {}", what, shape.size(),
-         kMaxMeshRank);
+    fail(ErrorKind::kInvalidArgument, "{} {} has {} dims; a mesh has 1 to {}", what,
+         to_string(shape), shape.size(), kMaxMeshRank);
   }
   std::int64_t n = 1;
   for (std::int64_t e : shape) {
-    if (e < 1) fail(ErrorKind::kInvalidArgument, "{} has an extent below 1: {}", what, e);
+    if (e < 1) {
+      fail(ErrorKind::kInvalidArgument, "{} {} has an extent below 1: {}", what, to_string(shape),
+           e);
+    }
   }
   for (std::int64_t e : shape) {
     if (e > kMaxMeshDevices / n) {
-      fail(ErrorKind::kInvalidArgument, "{} is too large: mesh {} exceeds the limit of {} devices",
+      fail(ErrorKind::kInvalidArgument, "{} {} is too large: a mesh may hold at most {} devices",
            what, to_string(shape), kMaxMeshDevices);
     }
     n *= e;

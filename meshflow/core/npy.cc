@@ -190,7 +190,7 @@ NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::i
   const DType dtype = dtype_from_descr(h.descr, name);
   std::int64_t count = 0;
   try {
-    count = checked_numel(h.shape, dtype, "array");
+    count = checked_numel(h.shape, dtype, "array of shape");
   } catch (const Error& e) {
     fail(ErrorKind::kIo, "{}: {}", name, e.what());
   }

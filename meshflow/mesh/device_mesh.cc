@@ -22,7 +22,7 @@ std::string join(const std::vector<DeviceId>& ids) {
 
 DeviceMesh make_mesh(Shape shape, std::vector<DeviceId> devices, std::vector<std::string> names) {
   const std::int64_t count =
-      checked_mesh_size(shape, fmt::format("mesh shape {}", to_string(shape)));
+      checked_mesh_size(shape, "mesh shape");
   if (static_cast<std::int64_t>(devices.size()) != count) {
     fail(ErrorKind::kInvalidArgument, "mesh shape {} needs {} devices but {} were given{}",
          to_string(shape), count, devices.size(),
@@ -52,7 +52,7 @@ DeviceMesh make_mesh(Shape shape, std::vector<DeviceId> devices, std::vector<std
 
 DeviceMesh make_mesh(Shape shape) {
   std::vector<DeviceId> devices(static_cast<std::size_t>(
-      checked_mesh_size(shape, fmt::format("mesh shape {}", to_string(shape)))));
+      checked_mesh_size(shape, "mesh shape")));
   for (std::size_t i = 0; i < devices.size(); ++i) devices[i] = static_cast<DeviceId>(i);
   return make_mesh(std::move(shape), std::move(devices));
 }

@@ -130,11 +130,14 @@ std::vector<Step> merge_steps(const Layout& from, const std::vector<Step>& steps
   return out;
 }
 
-std::vector<Step> plan_search(const Layout& from, const Layout& to, const MachineModel& machine) {
+namespace {
+
+// The placements each mesh dim may take during the search: its start, its goal, R, and every
+// shard of a tensor dim sharded at the start or the goal. Size-1 dims keep their (settled) start.
+std::vector<std::vector<Placement>> search_universe(const Layout& from, const Layout& to,
+                                                    const std::vector<Placement>& start,
+                                                    const std::vector<Placement>& goal) {
   const int k = ndim(from.mesh);
-  const std::vector<Placement> start = settle_unit_dims(from.mesh, from.placements, to.placements);
-  const std::vector<Placement>& goal = settle_unit_dims(from.mesh, to.placements, to.placements);
-  // Placements each mesh dim may take: its start, its goal, R, and every shard in either.
   std::set<int> shard_dims;
   for (int m = 0; m < k; ++m) {
     if (from.placements[m].is_shard()) shard_dims.insert(from.placements[m].dim);
@@ -152,6 +155,50 @@ std::vector<Step> plan_search(const Layout& from, const Layout& to, const Machin
     add(Placement::replicate());
     for (int d : shard_dims) add(Placement::shard(d));
   }
+  return universe;
+}
+
+// Calls fn(next, step) for every valid move from `state`: every non-empty subset of the mesh
+// dims of size > 1, each dim to each placement of its universe (R -> P only toward the goal).
+template <typename Fn>
+void for_each_move(const Layout& from, const std::vector<Placement>& state,
+                   const std::vector<Placement>& goal,
+                   const std::vector<std::vector<Placement>>& universe, const MachineModel& machine,
+                   Fn fn) {
+  std::vector<MeshDim> movable;
+  for (int m = 0; m < ndim(from.mesh); ++m) {
+    if (from.mesh.shape[m] > 1) movable.push_back(m);
+  }
+  const Layout before = with_placements(from, state);
+  for (std::uint32_t mask = 1; mask < (1u << movable.size()); ++mask) {
+    std::vector<MeshDim> dims;
+    for (std::size_t i = 0; i < movable.size(); ++i) {
+      if (mask & (1u << i)) dims.push_back(movable[i]);
+    }
+    std::vector<std::size_t> choice(dims.size(), 0);
+    do {
+      std::vector<Placement> next = state;
+      bool allowed = true;
+      for (std::size_t i = 0; i < dims.size(); ++i) {
+        next[dims[i]] = universe[dims[i]][choice[i]];
+        allowed = allowed && !(next[dims[i]] == state[dims[i]]);
+        if (next[dims[i]].is_partial() && !state[dims[i]].is_partial() &&
+            !(next[dims[i]] == goal[dims[i]]))
+          allowed = false;
+      }
+      if (!allowed) continue;
+      if (auto kind = classify_move(before, next, dims))
+        fn(next, make_step(before, Move{*kind, dims, next}, machine));
+    } while (advance(choice, dims, universe));
+  }
+}
+
+}  // namespace
+
+std::vector<Step> plan_search(const Layout& from, const Layout& to, const MachineModel& machine) {
+  const std::vector<Placement> start = settle_unit_dims(from.mesh, from.placements, to.placements);
+  const std::vector<Placement> goal = settle_unit_dims(from.mesh, to.placements, to.placements);
+  const auto universe = search_universe(from, to, start, goal);
   // Dijkstra; ties broken by fewer steps, then by the order states were found (deterministic).
   struct Entry {
     double cost;
@@ -167,55 +214,30 @@ std::vector<Step> plan_search(const Layout& from, const Layout& to, const Machin
   std::priority_queue<Entry, std::vector<Entry>, std::greater<>> queue;
   std::map<std::vector<Placement>, std::pair<double, int>> best;
   std::map<std::vector<Placement>, std::pair<std::vector<Placement>, Step>> parent;
+  std::set<std::vector<Placement>> done;
   std::int64_t order = 0;
   queue.push({0, 0, order++, start});
   best[start] = {0, 0};
-  std::set<std::vector<Placement>> done;
   while (!queue.empty()) {
     Entry e = queue.top();
     queue.pop();
-    if (done.contains(e.state)) continue;
-    done.insert(e.state);
+    if (!done.insert(e.state).second) continue;
     if (e.state == goal) break;
-    const Layout before = with_placements(from, e.state);
-    // Moves on every non-empty subset of mesh dims, each dim to each placement of its universe.
-    for (int mask = 1; mask < (1 << k); ++mask) {
-      std::vector<MeshDim> dims;
-      for (int m = 0; m < k; ++m) {
-        if (mask & (1 << m)) dims.push_back(m);
-      }
-      std::vector<std::size_t> choice(dims.size(), 0);
-      do {
-        std::vector<Placement> next = e.state;
-        bool changes_all = true;
-        for (std::size_t i = 0; i < dims.size(); ++i) {
-          next[dims[i]] = universe[dims[i]][choice[i]];
-          changes_all = changes_all && !(next[dims[i]] == e.state[dims[i]]);
-        }
-        // R -> P only toward the goal.
-        bool allowed = changes_all;
-        for (MeshDim m : dims) {
-          if (next[m].is_partial() && !e.state[m].is_partial() && !(next[m] == goal[m]))
-            allowed = false;
-        }
-        if (allowed) {
-          if (auto kind = classify_move(before, next, dims)) {
-            Step step = make_step(before, Move{*kind, dims, next}, machine);
-            const double cost = e.cost + step.est_s;
-            auto it = best.find(next);
-            if (it == best.end() || cost < it->second.first ||
-                (cost == it->second.first && e.steps + 1 < it->second.second)) {
-              best[next] = {cost, e.steps + 1};
-              parent.insert_or_assign(next, std::pair{e.state, step});
-              queue.push({cost, e.steps + 1, order++, next});
-            }
-          }
-        }
-      } while (advance(choice, dims, universe));
-    }
+    for_each_move(from, e.state, goal, universe, machine,
+                  [&](const std::vector<Placement>& next, Step step) {
+                    const double cost = e.cost + step.est_s;
+                    auto it = best.find(next);
+                    if (it != best.end() && !(cost < it->second.first) &&
+                        !(cost == it->second.first && e.steps + 1 < it->second.second))
+                      return;
+                    best[next] = {cost, e.steps + 1};
+                    parent.insert_or_assign(next, std::pair{e.state, std::move(step)});
+                    queue.push({cost, e.steps + 1, order++, next});
+                  });
   }
   MESHFLOW_CHECK(best.contains(goal), "search found no path {} -> {}", to_string(start),
                  to_string(goal));
+  // Walk the parents back from the goal.
   std::vector<Step> steps;
   for (std::vector<Placement> s = goal; s != start;) {
     const auto& [prev, step] = parent.at(s);
@@ -249,7 +271,10 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
     std::vector<Step> per_dim = plan_per_dim(from, to, machine);
     candidates.push_back({"per_dim", per_dim});
     candidates.push_back({"per_dim_merged", merge_steps(from, per_dim, machine)});
-    candidates.push_back({"search", plan_search(from, to, machine)});
+    int movable = 0;
+    for (std::int64_t e : from.mesh.shape) movable += e > 1 ? 1 : 0;
+    if (movable <= options.max_search_mesh_dims)
+      candidates.push_back({"search", plan_search(from, to, machine)});
   }
   const std::int64_t pairs = static_cast<std::int64_t>(size(from.mesh)) * size(to.mesh);
   if (!same_mesh || pairs <= options.max_point_to_point_pairs) {
