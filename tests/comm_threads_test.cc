@@ -18,6 +18,11 @@ struct Param {
   int devices;
 };
 
+// Names the parameter in test listings (ctest shows it beside each test).
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.check->name << " on " << p.devices << " devices";
+}
+
 class ThreadsConformance : public ::testing::TestWithParam<Param> {};
 
 TEST_P(ThreadsConformance, Runs) {

@@ -28,6 +28,9 @@ struct MeshCase {
   Shape mesh;
 };
 
+// Names the parameter in test listings (ctest shows it beside each test).
+void PrintTo(const MeshCase& c, std::ostream* os) { *os << "mesh " << c.name; }
+
 class ExhaustivePairs : public ::testing::TestWithParam<std::tuple<MeshCase, Shape>> {};
 
 TEST_P(ExhaustivePairs, MatchGatherThenReshard) {
