@@ -1,6 +1,7 @@
 // Collective benchmark. Each repetition on every device: barrier, start the clock, run the
-// case, barrier, stop; then the same for its floor (threads) or the raw MPI call (mpi). Device 0's
-// clock is reported. Floors (per rank r of n, S global bytes, blocks by the chunk rule):
+// case, stop; the time reported is the span from the first device's start to the last device's
+// end. Then the same for its floor (threads) or the raw MPI call (mpi, baseline "mpi"). Floors (per
+// rank r of n, S global bytes, blocks by the chunk rule):
 //   all_gather       n memcpys of block k from rank k's send into r's recv.
 //   reduce_scatter   n memcpys of block r of every rank's send into r's recv (one read of every
 //                    term).
@@ -50,11 +51,28 @@ std::int64_t parse_bytes(std::string_view text) {
 }
 
 double time_between_barriers(Communicator& comm, const std::function<void()>& fn) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
   barrier(comm);
-  return time_once([&] {
-    fn();
-    barrier(comm);
-  });
+  const double start = seconds(Clock::now());
+  fn();
+  const double end = seconds(Clock::now());
+  // The span from the first device's start to the last device's end (steady_clock is one clock
+  // for every thread, and for every process of one machine).
+  const double mine[2] = {start, end};
+  std::vector<double> all(2 * static_cast<std::size_t>(comm.size()));
+  all_gather(comm, {.send = reinterpret_cast<const std::byte*>(mine),
+                    .recv = reinterpret_cast<std::byte*>(all.data()),
+                    .recv_counts = std::vector<std::int64_t>(comm.size(), 2),
+                    .dtype = DType::kFloat64});
+  double first = all[0], last = all[1];
+  for (int r = 1; r < comm.size(); ++r) {
+    first = std::min(first, all[2 * r]);
+    last = std::max(last, all[2 * r + 1]);
+  }
+  return last - first;
 }
 
 double measure_memcpy_seconds(std::int64_t bytes) {
@@ -304,7 +322,7 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
           result.case_s.push_back(timed(run_case));
           (threads ? result.floor_s : result.baseline_s).push_back(timed(other));
         }
-        if (!threads) result.baseline = "raw MPI";
+        if (!threads) result.baseline = "mpi";
         result.extra["algorithm"] = threads ? spec.algorithm : "MPI library";
         result.extra["busbw_gbps"] = spec.bus_factor * result.bytes / median(result.case_s) / 1e9;
         barrier(comm);

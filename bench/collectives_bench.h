@@ -30,8 +30,9 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
 // Returns bytes parsed from "4K", "16M", "1G" or a plain number; throws Error naming `text`.
 std::int64_t parse_bytes(std::string_view text);
 
-// Returns the seconds from a barrier to the barrier after fn() on every device of `comm` (the
-// time the slowest device needs), as both distributed benchmarks time a case and its floor.
+// Runs fn() on every device of `comm` after a barrier and returns the span from the first
+// device's start to the last device's end (the same on every device), as both distributed
+// benchmarks time a case and its floor.
 double time_between_barriers(Communicator& comm, const std::function<void()>& fn);
 
 // Returns the seconds one memcpy of `bytes` takes here (median of a few), for memcpy_gbps.

@@ -18,6 +18,11 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/runtime/executor.h"
+#ifdef MESHFLOW_HAVE_MPI
+#include <mpi.h>
+
+#include "meshflow/comm/mpi/communicator.h"
+#endif
 
 namespace meshflow::bench {
 
@@ -79,6 +84,41 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
     }
   }
 }
+
+#ifdef MESHFLOW_HAVE_MPI
+// The raw MPI collective moving the same bytes as case `name` (the baseline "mpi"): S(0)->R an
+// MPI_Allgatherv of the row blocks, S(0)->S(1) an MPI_Alltoall of equal blocks, P(sum)->S(0) an
+// MPI_Reduce_scatter, P(sum)->R an MPI_Allreduce.
+void raw_mpi(const std::string& name, Communicator& comm, const Layout& from, const Layout& to,
+             DeviceBuffers& b) {
+  MPI_Comm h = dynamic_cast<mpi::MpiCommunicator&>(comm).handle();
+  const int n = comm.size();
+  auto row_counts = [&](const Layout& l) {
+    std::vector<int> c;
+    for (DeviceId d : l.mesh.devices) c.push_back(static_cast<int>(numel(local_shape(l, d))));
+    return c;
+  };
+  auto displs = [](const std::vector<int>& c) {
+    std::vector<int> d(c.size(), 0);
+    for (std::size_t k = 1; k < c.size(); ++k) d[k] = d[k - 1] + c[k - 1];
+    return d;
+  };
+  if (name == "S(0)->R") {
+    const auto c = row_counts(from);
+    MPI_Allgatherv(b.in.bytes(), c[comm.rank()], MPI_FLOAT, b.out.bytes(), c.data(),
+                   displs(c).data(), MPI_FLOAT, h);
+  } else if (name == "S(0)->S(1)") {
+    const int per = static_cast<int>(std::min(b.in.numel(), b.out.numel()) / n);
+    MPI_Alltoall(b.in.bytes(), per, MPI_FLOAT, b.out.bytes(), per, MPI_FLOAT, h);
+  } else if (name == "P(sum)->S(0)") {
+    const auto c = row_counts(to);
+    MPI_Reduce_scatter(b.in.bytes(), b.out.bytes(), c.data(), MPI_FLOAT, MPI_SUM, h);
+  } else {
+    MPI_Allreduce(b.in.bytes(), b.out.bytes(), static_cast<int>(b.in.numel()), MPI_FLOAT, MPI_SUM,
+                  h);
+  }
+}
+#endif
 
 std::pair<std::string, std::string> split_case(const std::string& name) {
   const std::size_t arrow = name.find("->");
@@ -182,14 +222,21 @@ BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool
             auto run_case = [&] {
               mine.out = execute(*program, comm, mine.in, std::move(mine.out));
             };
-            auto run_floor = [&] { floor_pattern(name, from, to, r, peers); };
+            // threads: the memcpy floor; mpi: the raw MPI collective of the same bytes.
+            std::function<void()> other = [&] { floor_pattern(name, from, to, r, peers); };
+#ifdef MESHFLOW_HAVE_MPI
+            if (!threads) {
+              other = [&] { raw_mpi(name, comm, from, to, mine); };
+              result.baseline = "mpi";
+            }
+#endif
             for (int i = 0; i < options.warmup; ++i) {
               timed(run_case);
-              if (threads) timed(run_floor);
+              timed(other);
             }
             for (int i = 0; i < options.reps; ++i) {
               result.case_s.push_back(timed(run_case));
-              if (threads) result.floor_s.push_back(timed(run_floor));
+              (threads ? result.floor_s : result.baseline_s).push_back(timed(other));
             }
             std::string steps;
             for (const Step& s : plan->steps)

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <limits>
+#include <optional>
 
 #include "meshflow/core/error.h"
 
@@ -286,71 +288,224 @@ Event MpiCommunicator::barrier(const BarrierOptions& o, Completion c) {
   return finish_event(what, {req}, nullptr);
 }
 
+namespace {
+
+// Returns the MPI datatype of one box of a row-major tensor of `shape` (elements of type `elem`,
+// `es` bytes), at displacement 0 from the tensor's start: trailing dims the box spans fully form
+// one contiguous block, each outer dim one hvector (64-bit byte strides), and the box's offset
+// one more displacement. The caller frees it.
+MPI_Datatype box_type(const Box& box, const Shape& shape, MPI_Datatype elem, std::int64_t es,
+                      const std::string& what) {
+  const std::size_t rank = shape.size();
+  std::size_t split = rank;
+  std::int64_t run = 1;
+  while (split > 0) {
+    const std::size_t d = split - 1;
+    run *= box.extent[d];
+    --split;
+    if (box.extent[d] != shape[d]) break;
+  }
+  const auto strides = row_major_strides(shape);
+  MPI_Datatype t;
+  MPI_Type_contiguous(as_int(run, what), elem, &t);
+  for (std::size_t d = split; d-- > 0;) {
+    MPI_Datatype outer;
+    MPI_Type_create_hvector(as_int(box.extent[d], what), 1, static_cast<MPI_Aint>(strides[d] * es),
+                            t, &outer);
+    MPI_Type_free(&t);
+    t = outer;
+  }
+  std::int64_t offset = 0;
+  for (std::size_t d = 0; d < rank; ++d) offset += box.offset[d] * strides[d];
+  int one = 1;
+  MPI_Aint displacement = static_cast<MPI_Aint>(offset * es);
+  MPI_Datatype placed;
+  MPI_Type_create_struct(1, &one, &displacement, &t, &placed);
+  MPI_Type_free(&t);
+  return placed;
+}
+
+// Returns the committed datatype of every non-empty box of `boxes` together (in order), or
+// MPI_DATATYPE_NULL when they hold no element.
+MPI_Datatype regions_type(const std::vector<Box>& boxes, const Shape& shape, MPI_Datatype elem,
+                          std::int64_t es, const std::string& what) {
+  std::vector<MPI_Datatype> parts;
+  for (const Box& b : boxes) {
+    if (numel(b) > 0) parts.push_back(box_type(b, shape, elem, es, what));
+  }
+  if (parts.empty()) return MPI_DATATYPE_NULL;
+  MPI_Datatype out = parts[0];
+  if (parts.size() > 1) {
+    std::vector<int> ones(parts.size(), 1);
+    std::vector<MPI_Aint> zeros(parts.size(), 0);
+    MPI_Type_create_struct(static_cast<int>(parts.size()), ones.data(), zeros.data(), parts.data(),
+                           &out);
+    for (MPI_Datatype& p : parts) MPI_Type_free(&p);
+  }
+  MPI_Type_commit(&out);
+  return out;
+}
+
+// The counts and displacements of an exchange whose regions are contiguous runs (see
+// contiguous_exchange).
+struct ContiguousExchange {
+  std::vector<int> sc, sd, rc, rd;
+  bool pack_send = false;
+  std::int64_t send_total = 0;
+};
+
+// Returns the exchange as one MPI_Alltoallv when every rank's receive regions form one
+// contiguous run of dst (in any order) and its send regions one contiguous run of src, or
+// several (then packed in rank order: pack_send); nullopt otherwise or when a count leaves
+// MPI's int range.
+std::optional<ContiguousExchange> contiguous_exchange(const ExchangeBoxesOptions& o, int n,
+                                                      std::int64_t es) {
+  if (o.src_shape.empty() || o.dst_shape.empty()) return std::nullopt;
+  const Box src_all = full_box(o.src_shape), dst_all = full_box(o.dst_shape);
+  ContiguousExchange x;
+  auto run = [](const std::vector<Box>& boxes,
+                const Box& all) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
+    std::int64_t count = 0;
+    std::optional<std::int64_t> at;
+    for (const Box& b : boxes) {
+      if (numel(b) == 0) continue;
+      if (at) return std::nullopt;  // several non-empty regions
+      at = contiguous_offset(b, all);
+      if (!at) return std::nullopt;
+      count = numel(b);
+    }
+    return std::pair{at.value_or(0), count};
+  };
+  constexpr std::int64_t kMax = std::numeric_limits<int>::max();
+  for (int k = 0; k < n; ++k) {
+    const auto r = run(o.recv[k], dst_all);
+    if (!r || r->first > kMax || r->second > kMax) return std::nullopt;
+    x.rd.push_back(static_cast<int>(r->first));
+    x.rc.push_back(static_cast<int>(r->second));
+    const auto s = run(o.send[k], src_all);
+    std::int64_t count = 0;
+    for (const Box& b : o.send[k]) count += numel(b);
+    if (!s) x.pack_send = true;
+    if (count > kMax || x.send_total > kMax) return std::nullopt;
+    x.sd.push_back(static_cast<int>(s ? s->first : 0));
+    x.sc.push_back(static_cast<int>(count));
+    x.send_total += count;
+  }
+  if (x.pack_send) {
+    std::int64_t at = 0;
+    for (int k = 0; k < n; ++k) {
+      x.sd[k] = static_cast<int>(at);
+      at += x.sc[k];
+    }
+  }
+  (void)es;
+  return x;
+}
+
+// The arguments of one MPI_Alltoallw: per rank one datatype (or none) at displacement 0.
+struct RegionExchange {
+  std::vector<int> send_counts, recv_counts, displs;
+  std::vector<MPI_Datatype> send_types, recv_types;
+  ~RegionExchange() {
+    for (auto& v : {&send_types, &recv_types}) {
+      for (MPI_Datatype& t : *v) {
+        if (t != MPI_BYTE) MPI_Type_free(&t);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::byte* MpiCommunicator::scratch(std::int64_t bytes) {
+  // Grown when needed, never shrunk, never zero-filled: every byte is written before it is sent.
+  if (bytes > scratch_bytes_) {
+    scratch_.reset(new std::byte[static_cast<std::size_t>(bytes)]);
+    scratch_bytes_ = bytes;
+  }
+  return scratch_.get();
+}
+
 Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion c) {
-  // Packs every outgoing region into one buffer in rank order, exchanges with MPI_Alltoallv and
-  // unpacks into dst.
+  // Every region travels straight from the source tensor into the destination tensor, described
+  // by derived datatypes: no staging buffer, no packing by hand, nothing zero-filled.
   const std::string what = describe("exchange_boxes", devices_);
   check_exchange(*this, o);
   const int n = size();
-  struct State {
-    std::vector<int> sc, sd, rc, rd;
-    std::vector<std::byte> sendbuf, recvbuf;
-  };
-  auto st = std::make_shared<State>();
-  const std::size_t es = size_of(o.dtype);
-  auto total = [](const std::vector<Box>& boxes) {
-    std::int64_t t = 0;
-    for (const Box& b : boxes) t += numel(b);
-    return t;
-  };
-  std::vector<std::int64_t> scount(n), rcount(n);
-  for (int k = 0; k < n; ++k) {
-    scount[k] = total(o.send[k]);
-    rcount[k] = total(o.recv[k]);
-  }
-  st->sc = as_ints(scount, what);
-  st->sd = int_displacements(st->sc, what);
-  st->rc = as_ints(rcount, what);
-  st->rd = int_displacements(st->rc, what);
-  st->sendbuf.resize(static_cast<std::size_t>(displacements(scount)[n]) * es + 1);
-  st->recvbuf.resize(static_cast<std::size_t>(displacements(rcount)[n]) * es + 1);
-  std::int64_t at = 0;
-  for (int k = 0; k < n; ++k) {
-    for (const Box& b : o.send[k]) {
-      Shape ext = b.extent;
-      // Pack as a row-major block of shape b.extent at element `at`.
-      copy_box(ConstBuffer{o.src, &o.src_shape, es}, b.offset,
-               MutableBuffer{st->sendbuf.data() + at * es, &ext, es},
-               std::vector<std::int64_t>(ext.size(), 0), b.extent);
-      at += numel(b);
+  const auto es = static_cast<std::int64_t>(size_of(o.dtype));
+  const MPI_Datatype elem = mpi_type(o.dtype);
+  // A 0-d tensor is one element: view it as shape {1}.
+  const Shape src_shape = o.src_shape.empty() ? Shape{1} : o.src_shape;
+  const Shape dst_shape = o.dst_shape.empty() ? Shape{1} : o.dst_shape;
+  auto lift = [](const Box& b) { return b.extent.empty() ? Box{{0}, {1}} : b; };
+  // Fast path: every region a contiguous run, in rank order on the receiving side, so one
+  // MPI_Alltoallv (Open MPI's tuned algorithms) moves them; the strided side, if any, is packed
+  // into a reused scratch buffer.
+  if (auto fast = contiguous_exchange(o, n, es); fast && c == Completion::kWait) {
+    const auto armed = guard(what, o.timeout);
+    if (!fast->pack_send) {
+      check(MPI_Alltoallv(o.src, fast->sc.data(), fast->sd.data(), elem, o.dst, fast->rc.data(),
+                          fast->rd.data(), elem, comm_),
+            what);
+      return Event();
     }
-  }
-  auto unpack = [st, o, es, n] {
-    std::int64_t pos = 0;
-    for (int k = 0; k < n; ++k) {
-      for (const Box& b : o.recv[k]) {
+    // Strided sends: receives are posted straight into dst first; then each peer's block is
+    // packed and sent at once, so packing the next block overlaps the transfer of this one.
+    const auto esz = static_cast<std::size_t>(es);
+    std::vector<MPI_Request> reqs;
+    for (int i = 1; i < n; ++i) {
+      const int k = (rank_ - i + n) % n;
+      if (fast->rc[k] == 0) continue;
+      reqs.emplace_back();
+      check(MPI_Irecv(o.dst + static_cast<std::int64_t>(fast->rd[k]) * es, fast->rc[k], elem, k,
+                      /*tag=*/1, internal_, &reqs.back()),
+            what);
+    }
+    std::byte* packed = scratch(fast->send_total * es);
+    for (int i = 0; i < n; ++i) {
+      const int k = (rank_ + i) % n;
+      std::byte* block = packed + static_cast<std::int64_t>(fast->sd[k]) * es;
+      std::int64_t at = 0;
+      for (const Box& b : o.send[k]) {
         Shape ext = b.extent;
-        copy_box(ConstBuffer{st->recvbuf.data() + pos * es, &ext, es},
-                 std::vector<std::int64_t>(ext.size(), 0), MutableBuffer{o.dst, &o.dst_shape, es},
-                 b.offset, b.extent);
-        pos += numel(b);
+        // This rank's own block goes straight to its place in dst.
+        std::byte* to = k == rank_ ? o.dst + (fast->rd[k] + at) * es : block + at * es;
+        copy_box(ConstBuffer{o.src, &o.src_shape, esz}, b.offset, MutableBuffer{to, &ext, esz},
+                 std::vector<std::int64_t>(ext.size(), 0), b.extent);
+        at += numel(b);
       }
+      if (k == rank_ || fast->sc[k] == 0) continue;
+      reqs.emplace_back();
+      check(MPI_Isend(block, fast->sc[k], elem, k, /*tag=*/1, internal_, &reqs.back()), what);
     }
-  };
-  const MPI_Datatype t = mpi_type(o.dtype);
+    check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), what);
+    return Event();
+  }
+  auto x = std::make_shared<RegionExchange>();
+  x->displs.assign(n, 0);
+  for (int k = 0; k < n; ++k) {
+    std::vector<Box> send, recv;
+    for (const Box& b : o.send[k]) send.push_back(lift(b));
+    for (const Box& b : o.recv[k]) recv.push_back(lift(b));
+    const MPI_Datatype st = regions_type(send, src_shape, elem, es, what);
+    const MPI_Datatype rt = regions_type(recv, dst_shape, elem, es, what);
+    x->send_types.push_back(st == MPI_DATATYPE_NULL ? MPI_BYTE : st);
+    x->send_counts.push_back(st == MPI_DATATYPE_NULL ? 0 : 1);
+    x->recv_types.push_back(rt == MPI_DATATYPE_NULL ? MPI_BYTE : rt);
+    x->recv_counts.push_back(rt == MPI_DATATYPE_NULL ? 0 : 1);
+  }
   if (c == Completion::kWait) {
     const auto armed = guard(what, o.timeout);
-    check(MPI_Alltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(),
-                        st->rc.data(), st->rd.data(), t, comm_),
+    check(MPI_Alltoallw(o.src, x->send_counts.data(), x->displs.data(), x->send_types.data(), o.dst,
+                        x->recv_counts.data(), x->displs.data(), x->recv_types.data(), comm_),
           what);
-    unpack();
     return Event();
   }
   MPI_Request req;
-  check(MPI_Ialltoallv(st->sendbuf.data(), st->sc.data(), st->sd.data(), t, st->recvbuf.data(),
-                       st->rc.data(), st->rd.data(), t, comm_, &req),
+  check(MPI_Ialltoallw(o.src, x->send_counts.data(), x->displs.data(), x->send_types.data(), o.dst,
+                       x->recv_counts.data(), x->displs.data(), x->recv_types.data(), comm_, &req),
         what);
-  return finish_event(what, {req}, unpack, st);
+  return finish_event(what, {req}, nullptr, x);
 }
 
 std::shared_ptr<Communicator> MpiCommunicator::group(const std::vector<DeviceId>& members) {
