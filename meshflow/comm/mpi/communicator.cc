@@ -346,72 +346,34 @@ MPI_Datatype regions_type(const std::vector<Box>& boxes, const Shape& shape, MPI
   return out;
 }
 
-// The counts and displacements of an exchange whose regions are contiguous runs (see
-// contiguous_exchange).
-struct ContiguousExchange {
-  std::vector<int> sc, sd, rc, rd;
-  bool pack_send = false;
-  std::int64_t send_total = 0;
-};
-
-// Returns the exchange as one MPI_Alltoallv when every rank's receive regions form one
-// contiguous run of dst (in any order) and its send regions one contiguous run of src, or
-// several (then packed in rank order: pack_send); nullopt otherwise or when a count leaves
-// MPI's int range.
-std::optional<ContiguousExchange> contiguous_exchange(const ExchangeBoxesOptions& o, int n,
-                                                      std::int64_t es) {
-  if (o.src_shape.empty() || o.dst_shape.empty()) return std::nullopt;
-  const Box src_all = full_box(o.src_shape), dst_all = full_box(o.dst_shape);
-  ContiguousExchange x;
-  auto run = [](const std::vector<Box>& boxes,
-                const Box& all) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
-    std::int64_t count = 0;
-    std::optional<std::int64_t> at;
-    for (const Box& b : boxes) {
-      if (numel(b) == 0) continue;
-      if (at) return std::nullopt;  // several non-empty regions
-      at = contiguous_offset(b, all);
-      if (!at) return std::nullopt;
-      count = numel(b);
-    }
-    return std::pair{at.value_or(0), count};
-  };
-  constexpr std::int64_t kMax = std::numeric_limits<int>::max();
-  for (int k = 0; k < n; ++k) {
-    const auto r = run(o.recv[k], dst_all);
-    if (!r || r->first > kMax || r->second > kMax) return std::nullopt;
-    x.rd.push_back(static_cast<int>(r->first));
-    x.rc.push_back(static_cast<int>(r->second));
-    const auto s = run(o.send[k], src_all);
-    std::int64_t count = 0;
-    for (const Box& b : o.send[k]) count += numel(b);
-    if (!s) x.pack_send = true;
-    if (count > kMax || x.send_total > kMax) return std::nullopt;
-    x.sd.push_back(static_cast<int>(s ? s->first : 0));
-    x.sc.push_back(static_cast<int>(count));
-    x.send_total += count;
+// Returns the element offset and count of `boxes` when their non-empty members are one
+// contiguous run of the tensor `all` (one box, or none); nullopt otherwise.
+std::optional<std::pair<std::int64_t, std::int64_t>> single_run(const std::vector<Box>& boxes,
+                                                                const Box& all) {
+  std::optional<std::int64_t> at;
+  std::int64_t count = 0;
+  for (const Box& b : boxes) {
+    if (numel(b) == 0) continue;
+    if (at) return std::nullopt;
+    at = contiguous_offset(b, all);
+    if (!at) return std::nullopt;
+    count = numel(b);
   }
-  if (x.pack_send) {
-    std::int64_t at = 0;
-    for (int k = 0; k < n; ++k) {
-      x.sd[k] = static_cast<int>(at);
-      at += x.sc[k];
-    }
-  }
-  (void)es;
-  return x;
+  return std::pair{at.value_or(0), count};
 }
 
-// The arguments of one MPI_Alltoallw: per rank one datatype (or none) at displacement 0.
-struct RegionExchange {
-  std::vector<int> send_counts, recv_counts, displs;
-  std::vector<MPI_Datatype> send_types, recv_types;
-  ~RegionExchange() {
-    for (auto& v : {&send_types, &recv_types}) {
-      for (MPI_Datatype& t : *v) {
-        if (t != MPI_BYTE) MPI_Type_free(&t);
-      }
-    }
+std::int64_t elements(const std::vector<Box>& boxes) {
+  std::int64_t n = 0;
+  for (const Box& b : boxes) n += numel(b);
+  return n;
+}
+
+// What an exchange keeps alive until it completes.
+struct ExchangeState {
+  std::vector<MPI_Datatype> types;
+  std::unique_ptr<std::byte[]> packed;  // asynchronous calls only (blocking ones use scratch)
+  ~ExchangeState() {
+    for (MPI_Datatype& t : types) MPI_Type_free(&t);
   }
 };
 
@@ -427,85 +389,80 @@ std::byte* MpiCommunicator::scratch(std::int64_t bytes) {
 }
 
 Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion c) {
-  // Every region travels straight from the source tensor into the destination tensor, described
-  // by derived datatypes: no staging buffer, no packing by hand, nothing zero-filled.
+  // Point to point with every peer, each side choosing its own form (so no agreement is needed):
+  // a region list that is one contiguous run is received into (or sent from) the tensor itself;
+  // other receives use a derived datatype straight into dst; other sends are packed into a
+  // buffer, each peer's block sent as soon as it is packed so that packing overlaps the
+  // transfers. Nothing is staged twice and nothing is zero-filled.
   const std::string what = describe("exchange_boxes", devices_);
   check_exchange(*this, o);
   const int n = size();
   const auto es = static_cast<std::int64_t>(size_of(o.dtype));
+  const auto esz = static_cast<std::size_t>(es);
   const MPI_Datatype elem = mpi_type(o.dtype);
-  // A 0-d tensor is one element: view it as shape {1}.
-  const Shape src_shape = o.src_shape.empty() ? Shape{1} : o.src_shape;
-  const Shape dst_shape = o.dst_shape.empty() ? Shape{1} : o.dst_shape;
-  auto lift = [](const Box& b) { return b.extent.empty() ? Box{{0}, {1}} : b; };
-  // Fast path: every region a contiguous run, in rank order on the receiving side, so one
-  // MPI_Alltoallv (Open MPI's tuned algorithms) moves them; the strided side, if any, is packed
-  // into a reused scratch buffer.
-  if (auto fast = contiguous_exchange(o, n, es); fast && c == Completion::kWait) {
-    const auto armed = guard(what, o.timeout);
-    if (!fast->pack_send) {
-      check(MPI_Alltoallv(o.src, fast->sc.data(), fast->sd.data(), elem, o.dst, fast->rc.data(),
-                          fast->rd.data(), elem, comm_),
+  const Box src_all = full_box(o.src_shape), dst_all = full_box(o.dst_shape);
+  auto state = std::make_shared<ExchangeState>();
+  std::vector<MPI_Request> reqs;
+  for (int i = 1; i < n; ++i) {
+    const int k = (rank_ - i + n) % n;
+    const std::int64_t count = elements(o.recv[k]);
+    if (count == 0) continue;
+    reqs.emplace_back();
+    if (auto run = single_run(o.recv[k], dst_all)) {
+      check(MPI_Irecv(o.dst + run->first * es, as_int(count, what), elem, k, /*tag=*/1, internal_,
+                      &reqs.back()),
             what);
-      return Event();
+    } else {
+      state->types.push_back(regions_type(o.recv[k], o.dst_shape, elem, es, what));
+      check(MPI_Irecv(o.dst, 1, state->types.back(), k, /*tag=*/1, internal_, &reqs.back()), what);
     }
-    // Strided sends: receives are posted straight into dst first; then each peer's block is
-    // packed and sent at once, so packing the next block overlaps the transfer of this one.
-    const auto esz = static_cast<std::size_t>(es);
-    std::vector<MPI_Request> reqs;
-    for (int i = 1; i < n; ++i) {
-      const int k = (rank_ - i + n) % n;
-      if (fast->rc[k] == 0) continue;
-      reqs.emplace_back();
-      check(MPI_Irecv(o.dst + static_cast<std::int64_t>(fast->rd[k]) * es, fast->rc[k], elem, k,
-                      /*tag=*/1, internal_, &reqs.back()),
-            what);
+  }
+  std::int64_t pack_total = 0;
+  for (int k = 0; k < n; ++k) {
+    if (k != rank_ && !single_run(o.send[k], src_all)) pack_total += elements(o.send[k]);
+  }
+  std::byte* packed = nullptr;
+  if (pack_total > 0) {
+    if (c == Completion::kWait) {
+      packed = scratch(pack_total * es);
+    } else {
+      state->packed.reset(new std::byte[static_cast<std::size_t>(pack_total * es)]);
+      packed = state->packed.get();
     }
-    std::byte* packed = scratch(fast->send_total * es);
-    for (int i = 0; i < n; ++i) {
-      const int k = (rank_ + i) % n;
-      std::byte* block = packed + static_cast<std::int64_t>(fast->sd[k]) * es;
-      std::int64_t at = 0;
+  }
+  for (int i = 0; i < n; ++i) {
+    const int k = (rank_ + i) % n;
+    if (k == rank_) {  // this rank's own regions go straight from src to dst
+      for (std::size_t j = 0; j < o.send[k].size(); ++j) {
+        copy_box(ConstBuffer{o.src, &o.src_shape, esz}, o.send[k][j].offset,
+                 MutableBuffer{o.dst, &o.dst_shape, esz}, o.recv[k][j].offset, o.recv[k][j].extent);
+      }
+      continue;
+    }
+    const std::int64_t count = elements(o.send[k]);
+    if (count == 0) continue;
+    const std::byte* from = nullptr;
+    if (auto run = single_run(o.send[k], src_all)) {
+      from = o.src + run->first * es;
+    } else {
+      std::byte* block = packed;
       for (const Box& b : o.send[k]) {
         Shape ext = b.extent;
-        // This rank's own block goes straight to its place in dst.
-        std::byte* to = k == rank_ ? o.dst + (fast->rd[k] + at) * es : block + at * es;
-        copy_box(ConstBuffer{o.src, &o.src_shape, esz}, b.offset, MutableBuffer{to, &ext, esz},
+        copy_box(ConstBuffer{o.src, &o.src_shape, esz}, b.offset, MutableBuffer{packed, &ext, esz},
                  std::vector<std::int64_t>(ext.size(), 0), b.extent);
-        at += numel(b);
+        packed += numel(b) * es;
       }
-      if (k == rank_ || fast->sc[k] == 0) continue;
-      reqs.emplace_back();
-      check(MPI_Isend(block, fast->sc[k], elem, k, /*tag=*/1, internal_, &reqs.back()), what);
+      from = block;
     }
-    check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), what);
-    return Event();
-  }
-  auto x = std::make_shared<RegionExchange>();
-  x->displs.assign(n, 0);
-  for (int k = 0; k < n; ++k) {
-    std::vector<Box> send, recv;
-    for (const Box& b : o.send[k]) send.push_back(lift(b));
-    for (const Box& b : o.recv[k]) recv.push_back(lift(b));
-    const MPI_Datatype st = regions_type(send, src_shape, elem, es, what);
-    const MPI_Datatype rt = regions_type(recv, dst_shape, elem, es, what);
-    x->send_types.push_back(st == MPI_DATATYPE_NULL ? MPI_BYTE : st);
-    x->send_counts.push_back(st == MPI_DATATYPE_NULL ? 0 : 1);
-    x->recv_types.push_back(rt == MPI_DATATYPE_NULL ? MPI_BYTE : rt);
-    x->recv_counts.push_back(rt == MPI_DATATYPE_NULL ? 0 : 1);
+    reqs.emplace_back();
+    check(MPI_Isend(from, as_int(count, what), elem, k, /*tag=*/1, internal_, &reqs.back()), what);
   }
   if (c == Completion::kWait) {
     const auto armed = guard(what, o.timeout);
-    check(MPI_Alltoallw(o.src, x->send_counts.data(), x->displs.data(), x->send_types.data(), o.dst,
-                        x->recv_counts.data(), x->displs.data(), x->recv_types.data(), comm_),
-          what);
+    check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), what);
     return Event();
   }
-  MPI_Request req;
-  check(MPI_Ialltoallw(o.src, x->send_counts.data(), x->displs.data(), x->send_types.data(), o.dst,
-                       x->recv_counts.data(), x->displs.data(), x->recv_types.data(), comm_, &req),
-        what);
-  return finish_event(what, {req}, nullptr, x);
+  return finish_event(what, std::move(reqs), nullptr, state);
 }
 
 std::shared_ptr<Communicator> MpiCommunicator::group(const std::vector<DeviceId>& members) {
