@@ -2,8 +2,9 @@
 // rows chunk r under S(0), columns chunk r under S(1), and a full term under P(sum). Floors,
 // per device r (blocks by the chunk rule):
 //   S(0)->R       memcpy of every device's row block into r's output (the all-gather pattern)
-//   S(0)->S(1)    for every device k, the rows of k's block restricted to r's columns, copied
-//                 row by row from k's shard into r's output (each byte once, from where it lives)
+//   S(0)->S(1)    for every device k, as many bytes as k's rows restricted to r's columns hold,
+//                 copied as one contiguous run of k's input into r's output (the contiguous
+//                 ideal: the same bytes with no stride)
 //   P(sum)->S(0)  memcpy of r's row block from every device's term (one read of every term)
 //   P(sum)->R     the bandwidth-optimal all-reduce pattern: P(sum)->S(0)'s reads, then every
 //                 other device's block into r's output (read from its input, so that the floor,
@@ -54,14 +55,13 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
                   peers[k]->in.nbytes());
     }
   } else if (name == "S(0)->S(1)") {
+    // The contiguous ideal: r's block from k (k's rows, r's columns) as one run of k's input.
     const std::size_t out_row = mine.extent[1] * kElem;
     for (int i = 0; i < n; ++i) {
       const int k = (r + i) % n;
       const Box b = shard_box(from, k);
-      for (std::int64_t y = 0; y < b.extent[0]; ++y) {
-        std::memcpy(out + (b.offset[0] + y) * out_row,
-                    peers[k]->in.bytes() + y * row + mine.offset[1] * kElem, out_row);
-      }
+      const std::size_t bytes = b.extent[0] * out_row;
+      std::memcpy(out + b.offset[0] * out_row, peers[k]->in.bytes() + r * bytes, bytes);
     }
   } else if (name == "P(sum)->S(0)") {
     for (int i = 0; i < n; ++i) {
