@@ -6,6 +6,7 @@
 
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
+#include "bench/io_bench.h"
 #include "bench/redistribute_bench.h"
 #include "cli/commands.h"
 
@@ -83,6 +84,20 @@ void add_bench(CLI::App& app) {
   c->add_option("--reps", copy->reps, "timed repetitions")->check(CLI::PositiveNumber);
   c->add_flag("--json", *copy_json, "print JSON");
   c->callback([copy, copy_json] { print_report(bench::run_copy_bench(*copy), *copy_json); });
+
+  auto io = std::make_shared<bench::IoBenchOptions>();
+  auto io_json = std::make_shared<bool>(false);
+  auto io_mib = std::make_shared<std::int64_t>(512);
+  CLI::App* i = bench->add_subcommand(
+      "io", "meshflow shard and gather of one .npy file against NumPy, with peak memory");
+  i->add_option("--mib", *io_mib, "tensor size in MiB")->check(CLI::Range(1, 1 << 20));
+  i->add_option("--reps", io->reps, "timed repetitions")->check(CLI::Range(1, 1000));
+  i->add_option("--dir", io->dir, "folder for the files (default: the temporary folder)");
+  i->add_flag("--json", *io_json, "print JSON");
+  i->callback([io, io_json, io_mib] {
+    io->bytes = *io_mib << 20;
+    print_report(bench::run_io_bench(*io), *io_json);
+  });
 
   add_distributed(bench, "collectives",
                   "every collective against its memcpy floor (threads) or raw MPI (mpi)",
