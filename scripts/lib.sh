@@ -7,6 +7,7 @@ MESHFLOW_PACKAGES=(
   libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
   libopenblas-dev libopenmpi-dev openmpi-bin
   python3 python3-numpy
+  clang libclang-rt-14-dev
 )
 
 ensure_packages() {
@@ -29,6 +30,28 @@ build_preset() {
     cmake --preset "$preset" >/dev/null
   fi
   cmake --build --preset "$preset"
+}
+
+# run_fuzzers SECONDS: runs every libFuzzer harness of the `fuzz` preset for SECONDS each, from a
+# copy of its corpus in fuzz/corpus/ (the repository's corpus is never written); fails on the
+# first crash, leak or timeout, leaving the input that caused it in the printed folder.
+run_fuzzers() {
+  local seconds=$1 work
+  work=$(mktemp -d)
+  for harness in build/fuzz/fuzz/*_fuzz; do
+    local name
+    name=$(basename "$harness" _fuzz)
+    mkdir -p "$work/$name"
+    if ! "$harness" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        -artifact_prefix="$work/" -print_final_stats=1 "$work/$name" "fuzz/corpus/$name" \
+        >"$work/$name.log" 2>&1; then
+      tail -n 40 "$work/$name.log"
+      echo "fuzzer $name failed; its input and log are in $work"
+      return 1
+    fi
+    echo "fuzzer $name: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$name.log" | grep -o '[0-9]*$') inputs in ${seconds}s, no failure"
+  done
+  rm -rf "$work"
 }
 
 # Open MPI refuses to run as root unless told; CI runs as root.

@@ -10,6 +10,9 @@ nlohmann::json parse_json(std::string_view text, std::string_view source) {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     fail(ErrorKind::kIo, "{}: invalid JSON at byte {}", source, e.byte);
+  } catch (const nlohmann::json::exception&) {
+    // The parser's other failure: a number too large for any JSON number type.
+    fail(ErrorKind::kIo, "{}: invalid JSON: a number is out of range", source);
   }
 }
 
