@@ -115,10 +115,9 @@ struct Spec {
   void (*floor)(int r, int n, const std::vector<Buffers*>& peers, std::int64_t count);
 };
 
-std::map<std::string, Spec> specs(int n) {
-  const double ring = n > 1 ? double(n - 1) / n : 0;
-  std::map<std::string, Spec> s;
-  s["all_gather"] = {
+// The all_gather case: its algorithm, bus-bandwidth factor, buffers, call and floor.
+Spec all_gather_spec(double ring) {
+  return Spec{
       "direct copy", ring,
       [](std::int64_t count, int n_, int r) {
         return Buffers{random_tensor(kDtype, {chunks(count, n_)[r]}, r), Tensor(kDtype, {count})};
@@ -137,7 +136,11 @@ std::map<std::string, Spec> specs(int n) {
           mcopy(p[r]->recv.bytes() + d[k] * kElem, p[k]->send.bytes(), cs[k]);
         }
       }};
-  s["reduce_scatter"] = {
+}
+
+// The reduce_scatter case: its algorithm, bus-bandwidth factor, buffers, call and floor.
+Spec reduce_scatter_spec(double ring) {
+  return Spec{
       "direct reduce", ring,
       [](std::int64_t count, int n_, int r) {
         return Buffers{random_tensor(kDtype, {count}, r), Tensor(kDtype, {chunks(count, n_)[r]})};
@@ -155,7 +158,11 @@ std::map<std::string, Spec> specs(int n) {
         for (int k = 0; k < n_; ++k)
           mcopy(p[r]->recv.bytes(), p[k]->send.bytes() + d[r] * kElem, cs[r]);
       }};
-  s["all_reduce"] = {
+}
+
+// The all_reduce case: its algorithm, bus-bandwidth factor, buffers, call and floor.
+Spec all_reduce_spec(double ring) {
+  return Spec{
       "reduce-scatter + all-gather", 2 * ring,
       [](std::int64_t count, int, int r) {
         return Buffers{random_tensor(kDtype, {count}, r), Tensor(kDtype, {count})};
@@ -177,56 +184,74 @@ std::map<std::string, Spec> specs(int n) {
           mcopy(p[r]->recv.bytes() + d[k] * kElem, p[k]->send.bytes() + d[k] * kElem, cs[k]);
         }
       }};
-  s["all_to_all"] = {"direct copy", ring,
-                     [](std::int64_t count, int n_, int r) {
-                       std::int64_t mine = chunks(count, n_)[0] / n_ * n_;
-                       return Buffers{random_tensor(kDtype, {mine}, r), Tensor(kDtype, {mine})};
-                     },
-                     [](Communicator& c, Buffers& b, std::int64_t, Completion) {
-                       std::vector<std::int64_t> per(c.size(), b.send.numel() / c.size());
-                       all_to_all(c, {.send = b.send.bytes(),
-                                      .send_counts = per,
-                                      .recv = b.recv.bytes(),
-                                      .recv_counts = per,
-                                      .dtype = kDtype});
-                     },
-                     [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t) {
-                       const std::int64_t per = p[r]->send.numel() / n_;
-                       for (int i = 0; i < n_; ++i) {
-                         int k = (r + i) % n_;
-                         mcopy(p[r]->recv.bytes() + k * per * kElem,
-                               p[k]->send.bytes() + r * per * kElem, per);
-                       }
-                     }};
-  s["broadcast"] = {
-      "direct copy", 1.0,
-      [](std::int64_t count, int, int r) {
-        return Buffers{Tensor(kDtype, {0}), random_tensor(kDtype, {count}, r)};
-      },
-      [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
-        broadcast(c, {.data = b.recv.bytes(), .count = count, .dtype = kDtype, .root = Rank{0}});
-      },
-      [](int r, int, const std::vector<Buffers*>& p, std::int64_t count) {
-        if (r != 0) mcopy(p[r]->recv.bytes(), p[0]->recv.bytes(), count);
-      }};
-  s["collective_permute"] = {
-      "direct copy", 1.0 / n,
-      [](std::int64_t count, int n_, int r) {
-        std::int64_t mine = chunks(count, n_)[0];
-        return Buffers{random_tensor(kDtype, {mine}, r), Tensor(kDtype, {mine})};
-      },
-      [](Communicator& c, Buffers& b, std::int64_t, Completion) {
-        collective_permute(c, {.send = b.send.bytes(),
-                               .send_count = b.send.numel(),
+}
+
+// The all_to_all case: its algorithm, bus-bandwidth factor, buffers, call and floor.
+Spec all_to_all_spec(double ring) {
+  return Spec{"direct copy", ring,
+              [](std::int64_t count, int n_, int r) {
+                std::int64_t mine = chunks(count, n_)[0] / n_ * n_;
+                return Buffers{random_tensor(kDtype, {mine}, r), Tensor(kDtype, {mine})};
+              },
+              [](Communicator& c, Buffers& b, std::int64_t, Completion) {
+                std::vector<std::int64_t> per(c.size(), b.send.numel() / c.size());
+                all_to_all(c, {.send = b.send.bytes(),
+                               .send_counts = per,
                                .recv = b.recv.bytes(),
-                               .recv_count = b.recv.numel(),
-                               .dtype = kDtype,
-                               .shift = 1});
-      },
-      [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t) {
-        mcopy(p[r]->recv.bytes(), p[(r + 1) % n_]->send.bytes(), p[r]->recv.numel());
-      }};
-  return s;
+                               .recv_counts = per,
+                               .dtype = kDtype});
+              },
+              [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t) {
+                const std::int64_t per = p[r]->send.numel() / n_;
+                for (int i = 0; i < n_; ++i) {
+                  int k = (r + i) % n_;
+                  mcopy(p[r]->recv.bytes() + k * per * kElem, p[k]->send.bytes() + r * per * kElem,
+                        per);
+                }
+              }};
+}
+
+// The broadcast case: its algorithm, bus-bandwidth factor, buffers, call and floor.
+Spec broadcast_spec() {
+  return Spec{"direct copy", 1.0,
+              [](std::int64_t count, int, int r) {
+                return Buffers{Tensor(kDtype, {0}), random_tensor(kDtype, {count}, r)};
+              },
+              [](Communicator& c, Buffers& b, std::int64_t count, Completion) {
+                broadcast(
+                    c, {.data = b.recv.bytes(), .count = count, .dtype = kDtype, .root = Rank{0}});
+              },
+              [](int r, int, const std::vector<Buffers*>& p, std::int64_t count) {
+                if (r != 0) mcopy(p[r]->recv.bytes(), p[0]->recv.bytes(), count);
+              }};
+}
+
+// The collective_permute case: its algorithm, bus-bandwidth factor, buffers, call and floor.
+Spec collective_permute_spec(int n) {
+  return Spec{"direct copy", 1.0 / n,
+              [](std::int64_t count, int n_, int r) {
+                std::int64_t mine = chunks(count, n_)[0];
+                return Buffers{random_tensor(kDtype, {mine}, r), Tensor(kDtype, {mine})};
+              },
+              [](Communicator& c, Buffers& b, std::int64_t, Completion) {
+                collective_permute(c, {.send = b.send.bytes(),
+                                       .send_count = b.send.numel(),
+                                       .recv = b.recv.bytes(),
+                                       .recv_count = b.recv.numel(),
+                                       .dtype = kDtype,
+                                       .shift = 1});
+              },
+              [](int r, int n_, const std::vector<Buffers*>& p, std::int64_t) {
+                mcopy(p[r]->recv.bytes(), p[(r + 1) % n_]->send.bytes(), p[r]->recv.numel());
+              }};
+}
+
+std::map<std::string, Spec> specs(int n) {
+  const double ring = n > 1 ? double(n - 1) / n : 0;
+  return {
+      {"all_gather", all_gather_spec(ring)}, {"reduce_scatter", reduce_scatter_spec(ring)},
+      {"all_reduce", all_reduce_spec(ring)}, {"all_to_all", all_to_all_spec(ring)},
+      {"broadcast", broadcast_spec()},       {"collective_permute", collective_permute_spec(n)}};
 }
 
 #ifdef MESHFLOW_HAVE_MPI

@@ -250,6 +250,10 @@ std::vector<Step> plan_search(const Layout& from, const Layout& to, const Machin
 
 namespace {
 
+// Estimates closer than this (relative) are a tie, which the earlier candidate wins: floating-
+// point rounding must not decide between equal plans.
+constexpr double kTieTolerance = 1e-9;
+
 double total_est(const std::vector<Step>& steps) {
   double t = 0;
   for (const Step& s : steps) t += s.est_s;
@@ -286,7 +290,7 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     totals.push_back(fill_totals(from, candidates[i].steps));
     // A later candidate wins only if strictly cheaper (by more than rounding).
-    if (total_est(candidates[i].steps) < total_est(candidates[winner].steps) * (1 - 1e-9))
+    if (total_est(candidates[i].steps) < total_est(candidates[winner].steps) * (1 - kTieTolerance))
       winner = i;
   }
   plan.planner = candidates[winner].name;
