@@ -119,3 +119,29 @@ TEST(Npy, MissingFileNamesThePath) {
 
 }  // namespace
 }  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+TEST(Npy, FilesOverTwoGiBLoadWhole) {
+  // Regression: one read() moves at most about 2 GiB on Linux, and a huge file stopped early
+  // with the wrong message. A sparse file keeps the test cheap on disk.
+  const auto path = std::filesystem::temp_directory_path() / "meshflow_npy_big.npy";
+  const std::int64_t count = (std::int64_t{1} << 29) + 4;  // float32: 2 GiB + 16 bytes
+  const std::string header = encode_npy_header(DType::kFloat32, {count});
+  {
+    const File f = File::create(path);
+    f.write_at(0, std::as_bytes(std::span<const char>(header.data(), header.size())));
+    const float tail = 3.5f;
+    f.write_at(static_cast<std::int64_t>(header.size()) + (count - 1) * 4,
+               std::as_bytes(std::span<const float>(&tail, 1)));
+  }
+  const Tensor t = read_npy(path);
+  std::filesystem::remove(path);
+  ASSERT_EQ(t.numel(), count);
+  EXPECT_EQ(t.data<float>()[0], 0.0f);
+  EXPECT_EQ(t.data<float>()[count - 1], 3.5f);
+}
+
+}  // namespace
+}  // namespace meshflow
