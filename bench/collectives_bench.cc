@@ -75,6 +75,17 @@ double time_between_barriers(Communicator& comm, const std::function<void()>& fn
   return last - first;
 }
 
+double measured_memcpy_gbps() {
+  constexpr std::int64_t kBytes = 64 << 20;
+  return static_cast<double>(kBytes) / measure_memcpy_seconds(kBytes) / 1e9;
+}
+
+LaunchOptions bench_launch_options(Backend backend, int devices) {
+  return {.backend = backend,
+          .devices = devices > 0 ? first_devices(devices) : std::vector<DeviceId>{},
+          .timeout = std::chrono::minutes(10)};
+}
+
 double measure_memcpy_seconds(std::int64_t bytes) {
   Tensor a = random_tensor(DType::kFloat32, {bytes / 4}, 1);
   Tensor b(DType::kFloat32, {bytes / 4});
@@ -301,15 +312,11 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
   std::mutex report_mu;
   std::vector<Buffers*> peers;
   const bool threads = options.backend == Backend::kThreads;
-  LaunchOptions launch_options{
-      .backend = options.backend,
-      .devices = options.devices > 0 ? first_devices(options.devices) : std::vector<DeviceId>{},
-      .timeout = std::chrono::seconds(600)};
-  launch(launch_options, [&](Communicator& comm) {
+  launch(bench_launch_options(options.backend, options.devices), [&](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
     if (r == 0) {
       std::lock_guard lock(report_mu);
-      report.memcpy_gbps = (64 << 20) / measure_memcpy_seconds(64 << 20) / 1e9;
+      report.memcpy_gbps = measured_memcpy_gbps();
       peers.assign(n, nullptr);
       *printer = true;
     }

@@ -35,7 +35,14 @@ std::int64_t parse_bytes(std::string_view text);
 // benchmarks time a case and its floor.
 double time_between_barriers(Communicator& comm, const std::function<void()>& fn);
 
-// Returns the seconds one memcpy of `bytes` takes here (median of a few), for memcpy_gbps.
+// Returns the seconds one memcpy of `bytes` takes here (median of a few).
 double measure_memcpy_seconds(std::int64_t bytes);
+
+// Returns this machine's memcpy bandwidth in GB/s, measured now (a report's memcpy_gbps).
+double measured_memcpy_gbps();
+
+// Returns the launch options of a distributed benchmark: `devices` device threads (threads) or
+// devices of the world (mpi, 0 = all), with a timeout long enough for the largest cases.
+LaunchOptions bench_launch_options(Backend backend, int devices);
 
 }  // namespace meshflow::bench

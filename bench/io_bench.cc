@@ -89,7 +89,7 @@ std::optional<Measured> numpy_run(const fs::path& python, const fs::path& script
 
 BenchReport run_io_bench(const IoBenchOptions& options) {
   BenchReport report{.benchmark = "io"};
-  report.memcpy_gbps = (64 << 20) / measure_memcpy_seconds(64 << 20) / 1e9;
+  report.memcpy_gbps = measured_memcpy_gbps();
   const fs::path dir = (options.dir.empty() ? fs::temp_directory_path() : options.dir) /
                        fmt::format("meshflow-bench-io-{}", ::getpid());
   fs::create_directories(dir);

@@ -184,72 +184,66 @@ BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool
   std::vector<DeviceBuffers*> peers;
   const bool threads = options.backend == Backend::kThreads;
   PlanCache cache;
-  launch(
-      {.backend = options.backend,
-       .devices = options.devices > 0 ? first_devices(options.devices) : std::vector<DeviceId>{},
-       .timeout = std::chrono::seconds(600)},
-      [&](Communicator& comm) {
-        const int n = comm.size(), r = comm.rank();
+  launch(bench_launch_options(options.backend, options.devices), [&](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    if (r == 0) {
+      std::lock_guard lock(mu);
+      report.memcpy_gbps = measured_memcpy_gbps();
+      peers.assign(n, nullptr);
+      *printer = true;
+    }
+    barrier(comm);
+    const DeviceMesh mesh = make_mesh({n});
+    for (const std::string& name : names) {
+      for (std::int64_t bytes : options.sizes) {
+        const Shape shape{
+            std::max<std::int64_t>(1, bytes / static_cast<std::int64_t>(kElem) / kCols), kCols};
+        const auto [from_text, to_text_] = split_case(name);
+        const Layout from = make_layout(mesh, parse_placements(from_text), shape);
+        const Layout to = make_layout(mesh, parse_placements(to_text_), shape);
+        std::shared_ptr<const Plan> plan = cache.get(from, to);
+        std::shared_ptr<const DeviceProgram> program = cache.program(from, to, comm.device());
+        DeviceBuffers mine{random_tensor(DType::kFloat32, local_shape(from, r), r + 1),
+                           Tensor(DType::kFloat32, local_shape(to, r))};
+        if (threads) peers[r] = &mine;
+        barrier(comm);
+        BenchResult result{.case_name = name,
+                           .backend = std::string(to_string(options.backend)),
+                           .mesh = to_string(mesh),
+                           .devices = n,
+                           .bytes = numel(shape) * static_cast<std::int64_t>(kElem)};
+        auto timed = [&](const std::function<void()>& fn) {
+          return time_between_barriers(comm, fn);
+        };
+        auto run_case = [&] { mine.out = execute(*program, comm, mine.in, std::move(mine.out)); };
+        // threads: the memcpy floor; mpi: the raw MPI collective of the same bytes.
+        std::function<void()> other = [&] { floor_pattern(name, from, to, r, peers); };
+#ifdef MESHFLOW_HAVE_MPI
+        if (!threads) {
+          other = [&] { raw_mpi(name, comm, from, to, mine); };
+          result.baseline = "mpi";
+        }
+#endif
+        for (int i = 0; i < options.warmup; ++i) {
+          timed(run_case);
+          timed(other);
+        }
+        for (int i = 0; i < options.reps; ++i) {
+          result.case_s.push_back(timed(run_case));
+          (threads ? result.floor_s : result.baseline_s).push_back(timed(other));
+        }
+        std::string steps;
+        for (const Step& s : plan->steps)
+          steps += (steps.empty() ? "" : "+") + std::string(meshflow::to_string(s.kind));
+        result.extra["plan"] = plan->planner + ": " + steps;
+        barrier(comm);
         if (r == 0) {
           std::lock_guard lock(mu);
-          report.memcpy_gbps = (64 << 20) / measure_memcpy_seconds(64 << 20) / 1e9;
-          peers.assign(n, nullptr);
-          *printer = true;
+          report.results.push_back(std::move(result));
         }
-        barrier(comm);
-        const DeviceMesh mesh = make_mesh({n});
-        for (const std::string& name : names) {
-          for (std::int64_t bytes : options.sizes) {
-            const Shape shape{
-                std::max<std::int64_t>(1, bytes / static_cast<std::int64_t>(kElem) / kCols), kCols};
-            const auto [from_text, to_text_] = split_case(name);
-            const Layout from = make_layout(mesh, parse_placements(from_text), shape);
-            const Layout to = make_layout(mesh, parse_placements(to_text_), shape);
-            std::shared_ptr<const Plan> plan = cache.get(from, to);
-            std::shared_ptr<const DeviceProgram> program = cache.program(from, to, comm.device());
-            DeviceBuffers mine{random_tensor(DType::kFloat32, local_shape(from, r), r + 1),
-                               Tensor(DType::kFloat32, local_shape(to, r))};
-            if (threads) peers[r] = &mine;
-            barrier(comm);
-            BenchResult result{.case_name = name,
-                               .backend = std::string(to_string(options.backend)),
-                               .mesh = to_string(mesh),
-                               .devices = n,
-                               .bytes = numel(shape) * static_cast<std::int64_t>(kElem)};
-            auto timed = [&](const std::function<void()>& fn) {
-              return time_between_barriers(comm, fn);
-            };
-            auto run_case = [&] {
-              mine.out = execute(*program, comm, mine.in, std::move(mine.out));
-            };
-            // threads: the memcpy floor; mpi: the raw MPI collective of the same bytes.
-            std::function<void()> other = [&] { floor_pattern(name, from, to, r, peers); };
-#ifdef MESHFLOW_HAVE_MPI
-            if (!threads) {
-              other = [&] { raw_mpi(name, comm, from, to, mine); };
-              result.baseline = "mpi";
-            }
-#endif
-            for (int i = 0; i < options.warmup; ++i) {
-              timed(run_case);
-              timed(other);
-            }
-            for (int i = 0; i < options.reps; ++i) {
-              result.case_s.push_back(timed(run_case));
-              (threads ? result.floor_s : result.baseline_s).push_back(timed(other));
-            }
-            std::string steps;
-            for (const Step& s : plan->steps)
-              steps += (steps.empty() ? "" : "+") + std::string(meshflow::to_string(s.kind));
-            result.extra["plan"] = plan->planner + ": " + steps;
-            barrier(comm);
-            if (r == 0) {
-              std::lock_guard lock(mu);
-              report.results.push_back(std::move(result));
-            }
-          }
-        }
-      });
+      }
+    }
+  });
   if (*printer) add_planning_rows(report, options.reps);
   return report;
 }
