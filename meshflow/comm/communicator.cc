@@ -100,8 +100,10 @@ void check_members(const std::vector<DeviceId>& members, DeviceId self,
     fail(ErrorKind::kInvalidArgument, "{}: device {} is not a member", describe("group", members),
          self);
   }
+  std::vector<DeviceId> known = world;
+  std::sort(known.begin(), known.end());
   for (DeviceId d : members) {
-    if (std::find(world.begin(), world.end(), d) == world.end()) {
+    if (!std::binary_search(known.begin(), known.end(), d)) {
       fail(ErrorKind::kInvalidArgument, "group names device {}, which this launch does not run", d);
     }
   }

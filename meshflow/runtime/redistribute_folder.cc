@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <unordered_map>
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
@@ -48,10 +49,12 @@ void check_replica_hashes(Communicator& world, const Layout& from, const Tensor&
                      .recv = reinterpret_cast<std::byte*>(hashes.data()),
                      .recv_counts = std::vector<std::int64_t>(hashes.size(), 1),
                      .dtype = DType::kInt64});
+  std::unordered_map<DeviceId, std::int64_t> hash_of;
+  for (std::size_t r = 0; r < hashes.size(); ++r) hash_of[world.devices()[r]] = hashes[r];
   for (DeviceId d : from.mesh.devices) {
     const auto reference = replica_reference(from, d);
     if (!reference) continue;
-    if (hashes[index(rank_of(world, d))] == hashes[index(rank_of(world, *reference))]) continue;
+    if (hash_of.at(d) == hash_of.at(*reference)) continue;
     if (d == me) fail_replicas_disagree(from, d);
     return;
   }
