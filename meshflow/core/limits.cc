@@ -22,8 +22,8 @@ std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view wha
   }
   const auto es = static_cast<std::int64_t>(size_of(dtype));
   std::int64_t n = 1;
-  // Each extent is bounded even when another is 0, so arithmetic on extents (chunk sizes,
-  // box corners) cannot overflow either.
+  // The product of the non-zero extents is bounded even when another extent is 0, so every
+  // product of extents (strides, chunk sizes, box corners) stays in range.
   bool empty = false;
   for (std::int64_t e : shape) {
     if (e < 0) {
@@ -33,12 +33,13 @@ std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view wha
     empty = empty || e == 0;
   }
   for (std::int64_t e : shape) {
-    if (e > kMaxTensorBytes / es / (empty ? 1 : n)) {
+    if (e == 0) continue;
+    if (e > kMaxTensorBytes / es / n) {
       fail(ErrorKind::kInvalidArgument,
            "{} {} of {} is too large: a tensor may hold at most {} bytes (64 TiB)", what,
            to_string(shape), to_string(dtype), kMaxTensorBytes);
     }
-    if (!empty) n *= e;
+    n *= e;
   }
   return empty ? 0 : n;
 }

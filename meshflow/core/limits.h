@@ -29,9 +29,9 @@ inline constexpr int kMaxMeshRank = 16;
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t limit, std::string_view what);
 
 // Returns the number of elements of `shape` after checking that its rank is at most
-// kMaxTensorRank, every extent is non-negative, and numel * size_of(dtype) is at most
-// kMaxTensorBytes; throws Error(kInvalidArgument) naming `what` ("shape") and the shape
-// otherwise.
+// kMaxTensorRank, every extent is non-negative, and the product of its non-zero extents times
+// size_of(dtype) is at most kMaxTensorBytes (so no product of its extents can overflow); throws
+// Error(kInvalidArgument) naming `what` ("shape") and the shape otherwise.
 std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what);
 
 // Returns the number of devices a mesh of `shape` holds after checking that it has 1 to

@@ -8,6 +8,10 @@
 namespace meshflow {
 
 std::int64_t numel(const Shape& shape) {
+  // A zero extent first: the other extents of an empty shape need not multiply in range.
+  for (std::int64_t e : shape) {
+    if (e == 0) return 0;
+  }
   std::int64_t n = 1;
   for (std::int64_t e : shape) n *= e;
   return n;

@@ -4,6 +4,7 @@
 
 #include "meshflow/core/dtype.h"
 #include "meshflow/core/error.h"
+#include "meshflow/core/limits.h"
 #include "meshflow/core/reduce_op.h"
 
 namespace meshflow {
@@ -40,6 +41,22 @@ TEST(DType, NamesRoundTripAndUnknownIsRejected) {
   EXPECT_THROW(parse_dtype("float16"), Error);
   EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::kAvg);
   EXPECT_THROW(parse_reduce_op("prod"), Error);
+}
+
+}  // namespace
+}  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+TEST(CheckedNumel, AnEmptyShapeStillBoundsItsOtherExtents) {
+  // Regression (found by the text-forms fuzzer): a 0 extent made the size check pass while the
+  // product of the other extents overflowed in numel and in strides.
+  EXPECT_EQ(numel(Shape{1 << 30, 1 << 30, 1 << 30, 0}), 0);
+  EXPECT_THROW(
+      checked_numel({0, std::int64_t{1} << 30, std::int64_t{1} << 30}, DType::kFloat32, "shape"),
+      Error);
+  EXPECT_EQ(checked_numel({0, 1 << 20, 1 << 20}, DType::kFloat32, "shape"), 0);
 }
 
 }  // namespace
