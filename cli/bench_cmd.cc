@@ -51,9 +51,12 @@ void add_distributed(CLI::App* bench, const char* name, const char* help, const 
   cmd->add_option("--devices", args->devices,
                   "device threads (threads, default 4); devices of the world (mpi, default all)");
   cmd->add_option("--sizes", args->sizes, "global bytes per case, e.g. 4K,16M,256M")
+      ->capture_default_str()
       ->delimiter(',');
   cmd->add_option(subset_flag, args->subset, subset_help)->delimiter(',');
-  cmd->add_option("--reps", args->reps, "timed repetitions")->check(CLI::PositiveNumber);
+  cmd->add_option("--reps", args->reps, "timed repetitions")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->callback([args, run] {
     DistributedRun r{
@@ -80,8 +83,12 @@ void add_bench(CLI::App& app) {
   auto copy = std::make_shared<bench::CopyBenchOptions>();
   auto copy_json = std::make_shared<bool>(false);
   CLI::App* c = bench->add_subcommand("copy", "copy_box of a large region against plain memcpy");
-  c->add_option("--mib", copy->region_mib, "region size in MiB")->check(CLI::PositiveNumber);
-  c->add_option("--reps", copy->reps, "timed repetitions")->check(CLI::PositiveNumber);
+  c->add_option("--mib", copy->region_mib, "region size in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--reps", copy->reps, "timed repetitions")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c->add_flag("--json", *copy_json, "print JSON");
   c->callback([copy, copy_json] { print_report(bench::run_copy_bench(*copy), *copy_json); });
 
@@ -90,8 +97,12 @@ void add_bench(CLI::App& app) {
   auto io_mib = std::make_shared<std::int64_t>(512);
   CLI::App* i = bench->add_subcommand(
       "io", "meshflow shard and gather of one .npy file against NumPy, with peak memory");
-  i->add_option("--mib", *io_mib, "tensor size in MiB")->check(CLI::Range(1, 1 << 20));
-  i->add_option("--reps", io->reps, "timed repetitions")->check(CLI::Range(1, 1000));
+  i->add_option("--mib", *io_mib, "tensor size in MiB")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  i->add_option("--reps", io->reps, "timed repetitions")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   i->add_option("--dir", io->dir, "folder for the files (default: the temporary folder)");
   i->add_flag("--json", *io_json, "print JSON");
   i->callback([io, io_json, io_mib] {

@@ -1,5 +1,5 @@
 // Entry point of the `meshflow` command: every error becomes one line on standard error and a
-// non-zero exit (2 for usage errors, 1 for everything else).
+// non-zero exit status (meshflow::exit_status; 2 for usage errors).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -43,10 +43,10 @@ int main(int argc, char** argv) {
     // An error every device of an mpi job holds is printed once, by device 0.
     if (e.scope() == meshflow::ErrorScope::kThisDevice || meshflow::prints_shared_errors())
       fmt::print(stderr, "meshflow: error: {}\n", e.what());
-    return 1;
+    return meshflow::exit_status(e.kind());
   } catch (const std::exception& e) {
     fmt::print(stderr, "meshflow: error: {}\n", e.what());
-    return 1;
+    return 3;
   }
   return 0;
 }

@@ -29,7 +29,8 @@ void add_plan(CLI::App& app) {
       app.add_subcommand("plan", "Explain how a tensor moves between two layouts (no data moves)");
   cmd->add_option("--mesh", args->mesh, "source mesh, e.g. 2x2x2 or 2x2@4,5,6,7")->required();
   cmd->add_option("--shape", args->shape, "global tensor shape, e.g. 16x16x16")->required();
-  cmd->add_option("--dtype", args->dtype, "float32, float64, int32 or int64");
+  cmd->add_option("--dtype", args->dtype, "float32, float64, int32 or int64")
+      ->capture_default_str();
   cmd->add_option("--from", args->from, "source placements, e.g. \"P(sum),R,P(sum)\"")->required();
   cmd->add_option("--to", args->to, "destination placements")->required();
   cmd->add_option("--to-mesh", args->to_mesh, "destination mesh (default: the source mesh)");
@@ -65,7 +66,7 @@ void add_redistribute(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd =
       app.add_subcommand("redistribute", "Move a sharded folder to new placements (and mesh)");
-  cmd->add_option("--in", args->in, "source sharded folder")->required();
+  cmd->add_option("--in,--input", args->in, "source sharded folder")->required();
   cmd->add_option("--to", args->to, "destination placements, e.g. \"R,S(1)\"")->required();
   cmd->add_option("--to-mesh", args->to_mesh,
                   "destination mesh, e.g. 4@4,5,6,7 (default: the source mesh)");

@@ -14,7 +14,7 @@ void add_shard(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd =
       app.add_subcommand("shard", "Split a .npy array over a device mesh into a sharded folder");
-  cmd->add_option("--input", args->input, "the .npy array to split")->required();
+  cmd->add_option("--in,--input", args->input, "the .npy array to split")->required();
   cmd->add_option("--mesh", args->mesh, "mesh, e.g. 2x2 or 2x2@4,5,6,7")->required();
   cmd->add_option("--placements", args->placements, "one per mesh dim: S(d) or R, e.g. \"S(0),R\"")
       ->required();
@@ -40,7 +40,7 @@ void add_gather(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "gather", "Assemble a sharded folder into one .npy array (reduces Partial, checks replicas)");
-  cmd->add_option("--in", args->in, "sharded folder")->required();
+  cmd->add_option("--in,--input", args->in, "sharded folder")->required();
   cmd->add_option("--out", args->out, "the .npy file to write")->required();
   cmd->callback([args] { gather_file(args->in, args->out); });
 }

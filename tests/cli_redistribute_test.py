@@ -92,7 +92,7 @@ with tempfile.TemporaryDirectory() as tmp:
     expect_error(["redistribute", "--in", f"{tmp}/a", "--to", "P(sum),R", "--out", f"{tmp}/e1"],
                  "cannot redistribute mesh dim 0 from S(0) to P(sum)", out=f"{tmp}/e1")
     expect_error(["redistribute", "--in", f"{tmp}/a", "--to", "S(0)", "--out", f"{tmp}/e2"],
-                 "give 1 entries but mesh 2x2 has 2 dims", out=f"{tmp}/e2")
+                 "mesh 2x2 has 2 dims but placements \"S(0)\" give 1: give one placement per mesh dim", out=f"{tmp}/e2")
     expect_error(["redistribute", "--in", f"{tmp}/a", "--to", "S(9),R", "--out", f"{tmp}/e3"], "\"S(9)\"", out=f"{tmp}/e3")
     expect_error(["redistribute", "--in", f"{tmp}/nowhere", "--to", "R,R", "--out", f"{tmp}/e4"], "nowhere", out=f"{tmp}/e4")
     expect_error(["redistribute", "--in", f"{tmp}/a", "--to", "R", "--to-mesh", "4@1,1,2,3", "--out", f"{tmp}/e5"],

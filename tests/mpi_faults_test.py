@@ -39,6 +39,7 @@ r, took = run(mpi + ["-n", "4", fault_program, "stall"])
 check(r.returncode != 0, f"stall: exit {r.returncode}")
 check(took < 30, f"stall: the job ended after {took:.1f} s")
 lines = our_lines(r.stderr)
+check(r.returncode == 3, f"stall: exit status 3 (a runtime failure), got {r.returncode}")
 check(len(lines) == 1 and "device 0: all_reduce on devices [0,1,2,3] timed out after 2000 ms" in lines[0],
       f"stall: one line from device 0: {lines}")
 

@@ -21,6 +21,20 @@ std::string_view to_string(ErrorKind kind) {
   return "unknown";
 }
 
+int exit_status(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kCommunication:
+    case ErrorKind::kTimeout:
+    case ErrorKind::kInternal:
+      return 3;
+    case ErrorKind::kInvalidArgument:
+    case ErrorKind::kShapeMismatch:
+    case ErrorKind::kIo:
+      break;
+  }
+  return 1;
+}
+
 namespace detail {
 void check_failed(const char* condition, const char* file, int line, const std::string& detail) {
   std::string message = fmt::format("internal check failed: {} at {}:{}", condition, file, line);

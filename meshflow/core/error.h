@@ -15,6 +15,12 @@ enum class ErrorKind { kInvalidArgument, kShapeMismatch, kIo, kCommunication, kT
 // Returns the lower-case name of `kind`, e.g. "invalid argument".
 std::string_view to_string(ErrorKind kind);
 
+// Returns the exit status of a meshflow process that stops on an error of `kind`:
+//   1  bad input: a value, file or folder at fault, or mpi ranks that disagree
+//   3  a runtime failure: a device that failed or timed out, a communication or internal error
+// (0 is success and 2 a usage error of the command line.)
+int exit_status(ErrorKind kind);
+
 // Where an error was raised: on this device alone, or on every device of a job at once (after
 // the devices agreed that they all fail, so one of them reports it for all).
 enum class ErrorScope { kThisDevice, kEveryDevice };

@@ -10,8 +10,9 @@ namespace meshflow {
 
 Layout make_layout(DeviceMesh mesh, std::vector<Placement> placements, Shape shape, DType dtype) {
   if (static_cast<int>(placements.size()) != ndim(mesh)) {
-    fail(ErrorKind::kInvalidArgument, "placements \"{}\" give {} entries but mesh {} has {} dims",
-         to_string(placements), placements.size(), to_string(mesh), ndim(mesh));
+    fail(ErrorKind::kInvalidArgument,
+         "mesh {} has {} dims but placements \"{}\" give {}: give one placement per mesh dim",
+         to_string(mesh), ndim(mesh), to_string(placements), placements.size());
   }
   checked_numel(shape, dtype, "shape");
   const int rank = static_cast<int>(shape.size());

@@ -59,7 +59,7 @@ TEST(Layout, ValidationNamesTheOffendingValue) {
   };
   EXPECT_NE(msg([] {
               make_layout(make_mesh({2, 2}), parse_placements("S(0)"), {4});
-            }).find("give 1 entries but mesh 2x2 has 2 dims"),
+            }).find("mesh 2x2 has 2 dims but placements \"S(0)\" give 1: give one placement per mesh dim"),
             std::string::npos);
   EXPECT_NE(msg([] {
               make_layout(make_mesh({2}), parse_placements("S(3)"), {4, 4});

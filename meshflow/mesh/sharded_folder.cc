@@ -67,6 +67,10 @@ Layout read_layout(const fs::path& dir) {
   if (!fs::is_directory(dir))
     fail(ErrorKind::kIo, "\"{}\" is not a sharded tensor folder", dir.string());
   const fs::path file = dir / "layout.json";
+  if (!fs::exists(file)) {
+    fail(ErrorKind::kIo, "\"{}\" is not a sharded tensor folder: it has no layout.json",
+         dir.string());
+  }
   return layout_from_json(parse_json(read_file(file), file.string()), file.string());
 }
 

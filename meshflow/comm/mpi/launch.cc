@@ -180,10 +180,14 @@ void launch(const LaunchOptions& options, const std::function<void(Communicator&
     auto comm = make_world_communicator(context);
     fn(*comm);
     context.groups.clear();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "meshflow: error: device %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, exit_status(e.kind()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshflow: error: device %d: %s\n", rank, e.what());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Abort(MPI_COMM_WORLD, exit_status(ErrorKind::kInternal));
   }
 }
 

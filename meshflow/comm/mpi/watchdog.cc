@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "meshflow/core/error.h"
+
 namespace meshflow::mpi {
 
 namespace {
@@ -57,7 +59,7 @@ void Watchdog::loop() {
                    "died\n",
                    device_, what_.c_str(), static_cast<long long>(timeout_.count()));
       std::fflush(stderr);
-      ::_exit(1);
+      ::_exit(exit_status(ErrorKind::kTimeout));
     }
   }
 }

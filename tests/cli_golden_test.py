@@ -1,0 +1,83 @@
+"""Golden text of the command line: every `--help`, `--version`, and the exit status and one-line
+message for each class of bad value. The binary's path is written as `meshflow`. After an
+intended change, regenerate with `cli_golden_test.py MESHFLOW --update` and review the diff.
+Usage: cli_golden_test.py MESHFLOW [--update]"""
+import os
+import subprocess
+import sys
+import tempfile
+
+meshflow = sys.argv[1]
+update = "--update" in sys.argv
+here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_golden")
+
+HELP = [[], ["shard"], ["gather"], ["plan"], ["redistribute"], ["bench"], ["bench", "copy"],
+        ["bench", "collectives"], ["bench", "redistribute"], ["bench", "io"]]
+
+# (what, args) for each class of bad value; {tmp} is a scratch folder holding x.npy (13x6 float32)
+# and a sharded folder `a` (2x2, S(0),S(1)).
+ERRORS = [
+    ("unknown command", ["shardd"]),
+    ("unknown option", ["plan", "--mesh", "4", "--shape", "8", "--from", "R", "--to", "R", "--colour"]),
+    ("missing option", ["plan", "--mesh", "4", "--shape", "8", "--from", "R"]),
+    ("malformed mesh", ["plan", "--mesh", "2y2", "--shape", "8", "--from", "R", "--to", "R"]),
+    ("placements for another mesh", ["redistribute", "--in", "{tmp}/a", "--to", "R,S(1),R", "--out", "{tmp}/b"]),
+    ("shard dim out of range", ["plan", "--mesh", "4", "--shape", "8", "--from", "S(1)", "--to", "R"]),
+    ("malformed placement", ["plan", "--mesh", "4", "--shape", "8", "--from", "Q(0)", "--to", "R"]),
+    ("shard to partial", ["plan", "--mesh", "4", "--shape", "8", "--from", "S(0)", "--to", "P(sum)"]),
+    ("partial ops differ", ["plan", "--mesh", "4", "--shape", "8", "--from", "P(max)", "--to", "P(sum)"]),
+    ("unknown dtype", ["plan", "--mesh", "4", "--shape", "8", "--dtype", "bfloat16", "--from", "R", "--to", "R"]),
+    ("integer average", ["plan", "--mesh", "4", "--shape", "8", "--dtype", "int32", "--from", "P(avg)", "--to", "R"]),
+    ("shape too large", ["plan", "--mesh", "4", "--shape", "9223372036854775807", "--from", "S(0)", "--to", "R"]),
+    ("mesh too large", ["plan", "--mesh", "4294967296", "--shape", "4", "--from", "R", "--to", "R"]),
+    ("too many device threads", ["redistribute", "--in", "{tmp}/a", "--to", "S(0)", "--to-mesh", "600", "--out", "{tmp}/b"]),
+    ("unknown backend", ["redistribute", "--in", "{tmp}/a", "--to", "R,R", "--out", "{tmp}/b", "--backend", "nccl"]),
+    ("missing file", ["shard", "--in", "{tmp}/nothing.npy", "--mesh", "2", "--placements", "R", "--out", "{tmp}/b"]),
+    ("not a .npy file", ["shard", "--in", "{tmp}/a/layout.json", "--mesh", "2", "--placements", "R", "--out", "{tmp}/b"]),
+    ("not a sharded folder", ["gather", "--in", "{tmp}", "--out", "{tmp}/y.npy"]),
+    ("output over a file", ["shard", "--in", "{tmp}/x.npy", "--mesh", "2", "--placements", "R", "--out", "{tmp}/x.npy"]),
+    ("malformed size", ["bench", "collectives", "--sizes", "16Q"]),
+]
+
+
+def run(args, tmp):
+    args = [a.replace("{tmp}", tmp) for a in args]
+    r = subprocess.run([meshflow, *args], capture_output=True, text=True, timeout=60)
+    clean = lambda s: s.replace(meshflow, "meshflow").replace(tmp, "TMP")
+    return r.returncode, clean(r.stdout), clean(r.stderr)
+
+
+failures = checked = 0
+
+
+def compare(name, got):
+    global failures, checked
+    path = os.path.join(here, name)
+    checked += 1
+    if update:
+        with open(path, "w") as f:
+            f.write(got)
+        return
+    want = open(path).read() if os.path.exists(path) else None
+    if got != want:
+        failures += 1
+        print(f"FAILED: {name} differs from its golden file:\n--- got\n{got}--- want\n{want}")
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    subprocess.run(["/usr/bin/python3", "-c", "import numpy as np, sys; np.save(sys.argv[1], "
+                    "np.arange(78, dtype=np.float32).reshape(13, 6))", f"{tmp}/x.npy"], check=True)
+    subprocess.run([meshflow, "shard", "--in", f"{tmp}/x.npy", "--mesh", "2x2", "--placements", "S(0),S(1)",
+                    "--out", f"{tmp}/a", "--quiet"], check=True)
+    for args in HELP:
+        code, out, err = run([*args, "--help"], tmp)
+        compare("help_" + ("_".join(args) or "meshflow") + ".txt", f"exit {code}\n{out}{err}")
+    code, out, err = run(["--version"], tmp)
+    compare("version.txt", f"exit {code}\n{out}{err}")
+    lines = ""
+    for what, args in ERRORS:
+        code, out, err = run(args, tmp)
+        lines += f"{what}: exit {code}: {err}"
+    compare("errors.txt", lines)
+print(f"{checked - failures} passed, {failures} failed")
+sys.exit(1 if failures else 0)
