@@ -51,6 +51,9 @@ nlohmann::json to_json(const BenchReport& report) {
 
 namespace {
 
+// A case whose max - min exceeds this fraction of its median makes the table warn.
+constexpr double kNoisySpread = 0.2;
+
 std::string human_bytes(std::int64_t b) {
   if (b >= (1 << 30) && b % (1 << 30) == 0) return fmt::format("{} GiB", b >> 30);
   if (b >= (1 << 20)) return fmt::format("{:.4g} MiB", b / double(1 << 20));
@@ -69,12 +72,16 @@ std::string human_seconds(double s) {
 std::string to_table(const BenchReport& report) {
   std::string out = fmt::format("benchmark {}  (memcpy here: {:.2f} GB/s)\n", report.benchmark,
                                 report.memcpy_gbps);
-  out +=
-      fmt::format("{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", "case", "backend",
-                  "mesh", "bytes", "median", "floor", "vs_floor", "vs_baseline", "notes");
+  out += fmt::format("{:<22} {:<8} {:<9} {:>10} {:>11} {:>21} {:>11} {:>8} {:>14} {}\n", "case",
+                     "backend", "mesh", "bytes", "median", "spread (min-max)", "floor", "vs_floor",
+                     "vs_baseline", "notes");
+  bool noisy = false;
   for (const BenchResult& r : report.results) {
     const double med = median(r.case_s);
     const double floor = median(r.floor_s);
+    const double lo = r.case_s.empty() ? 0 : *std::min_element(r.case_s.begin(), r.case_s.end());
+    const double hi = r.case_s.empty() ? 0 : *std::max_element(r.case_s.begin(), r.case_s.end());
+    noisy = noisy || (med > 0 && (hi - lo) / med > kNoisySpread);
     std::string notes;
     for (auto it = r.extra.begin(); it != r.extra.end(); ++it) {
       notes +=
@@ -82,12 +89,23 @@ std::string to_table(const BenchReport& report) {
                       it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
     }
     out += fmt::format(
-        "{:<26} {:<8} {:<10} {:>10} {:>11} {:>11} {:>8} {:>11} {}\n", r.case_name, r.backend,
-        r.mesh.empty() ? "-" : r.mesh, human_bytes(r.bytes), human_seconds(med),
+        "{:<22} {:<8} {:<9} {:>10} {:>11} {:>21} {:>11} {:>8} {:>14} {}\n", r.case_name, r.backend,
+        r.mesh.empty() ? "-" : r.mesh, r.bytes > 0 ? human_bytes(r.bytes) : "-", human_seconds(med),
+        fmt::format("{}-{}", human_seconds(lo), human_seconds(hi)),
         r.floor_s.empty() ? "-" : human_seconds(floor),
         r.floor_s.empty() || floor <= 0 ? "-" : fmt::format("{:.2f}x", med / floor),
         r.baseline ? fmt::format("{:.2f}x {}", med / median(r.baseline_s), *r.baseline) : "-",
         notes);
+  }
+  out +=
+      "floor: the same bytes moved by plain memcpy on the same threads, interleaved with the case "
+      "(vs_floor near 1: nothing on top of the hardware); baseline: the named other "
+      "implementation of the same work, interleaved too.\n";
+  if (noisy) {
+    out += fmt::format(
+        "warning: some cases spread by more than {:.0f}% of their median: this machine is busy or "
+        "has fewer cores than device threads; compare ratios from one run only.\n",
+        kNoisySpread * 100);
   }
   return out;
 }

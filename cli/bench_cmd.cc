@@ -58,13 +58,20 @@ void add_distributed(CLI::App* bench, const char* name, const char* help, const 
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print JSON");
-  cmd->callback([args, run] {
+  const std::string cmd_name = name;
+  cmd->callback([args, run, cmd_name] {
     DistributedRun r{
         .backend = args->backend.empty() ? detect_backend() : parse_backend(args->backend),
         .devices = 0,
         .sizes = {},
         .subset = args->subset,
         .reps = args->reps};
+    if (r.backend == Backend::kMpi && detect_backend() != Backend::kMpi) {
+      fail(ErrorKind::kInvalidArgument,
+           "--backend mpi needs mpirun: start it as `mpirun -n 4 meshflow bench {} --backend "
+           "mpi` (as root, add --allow-run-as-root)",
+           cmd_name);
+    }
     r.devices = args->devices.value_or(r.backend == Backend::kThreads ? 4 : 0);
     for (const auto& size : args->sizes) r.sizes.push_back(bench::parse_bytes(size));
     bool printer = false;

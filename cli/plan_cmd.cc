@@ -61,7 +61,7 @@ void add_plan(CLI::App& app) {
 void add_redistribute(CLI::App& app) {
   struct Args {
     std::string in, out, to, to_mesh, backend, machine;
-    bool json = false;
+    bool json = false, quiet = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd =
@@ -75,6 +75,7 @@ void add_redistribute(CLI::App& app) {
                   "threads or mpi (default: mpi under mpirun, else threads)");
   cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
   cmd->add_flag("--json", args->json, "print the plan and timing as JSON");
+  cmd->add_flag("--quiet", args->quiet, "print nothing on success");
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     RedistributeFolderOptions o{.in = args->in, .out = args->out, .to = parse_placements(args->to)};
@@ -82,7 +83,7 @@ void add_redistribute(CLI::App& app) {
     o.backend = args->backend.empty() ? detect_backend() : parse_backend(args->backend);
     o.plan.machine = machine.get();
     RedistributeFolderResult r = redistribute_folder(o);
-    if (!r.reporter) return;
+    if (!r.reporter || args->quiet) return;
     if (args->json) {
       nlohmann::json j = to_json(r.plan);
       j["seconds"] = r.seconds;
