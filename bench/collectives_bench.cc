@@ -360,7 +360,7 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
         barrier(comm);
         if (r == 0) {
           std::lock_guard lock(report_mu);
-          report.results.push_back(std::move(result));
+          add_result(report, std::move(result));
         }
       }
     }

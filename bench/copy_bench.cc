@@ -50,9 +50,9 @@ BenchResult copy_case(const std::string& name, std::int64_t region_bytes, std::i
 BenchReport run_copy_bench(const CopyBenchOptions& options) {
   BenchReport report{.benchmark = "copy"};
   const std::int64_t region = options.region_mib << 20;
-  report.results.push_back(copy_case("copy_box long rows", region, 64 << 10, options));
-  report.results.push_back(copy_case("copy_box 16 KiB rows", region, 16 << 10, options));
-  report.results.push_back(copy_case("copy_box short rows", region, 64, options));
+  add_result(report, copy_case("copy_box long rows", region, 64 << 10, options));
+  add_result(report, copy_case("copy_box 16 KiB rows", region, 16 << 10, options));
+  add_result(report, copy_case("copy_box short rows", region, 64, options));
   report.memcpy_gbps = region / median(report.results[0].baseline_s) / 1e9;
   return report;
 }

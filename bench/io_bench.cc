@@ -144,7 +144,7 @@ BenchReport run_io_bench(const IoBenchOptions& options) {
     } else {
       r.baseline_s.clear();
     }
-    report.results.push_back(r);
+    add_result(report, r);
   }
   return report;
 }

@@ -149,12 +149,12 @@ void add_planning_rows(BenchReport& report, int reps) {
                             kLookups);
   }
   cached.extra["target_s"] = 2e-6;
-  report.results.push_back(cached);
+  add_result(report, cached);
   BenchResult fresh{
       .case_name = "plan fresh (2x2x2)", .backend = "none", .mesh = "2x2x2", .devices = 8};
   fresh.case_s.push_back(median_of(reps, [&] { plan_redistribute(a, b); }));
   fresh.extra["target_s"] = 1e-3;
-  report.results.push_back(fresh);
+  add_result(report, fresh);
   const Layout c =
       make_layout(make_mesh({16, 16, 16}), parse_placements("S(0),P(sum),S(1)"), {4096, 4096});
   const Layout d =
@@ -163,7 +163,7 @@ void add_planning_rows(BenchReport& report, int reps) {
       .case_name = "plan fresh (16x16x16)", .backend = "none", .mesh = "16x16x16", .devices = 4096};
   big.case_s.push_back(median_of(reps, [&] { plan_redistribute(c, d); }));
   big.extra["target_s"] = 50e-3;
-  report.results.push_back(big);
+  add_result(report, big);
 }
 
 }  // namespace
@@ -239,7 +239,7 @@ BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool
         barrier(comm);
         if (r == 0) {
           std::lock_guard lock(mu);
-          report.results.push_back(std::move(result));
+          add_result(report, std::move(result));
         }
       }
     }

@@ -2,6 +2,7 @@
 #include "bench/report.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -108,6 +109,15 @@ std::string to_table(const BenchReport& report) {
         kNoisySpread * 100);
   }
   return out;
+}
+
+void add_result(BenchReport& report, BenchResult result) {
+  if (::isatty(STDERR_FILENO)) {
+    fmt::print(stderr, "  {} {} {}: {} median\n", report.benchmark, result.case_name,
+               result.bytes > 0 ? human_bytes(result.bytes) : "",
+               human_seconds(median(result.case_s)));
+  }
+  report.results.push_back(std::move(result));
 }
 
 double time_once(const std::function<void()>& fn) {

@@ -31,6 +31,10 @@ struct BenchReport {
   std::vector<BenchResult> results;
 };
 
+// Appends `result` to `report` and, when standard error is a terminal, prints one line saying the
+// case finished (long benchmarks show progress; logs and pipes stay clean).
+void add_result(BenchReport& report, BenchResult result);
+
 // Returns the median of `samples` (the mean of the middle two for an even count); 0 if empty.
 double median(std::vector<double> samples);
 
