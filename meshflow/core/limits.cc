@@ -5,16 +5,6 @@
 
 namespace meshflow {
 
-std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t limit,
-                         std::string_view what) {
-  MESHFLOW_CHECK(a >= 0 && b >= 0 && limit >= 0);
-  if (a != 0 && b > limit / a) {
-    fail(ErrorKind::kInvalidArgument, "{} is too large: {} x {} exceeds the limit of {}", what, a,
-         b, limit);
-  }
-  return a * b;
-}
-
 std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what) {
   if (shape.size() > static_cast<std::size_t>(kMaxTensorRank)) {
     fail(ErrorKind::kInvalidArgument, "{} {} has {} dims; at most {} are supported", what,

@@ -24,10 +24,6 @@ inline constexpr std::int64_t kMaxMeshDevices = std::int64_t{1} << 16;
 // The most dims a mesh may have.
 inline constexpr int kMaxMeshRank = 16;
 
-// Returns a * b for non-negative a and b; throws Error(kInvalidArgument) naming `what` when the
-// product exceeds `limit`.
-std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t limit, std::string_view what);
-
 // Returns the number of elements of `shape` after checking that its rank is at most
 // kMaxTensorRank, every extent is non-negative, and the product of its non-zero extents times
 // size_of(dtype) is at most kMaxTensorBytes (so no product of its extents can overflow); throws

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/limits.h"
 
 namespace meshflow::mpi {
 
@@ -50,10 +51,9 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
+// MPI counts are ints.
 int as_int(std::int64_t count, std::string_view what) {
-  if (count < 0 || count > INT_MAX)
-    fail(ErrorKind::kInvalidArgument, "{}: count {} is outside MPI's int range", what, count);
-  return static_cast<int>(count);
+  return checked_int(count, 0, INT_MAX, fmt::format("{}: an MPI count", what));
 }
 
 std::vector<int> as_ints(const std::vector<std::int64_t>& v, std::string_view what) {
