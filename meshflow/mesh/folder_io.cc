@@ -49,7 +49,8 @@ std::span<std::byte> bytes_of(std::vector<std::byte>& buf, std::int64_t elems, s
 }  // namespace
 
 Layout shard_file(const fs::path& input, const DeviceMesh& mesh,
-                  const std::vector<Placement>& placements, const fs::path& out) {
+                  const std::vector<Placement>& placements, const fs::path& out,
+                  const Progress& progress) {
   const File src = File::open_read(input);
   const NpyHeader h = read_npy_header(src);
   const Layout layout = make_layout(mesh, placements, h.shape, h.dtype);
@@ -95,6 +96,11 @@ Layout shard_file(const fs::path& input, const DeviceMesh& mesh,
         File::open_write(staged / shard_file_name(i))
             .write_at(offset_in_shard(part, boxes[i], data_offsets[i], es),
                       {from, static_cast<std::size_t>(numel(part)) * es});
+      }
+      if (progress) {
+        const auto slab_end = *contiguous_offset(slab, global) + numel(slab);
+        progress(slab_end * static_cast<std::int64_t>(es),
+                 numel(layout.shape) * static_cast<std::int64_t>(es));
       }
     });
   } catch (...) {
@@ -150,7 +156,7 @@ void check_replica_files(const fs::path& in, const Layout& layout,
 
 }  // namespace
 
-Layout gather_file(const fs::path& in, const fs::path& out) {
+Layout gather_file(const fs::path& in, const fs::path& out, const Progress& progress) {
   const Layout layout = read_layout(in);
   const std::vector<std::int64_t> data_offsets = check_shard_files(in, layout);
   check_replica_files(in, layout, data_offsets);
@@ -208,8 +214,13 @@ Layout gather_file(const fs::path& in, const fs::path& out) {
         copy_box(ConstBuffer{reduced.data(), &ext, es}, std::vector<std::int64_t>(ext.size(), 0),
                  view.out(), relative(part, slab), part.extent);
       }
-      dst.write_at(data_start + *contiguous_offset(slab, global) * static_cast<std::int64_t>(es),
+      const std::int64_t at = *contiguous_offset(slab, global);
+      dst.write_at(data_start + at * static_cast<std::int64_t>(es),
                    {slab_buf.data(), static_cast<std::size_t>(numel(slab)) * es});
+      if (progress) {
+        progress((at + numel(slab)) * static_cast<std::int64_t>(es),
+                 numel(layout.shape) * static_cast<std::int64_t>(es));
+      }
     });
   } catch (...) {
     discard(staged);
