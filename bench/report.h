@@ -1,4 +1,4 @@
-// Benchmark results in DESIGN.md's format: a table for people, one JSON object for scripts.
+// Benchmark results in the format of docs/contract.md: a table for people, one JSON object for scripts.
 #pragma once
 
 #include <chrono>
@@ -38,7 +38,7 @@ void add_result(BenchReport& report, BenchResult result);
 // Returns the median of `samples` (the mean of the middle two for an even count); 0 if empty.
 double median(std::vector<double> samples);
 
-// Returns the JSON object DESIGN.md specifies.
+// Returns the JSON object docs/contract.md specifies.
 nlohmann::json to_json(const BenchReport& report);
 
 // Returns an aligned text table with one row per result.

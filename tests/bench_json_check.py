@@ -1,5 +1,5 @@
 """Runs a `meshflow bench ... --json` command (the arguments after this script) and checks that it
-prints one object in DESIGN.md's benchmark format. Exits non-zero otherwise."""
+prints one object in the benchmark format of docs/contract.md. Exits non-zero otherwise."""
 import json
 import subprocess
 import sys
@@ -18,4 +18,4 @@ for r in report["results"]:
     assert r["min_s"] <= r["median_s"] <= r["max_s"], r
     if r["floor_s"] is not None:
         assert abs(r["vs_floor"] - r["median_s"] / r["floor_s"]) < 1e-9 * max(1, r["vs_floor"]), r
-print(f"{report['benchmark']}: {len(report['results'])} results in the DESIGN.md format")
+print(f"{report['benchmark']}: {len(report['results'])} results in the contract's format")

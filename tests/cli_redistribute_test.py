@@ -69,7 +69,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 0, r.stderr)
     check(np.allclose(gather(f"{tmp}/q", f"{tmp}/q.npy"), terms[0] + terms[1], rtol=1e-12), "P(sum) reduced")
 
-    # plan: text and JSON in DESIGN.md's contract.
+    # plan: text and JSON in the contract (docs/contract.md).
     r = run("plan", "--mesh", "2x2x2", "--shape", "16x16x16", "--from", "P(sum),R,P(sum)", "--to", "R,R,R", "--json")
     check(r.returncode == 0, r.stderr)
     plan = json.loads(r.stdout)
