@@ -17,7 +17,7 @@ namespace meshflow::testing {
 // non-Replicate mesh coordinate hold identical data (replicas agree, Partial terms differ).
 Tensor source_shard(const Layout& layout, DeviceId device, std::uint64_t seed);
 
-// Returns true when DESIGN.md forbids `from` -> `to` (Shard -> Partial, Partial(a) -> Partial(b)).
+// Returns true when the contract (docs/contract.md) forbids `from` -> `to` (Shard -> Partial, Partial(a) -> Partial(b)).
 bool forbidden(const Layout& from, const Layout& to);
 
 // Runs and checks every pair on `world` (all devices of both meshes must be in it). Failures
