@@ -307,7 +307,7 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
       fail(ErrorKind::kInvalidArgument, "unknown collective \"{}\"", name);
     }
   }
-  BenchReport report{.benchmark = "collectives"};
+  BenchReport report{.benchmark = "collectives", .progress = options.progress};
   *printer = false;
   std::mutex report_mu;
   std::vector<Buffers*> peers;

@@ -11,6 +11,7 @@
 namespace meshflow::bench {
 
 struct CollectivesBenchOptions {
+  bool progress = true;  // a line per finished case on a terminal
   Backend backend = Backend::kThreads;
   int devices = 4;                       // threads: device threads; mpi: 0 = the world
   std::vector<std::int64_t> sizes;       // global (gathered) bytes per case

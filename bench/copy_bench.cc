@@ -48,7 +48,7 @@ BenchResult copy_case(const std::string& name, std::int64_t region_bytes, std::i
 }  // namespace
 
 BenchReport run_copy_bench(const CopyBenchOptions& options) {
-  BenchReport report{.benchmark = "copy"};
+  BenchReport report{.benchmark = "copy", .progress = options.progress};
   const std::int64_t region = options.region_mib << 20;
   add_result(report, copy_case("copy_box long rows", region, 64 << 10, options));
   add_result(report, copy_case("copy_box 16 KiB rows", region, 16 << 10, options));

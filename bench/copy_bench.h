@@ -6,6 +6,7 @@
 namespace meshflow::bench {
 
 struct CopyBenchOptions {
+  bool progress = true;          // a line per finished case on a terminal
   std::int64_t region_mib = 64;  // bytes of the copied region
   int reps = 9;
   int warmup = 2;

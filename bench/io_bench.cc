@@ -88,7 +88,7 @@ std::optional<Measured> numpy_run(const fs::path& python, const fs::path& script
 }  // namespace
 
 BenchReport run_io_bench(const IoBenchOptions& options) {
-  BenchReport report{.benchmark = "io"};
+  BenchReport report{.benchmark = "io", .progress = options.progress};
   report.memcpy_gbps = measured_memcpy_gbps();
   const fs::path dir = (options.dir.empty() ? fs::temp_directory_path() : options.dir) /
                        fmt::format("meshflow-bench-io-{}", ::getpid());

@@ -12,6 +12,7 @@
 namespace meshflow::bench {
 
 struct IoBenchOptions {
+  bool progress = true;                          // a line per finished case on a terminal
   std::int64_t bytes = std::int64_t{512} << 20;  // of the float32 tensor
   int reps = 3;
   std::filesystem::path dir;  // where the files go (default: the system's temporary folder)

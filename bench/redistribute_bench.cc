@@ -178,7 +178,7 @@ BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool
            "unknown case \"{}\" (expected S(0)->R, S(0)->S(1), P(sum)->S(0) or P(sum)->R)", name);
     }
   }
-  BenchReport report{.benchmark = "redistribute"};
+  BenchReport report{.benchmark = "redistribute", .progress = options.progress};
   *printer = false;
   std::mutex mu;
   std::vector<DeviceBuffers*> peers;

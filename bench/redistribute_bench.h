@@ -12,6 +12,7 @@
 namespace meshflow::bench {
 
 struct RedistributeBenchOptions {
+  bool progress = true;  // a line per finished case on a terminal
   Backend backend = Backend::kThreads;
   int devices = 4;
   std::vector<std::int64_t> sizes;  // global tensor bytes (float32)

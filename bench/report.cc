@@ -112,7 +112,7 @@ std::string to_table(const BenchReport& report) {
 }
 
 void add_result(BenchReport& report, BenchResult result) {
-  if (::isatty(STDERR_FILENO)) {
+  if (report.progress && ::isatty(STDERR_FILENO)) {
     fmt::print(stderr, "  {} {} {}: {} median\n", report.benchmark, result.case_name,
                result.bytes > 0 ? human_bytes(result.bytes) : "",
                human_seconds(median(result.case_s)));

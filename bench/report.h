@@ -1,4 +1,5 @@
-// Benchmark results in the format of docs/contract.md: a table for people, one JSON object for scripts.
+// Benchmark results in the format of docs/contract.md: a table for people, one JSON object for
+// scripts.
 #pragma once
 
 #include <chrono>
@@ -27,12 +28,14 @@ struct BenchResult {
 
 struct BenchReport {
   std::string benchmark;
+  bool progress = true;  // add_result may print a line per finished case (on a terminal)
   double memcpy_gbps = 0;
   std::vector<BenchResult> results;
 };
 
-// Appends `result` to `report` and, when standard error is a terminal, prints one line saying the
-// case finished (long benchmarks show progress; logs and pipes stay clean).
+// Appends `result` to `report` and, when report.progress is set and standard error is a terminal,
+// prints one line saying the case finished (long benchmarks show progress; logs and pipes stay
+// clean).
 void add_result(BenchReport& report, BenchResult result);
 
 // Returns the median of `samples` (the mean of the middle two for an even count); 0 if empty.

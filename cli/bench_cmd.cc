@@ -29,6 +29,7 @@ struct DistributedRun {
   std::vector<std::int64_t> sizes;
   std::vector<std::string> subset;
   int reps;
+  bool progress;
 };
 
 // Registers `meshflow bench NAME` with the options both distributed benchmarks share; `run`
@@ -42,7 +43,7 @@ void add_distributed(CLI::App* bench, const char* name, const char* help, const 
     std::vector<std::string> sizes{"16M", "256M"};
     std::vector<std::string> subset;
     int reps = 7;
-    bool json = false;
+    bool json = false, quiet = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = bench->add_subcommand(name, help);
@@ -58,6 +59,7 @@ void add_distributed(CLI::App* bench, const char* name, const char* help, const 
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print JSON");
+  cmd->add_flag("--quiet", args->quiet, "no progress lines");
   const std::string cmd_name = name;
   cmd->callback([args, run, cmd_name] {
     DistributedRun r{
@@ -65,7 +67,8 @@ void add_distributed(CLI::App* bench, const char* name, const char* help, const 
         .devices = 0,
         .sizes = {},
         .subset = args->subset,
-        .reps = args->reps};
+        .reps = args->reps,
+        .progress = !args->quiet};
     if (r.backend == Backend::kMpi && detect_backend() != Backend::kMpi) {
       fail(ErrorKind::kInvalidArgument,
            "--backend mpi needs mpirun: start it as `mpirun -n 4 meshflow bench {} --backend "
@@ -97,6 +100,8 @@ void add_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   c->add_flag("--json", *copy_json, "print JSON");
+  c->add_flag(
+      "--quiet", [copy](std::int64_t) { copy->progress = false; }, "no progress lines");
   c->callback([copy, copy_json] { print_report(bench::run_copy_bench(*copy), *copy_json); });
 
   auto io = std::make_shared<bench::IoBenchOptions>();
@@ -112,6 +117,8 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   i->add_option("--dir", io->dir, "folder for the files (default: the temporary folder)");
   i->add_flag("--json", *io_json, "print JSON");
+  i->add_flag(
+      "--quiet", [io](std::int64_t) { io->progress = false; }, "no progress lines");
   i->callback([io, io_json, io_mib] {
     io->bytes = *io_mib << 20;
     print_report(bench::run_io_bench(*io), *io_json);
@@ -121,7 +128,8 @@ void add_bench(CLI::App& app) {
                   "every collective against its memcpy floor (threads) or raw MPI (mpi)",
                   "--collectives", "subset, e.g. all_gather,all_reduce",
                   [](const DistributedRun& r, bool* printer) {
-                    return bench::run_collectives_bench({.backend = r.backend,
+                    return bench::run_collectives_bench({.progress = r.progress,
+                                                         .backend = r.backend,
                                                          .devices = r.devices,
                                                          .sizes = r.sizes,
                                                          .collectives = r.subset,
@@ -133,7 +141,8 @@ void add_bench(CLI::App& app) {
                   "times",
                   "--cases", "subset, e.g. \"S(0)->R\"",
                   [](const DistributedRun& r, bool* printer) {
-                    return bench::run_redistribute_bench({.backend = r.backend,
+                    return bench::run_redistribute_bench({.progress = r.progress,
+                                                          .backend = r.backend,
                                                           .devices = r.devices,
                                                           .sizes = r.sizes,
                                                           .cases = r.subset,

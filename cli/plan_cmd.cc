@@ -1,5 +1,6 @@
 // `meshflow plan` (explain a plan) and `meshflow redistribute` (move real data).
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "meshflow/comm/launch.h"
@@ -75,13 +76,16 @@ void add_redistribute(CLI::App& app) {
                   "threads or mpi (default: mpi under mpirun, else threads)");
   cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
   cmd->add_flag("--json", args->json, "print the plan and timing as JSON");
-  cmd->add_flag("--quiet", args->quiet, "print nothing on success");
+  cmd->add_flag("--quiet", args->quiet, "print nothing on success (no progress either)");
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     RedistributeFolderOptions o{.in = args->in, .out = args->out, .to = parse_placements(args->to)};
     if (!args->to_mesh.empty()) o.to_mesh = parse_mesh(args->to_mesh);
     o.backend = args->backend.empty() ? detect_backend() : parse_backend(args->backend);
     o.plan.machine = machine.get();
+    if (!args->quiet && ::isatty(STDERR_FILENO)) {
+      o.progress = [](std::string_view stage) { fmt::print(stderr, "redistribute: {}\n", stage); };
+    }
     RedistributeFolderResult r = redistribute_folder(o);
     if (!r.reporter || args->quiet) return;
     if (args->json) {

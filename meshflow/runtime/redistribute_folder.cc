@@ -98,11 +98,13 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
     Tensor local = from_index ? read_shard(options.in, from, *from_index) : Tensor(from.dtype, {0});
     check_replica_hashes(world, from, local);
     barrier(world);
+    if (me == leader && options.progress) options.progress("read the source shards");
     const auto start = std::chrono::steady_clock::now();
     Tensor out = execute(lower(result.plan, me), world, local);
     barrier(world);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (me == leader && options.progress) options.progress("moved the data");
     if (to_index) write_npy(tmp / shard_file_name(*to_index), out);
     if (me == leader) {
       write_file_atomic(tmp / "layout.json", layout_to_json(to).dump(2) + "\n");
@@ -111,7 +113,10 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
       result.reporter = true;
     }
     barrier(world);
-    if (me == leader) commit_folder(tmp, options.out);
+    if (me == leader) {
+      commit_folder(tmp, options.out);
+      if (options.progress) options.progress("wrote the new shards");
+    }
   };
   try {
     launch(launch_options, run);

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <string_view>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/plan/plan.h"
@@ -18,6 +20,9 @@ struct RedistributeFolderOptions {
   Backend backend = Backend::kThreads;
   PlanOptions plan;
   Timeout timeout = kDefaultTimeout;
+  // Called by the device that reports (the leader) as each stage ends: "read the source shards",
+  // "moved the data", "wrote the new shards".
+  std::function<void(std::string_view stage)> progress;
 };
 
 struct RedistributeFolderResult {
