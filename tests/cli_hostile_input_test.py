@@ -14,17 +14,9 @@ import time
 
 import numpy as np
 
+from checks import check, finish
+
 meshflow = sys.argv[1]
-failures = 0
-checked = 0
-
-
-def check(cond, what):
-    global failures, checked
-    checked += 1
-    if not cond:
-        failures += 1
-        print("FAILED:", what)
 
 
 def run(*args, timeout=120):
@@ -207,5 +199,4 @@ with tempfile.TemporaryDirectory() as tmp:
         check(not leftovers, f"the next writer cleared what the killed one left: {leftovers}")
     check("old" in kinds, f"some kills landed before the switch: {kinds}")
 
-print(f"{checked - failures} passed, {failures} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -10,18 +10,10 @@ import time
 
 import numpy as np
 
+from checks import check, finish
+
 mpirun, meshflow, fault_program = sys.argv[1:4]
 mpi = [mpirun, "--oversubscribe", "--allow-run-as-root"]
-failures = 0
-checked = 0
-
-
-def check(cond, what):
-    global failures, checked
-    checked += 1
-    if not cond:
-        failures += 1
-        print("FAILED:", what)
 
 
 def run(cmd, limit=60):
@@ -85,5 +77,4 @@ with tempfile.TemporaryDirectory() as tmp:
           f"replicas under mpi: {lines}")
     check(not os.path.exists(f"{tmp}/c"), "replicas under mpi: no output")
 
-print(f"{checked - failures} passed, {failures} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -104,7 +104,7 @@ Layout shard_file(const fs::path& input, const DeviceMesh& mesh,
       }
     });
   } catch (...) {
-    discard_folder(staged);
+    discard(staged);
     throw;
   }
   commit_folder(staged, out);

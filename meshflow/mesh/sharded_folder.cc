@@ -117,8 +117,6 @@ void commit_folder(const fs::path& staged, const fs::path& dir) {
   publish(staged, output_target(dir));
 }
 
-void discard_folder(const fs::path& staged) { discard(staged); }
-
 void write_sharded(const fs::path& dir, const Layout& layout, const std::vector<Tensor>& shards) {
   MESHFLOW_CHECK(shards.size() == layout.mesh.devices.size());
   const fs::path staged = stage_folder(dir);
@@ -127,7 +125,7 @@ void write_sharded(const fs::path& dir, const Layout& layout, const std::vector<
     for (std::size_t i = 0; i < shards.size(); ++i)
       write_npy(staged / shard_file_name(static_cast<int>(i)), shards[i]);
   } catch (...) {
-    discard_folder(staged);
+    discard(staged);
     throw;
   }
   commit_folder(staged, dir);

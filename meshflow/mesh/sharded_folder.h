@@ -43,10 +43,9 @@ Tensor read_shard(const std::filesystem::path& dir, const Layout& layout, int me
 // Writing a folder in stages, for writers spread over devices or streams: stage_folder checks
 // that `dir` may be replaced, clears what killed writers left, and creates an empty staging
 // folder (returned); files are written into it; commit_folder publishes it as `dir`, and
-// discard_folder removes it after a failure.
+// discard (core/file.h) removes it after a failure.
 std::filesystem::path stage_folder(const std::filesystem::path& dir);
 void commit_folder(const std::filesystem::path& staged, const std::filesystem::path& dir);
-void discard_folder(const std::filesystem::path& staged);
 
 // Returns "rank<i>.npy".
 std::string shard_file_name(int mesh_index);

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
@@ -121,7 +122,7 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
   try {
     launch(launch_options, run);
   } catch (...) {
-    if (!staged.empty()) discard_folder(staged);
+    if (!staged.empty()) discard(staged);
     throw;
   }
   return result;
