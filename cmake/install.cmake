@@ -3,7 +3,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(meshflow_components core mesh comm plan runtime)
+set(meshflow_components core mesh comm plan runtime ops dtensor)
 foreach(c ${meshflow_components})
   set_target_properties(meshflow_${c} PROPERTIES EXPORT_NAME ${c})
   add_library(meshflow::${c} ALIAS meshflow_${c})
@@ -11,6 +11,7 @@ endforeach()
 
 install(TARGETS meshflow RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS meshflow_core meshflow_mesh meshflow_comm meshflow_plan meshflow_runtime
+                meshflow_ops meshflow_dtensor
                 meshflow_library
         EXPORT meshflowTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -29,10 +30,10 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/meshflowConfig.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/meshflow)
 
 if(MESHFLOW_MPI)
-  set(meshflow_pc_requires "fmt nlohmann_json ompi-cxx")
+  set(meshflow_pc_requires "fmt nlohmann_json openblas ompi-cxx")
   set(meshflow_pc_cflags "-DMESHFLOW_HAVE_MPI")
 else()
-  set(meshflow_pc_requires "fmt nlohmann_json")
+  set(meshflow_pc_requires "fmt nlohmann_json openblas")
   set(meshflow_pc_cflags "")
 endif()
 # The .pc file finds the prefix from where it lies, so `cmake --install --prefix P` works for any P.

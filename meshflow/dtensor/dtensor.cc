@@ -1,0 +1,276 @@
+#include "meshflow/dtensor/dtensor.h"
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "meshflow/core/error.h"
+#include "meshflow/mesh/sharding.h"
+#include "meshflow/ops/gradient.h"
+#include "meshflow/ops/strategy.h"
+#include "meshflow/runtime/executor.h"
+
+namespace meshflow {
+
+namespace {
+
+// What one device needs to run one (operator, operand layouts) call: the strategy, its own
+// program for each operand that moves (null where none moves), the normalised operator and
+// the global operand specs its kernel reads.
+struct Dispatch {
+  Op op;
+  std::shared_ptr<const Strategy> strategy;
+  std::vector<std::shared_ptr<const DeviceProgram>> programs;
+  std::vector<TensorSpec> globals;
+  Shape local_out;
+};
+
+struct DispatchKey {
+  Op op;
+  std::vector<Layout> inputs;
+  DeviceId device;
+  bool operator==(const DispatchKey&) const = default;
+};
+struct DispatchKeyHash {
+  std::size_t operator()(const DispatchKey& k) const {
+    std::size_t h = hash_value(k.op) ^ (static_cast<std::size_t>(k.device) << 1);
+    for (const Layout& l : k.inputs) h = h * 31 + hash_value(l);
+    return h;
+  }
+};
+
+// The process's caches: strategies and plans are shared by every device; dispatch entries are
+// per device.
+struct Caches {
+  StrategyCache strategies;
+  PlanCache plans;
+  std::mutex mu;
+  std::unordered_map<DispatchKey, std::shared_ptr<const Dispatch>, DispatchKeyHash> dispatch;
+};
+
+Caches& caches() {
+  static Caches c;
+  return c;
+}
+
+std::shared_ptr<const Dispatch> dispatch_for(const Op& op, std::vector<Layout> inputs,
+                                             DeviceId device) {
+  Caches& c = caches();
+  DispatchKey key{op, std::move(inputs), device};
+  {
+    std::lock_guard lock(c.mu);
+    auto it = c.dispatch.find(key);
+    if (it != c.dispatch.end()) return it->second;
+  }
+  auto d = std::make_shared<Dispatch>();
+  for (const Layout& l : key.inputs) d->globals.push_back({l.shape, l.dtype});
+  d->strategy = c.strategies.get(op, key.inputs);
+  d->op = normalize(op, d->globals);
+  for (std::size_t i = 0; i < key.inputs.size(); ++i) {
+    const Layout& to = d->strategy->inputs[i];
+    d->programs.push_back(key.inputs[i] == to ? nullptr : c.plans.program(key.inputs[i], to, device));
+  }
+  d->local_out = local_shape(d->strategy->output, device);
+  std::lock_guard lock(c.mu);
+  return c.dispatch.try_emplace(std::move(key), std::move(d)).first->second;
+}
+
+void check_member(const DeviceMesh& mesh, Communicator& comm, std::string_view what) {
+  if (!find_device(mesh, comm.device())) {
+    fail(ErrorKind::kInvalidArgument, "{}: device {} is not in mesh {}", what, comm.device(),
+         to_string(mesh));
+  }
+}
+
+// Runs `program` on this device's shard (the runtime's executor).
+Tensor move(const DeviceProgram& program, Communicator& comm, const Tensor& local) {
+  return execute(program, comm, local);
+}
+
+}  // namespace
+
+DTensor distribute_tensor(Communicator& comm, const Tensor& global, const DeviceMesh& mesh,
+                          std::vector<Placement> placements) {
+  check_member(mesh, comm, "distribute_tensor");
+  Layout layout = make_layout(mesh, std::move(placements), global.shape(), global.dtype());
+  check_shardable(layout);
+  Tensor local = slice(global, shard_box(layout, comm.device()));
+  return {std::move(local), std::move(layout), &comm};
+}
+
+DTensor distribute_tensor(Communicator& comm, const Tensor& global, const DeviceMesh& mesh,
+                          std::vector<Placement> placements, DeviceId source) {
+  Layout layout = make_layout(mesh, std::move(placements), global.shape(), global.dtype());
+  check_shardable(layout);
+  std::vector<DeviceId> group = mesh.devices;
+  if (std::find(group.begin(), group.end(), source) == group.end()) group.push_back(source);
+  std::sort(group.begin(), group.end());
+  const DeviceId me = comm.device();
+  const bool member = find_device(mesh, me).has_value();
+  Tensor local = Tensor::uninitialized(global.dtype(), member ? local_shape(layout, me) : Shape{0});
+  ExchangeBoxesOptions o{.src = global.bytes(),
+                         .src_shape = global.shape(),
+                         .dst = local.bytes(),
+                         .dst_shape = local.shape(),
+                         .dtype = global.dtype(),
+                         .send = std::vector<std::vector<Box>>(group.size()),
+                         .recv = std::vector<std::vector<Box>>(group.size())};
+  for (std::size_t r = 0; r < group.size(); ++r) {
+    const bool to_member = find_device(mesh, group[r]).has_value();
+    if (me == source && to_member) o.send[r] = {shard_box(layout, group[r])};
+    if (group[r] == source && member)
+      o.recv[r] = {Box{std::vector<std::int64_t>(local.shape().size(), 0), local.shape()}};
+  }
+  exchange_boxes(*comm.group(group), o);
+  return {std::move(local), std::move(layout), member ? &comm : nullptr};
+}
+
+DTensor from_local(Communicator& comm, Tensor local, const DeviceMesh& mesh,
+                   std::vector<Placement> placements, std::optional<Shape> shape) {
+  check_member(mesh, comm, "from_local");
+  if (!shape) {
+    shape = local.shape();
+    for (std::size_t m = 0; m < placements.size() && m < mesh.shape.size(); ++m) {
+      const Placement p = placements[m];
+      if (!p.is_shard()) continue;
+      const int rank = static_cast<int>(shape->size());
+      const int d = p.dim < 0 ? p.dim + rank : p.dim;
+      if (d >= 0 && d < rank) (*shape)[static_cast<std::size_t>(d)] *= mesh.shape[m];
+    }
+  }
+  Layout layout = make_layout(mesh, std::move(placements), *shape, local.dtype());
+  const Shape expected = local_shape(layout, comm.device());
+  if (local.shape() != expected) {
+    fail(ErrorKind::kShapeMismatch, "from_local: device {} holds {} but {} gives it {}",
+         comm.device(), to_string(local.shape()), to_string(layout), to_string(expected));
+  }
+  return {std::move(local), std::move(layout), &comm};
+}
+
+Tensor full_tensor(const DTensor& t) {
+  std::vector<Placement> all_r(t.layout.placements.size(), Placement::replicate());
+  return redistribute(t, all_r).local;
+}
+
+DTensor redistribute(const DTensor& t, std::vector<Placement> placements) {
+  return redistribute(t, t.layout.mesh, std::move(placements));
+}
+
+DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Placement> placements) {
+  Layout to = make_layout(mesh, std::move(placements), t.layout.shape, t.layout.dtype);
+  for (std::size_t m = 0; m < to.placements.size(); ++m) {
+    const Placement p = to.placements[m];
+    const bool same_mesh = mesh == t.layout.mesh;
+    if (p.is_partial() && !(same_mesh && t.layout.placements[m] == p)) {
+      fail(ErrorKind::kInvalidArgument,
+           "redistribute: target {} on mesh dim {} is Partial but the source ({}) is not; a "
+           "full value has no one way to be split into terms",
+           to_string(p), m, to_string(t.layout));
+    }
+  }
+  if (to == t.layout) return {t.local.clone(), std::move(to), t.comm};
+  auto program = caches().plans.program(t.layout, to, t.device());
+  Tensor local = move(*program, *t.comm, t.local);
+  return {std::move(local), std::move(to), t.comm};
+}
+
+DTensor apply(const Op& op, const std::vector<const DTensor*>& operands) {
+  MESHFLOW_CHECK(!operands.empty());
+  std::vector<Layout> layouts;
+  layouts.reserve(operands.size());
+  for (const DTensor* t : operands) layouts.push_back(t->layout);
+  Communicator& comm = *operands[0]->comm;
+  const std::shared_ptr<const Dispatch> d = dispatch_for(op, std::move(layouts), comm.device());
+  std::vector<Tensor> moved(operands.size());
+  std::vector<const Tensor*> locals(operands.size());
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    if (d->programs[i]) {
+      moved[i] = move(*d->programs[i], comm, operands[i]->local);
+      locals[i] = &moved[i];
+    } else {
+      locals[i] = &operands[i]->local;
+    }
+  }
+  Tensor out = run_kernel(d->op, locals, d->globals);
+  MESHFLOW_CHECK(out.shape() == d->local_out, "{}: kernel gave {} where {} expects {}",
+                 to_string(d->op), to_string(out.shape()), to_string(d->strategy->output),
+                 to_string(d->local_out));
+  return {std::move(out), d->strategy->output, &comm};
+}
+
+namespace {
+DTensor unary(OpType type, const DTensor& a) { return apply(Op{.type = type}, {&a}); }
+DTensor binary(OpType type, const DTensor& a, const DTensor& b) {
+  return apply(Op{.type = type}, {&a, &b});
+}
+}  // namespace
+
+DTensor matmul(const DTensor& a, const DTensor& b) { return binary(OpType::kMatmul, a, b); }
+DTensor linear(const DTensor& x, const DTensor& w) { return binary(OpType::kLinear, x, w); }
+DTensor linear(const DTensor& x, const DTensor& w, const DTensor& bias) {
+  return apply(Op{.type = OpType::kLinear}, {&x, &w, &bias});
+}
+DTensor add(const DTensor& a, const DTensor& b) { return binary(OpType::kAdd, a, b); }
+DTensor sub(const DTensor& a, const DTensor& b) { return binary(OpType::kSub, a, b); }
+DTensor mul(const DTensor& a, const DTensor& b) { return binary(OpType::kMul, a, b); }
+DTensor div(const DTensor& a, const DTensor& b) { return binary(OpType::kDiv, a, b); }
+DTensor neg(const DTensor& a) { return unary(OpType::kNeg, a); }
+DTensor relu(const DTensor& a) { return unary(OpType::kRelu, a); }
+DTensor gelu(const DTensor& a) { return unary(OpType::kGelu, a); }
+DTensor tanh(const DTensor& a) { return unary(OpType::kTanh, a); }
+DTensor sigmoid(const DTensor& a) { return unary(OpType::kSigmoid, a); }
+DTensor exp(const DTensor& a) { return unary(OpType::kExp, a); }
+DTensor sum(const DTensor& a, std::vector<int> dims) {
+  return apply(Op{.type = OpType::kSum, .dims = std::move(dims)}, {&a});
+}
+DTensor mean(const DTensor& a, std::vector<int> dims) {
+  return apply(Op{.type = OpType::kMean, .dims = std::move(dims)}, {&a});
+}
+DTensor softmax(const DTensor& a, int dim) {
+  return apply(Op{.type = OpType::kSoftmax, .dim = dim}, {&a});
+}
+DTensor softmax_cross_entropy(const DTensor& logits, const DTensor& labels) {
+  return binary(OpType::kSoftmaxCrossEntropy, logits, labels);
+}
+DTensor mse(const DTensor& a, const DTensor& b) { return binary(OpType::kMse, a, b); }
+
+std::vector<std::optional<DTensor>> backward(const Op& op,
+                                             const std::vector<const DTensor*>& operands,
+                                             const DTensor& output, const DTensor& grad) {
+  std::vector<TensorSpec> specs;
+  for (const DTensor* t : operands) specs.push_back({t->layout.shape, t->layout.dtype});
+  const GradProgram program = gradient_program(op, specs);
+  std::vector<DTensor> steps;
+  steps.reserve(program.steps.size());
+  auto value = [&](const GradRef& r) -> const DTensor& {
+    switch (r.kind) {
+      case GradRef::Kind::kInput:
+        return *operands[static_cast<std::size_t>(r.index)];
+      case GradRef::Kind::kOutput:
+        return output;
+      case GradRef::Kind::kGrad:
+        return grad;
+      case GradRef::Kind::kStep:
+        break;
+    }
+    return steps[static_cast<std::size_t>(r.index)];
+  };
+  for (const GradStep& s : program.steps) {
+    std::vector<const DTensor*> args;
+    for (const GradRef& r : s.args) args.push_back(&value(r));
+    steps.push_back(meshflow::apply(s.op, args));
+  }
+  std::vector<std::optional<DTensor>> grads;
+  for (const auto& g : program.input_grads) {
+    if (!g) {
+      grads.emplace_back(std::nullopt);
+      continue;
+    }
+    const DTensor& v = value(*g);
+    grads.emplace_back(DTensor{v.local.clone(), v.layout, v.comm});
+  }
+  return grads;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,89 @@
+// The eager DTensor API: a distributed tensor is one device's local shard plus its Layout and
+// the device's communicator. Every operator call propagates sharding (ops/strategy.h), moves
+// operands through the runtime's plan executor only where the chosen strategy needs it, and runs
+// the CPU kernel on the local shards; the result equals the single-device result. Strategies,
+// plans and device programs are cached per (operator, operand layouts, device), so a repeated
+// call costs one hash lookup before its kernel.
+//
+// Every device of the operands' mesh calls each function with its own shard, in the same order
+// (they are collective, as DTensor's are). A DTensor borrows its communicator: it must not
+// outlive the launch that gave it.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "meshflow/comm/communicator.h"
+#include "meshflow/mesh/layout.h"
+#include "meshflow/ops/op.h"
+
+namespace meshflow {
+
+struct DTensor {
+  Tensor local;  // this device's shard: local_shape(layout, device)
+  Layout layout;
+  Communicator* comm = nullptr;  // the device's world communicator (not owned)
+
+  DeviceId device() const { return comm->device(); }
+};
+
+// Returns this device's shard of `global`, which every device of `mesh` passes identically (no
+// communication). Partial placements are refused, as DTensor's distribute_tensor refuses them.
+DTensor distribute_tensor(Communicator& comm, const Tensor& global, const DeviceMesh& mesh,
+                          std::vector<Placement> placements);
+
+// As above, but only `source` (a device of comm) holds the values: it sends each device of
+// `mesh` its shard; the others pass a tensor of the same shape and dtype whose values are
+// ignored. `source` calls it too, whether or not it is in `mesh`.
+DTensor distribute_tensor(Communicator& comm, const Tensor& global, const DeviceMesh& mesh,
+                          std::vector<Placement> placements, DeviceId source);
+
+// Wraps this device's shard. `shape` is the global shape; without it, every shard is assumed
+// to have this one's shape (DTensor's default), which holds only for even shards. Throws Error
+// naming the device when the shard is not the one the layout gives it.
+DTensor from_local(Communicator& comm, Tensor local, const DeviceMesh& mesh,
+                   std::vector<Placement> placements, std::optional<Shape> shape = std::nullopt);
+
+// Returns the local shard.
+inline const Tensor& to_local(const DTensor& t) { return t.local; }
+
+// Returns the global tensor on every device of the mesh (a redistribution to all-Replicate).
+Tensor full_tensor(const DTensor& t);
+
+// Returns t in `placements` (on `mesh`, default t's). A Partial target is refused unless t
+// already has that Partial on that mesh dim, as DTensor refuses it: a full value has no one
+// way to be split into terms.
+DTensor redistribute(const DTensor& t, std::vector<Placement> placements);
+DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Placement> placements);
+
+// Applies `op` to the operands: the generic entry point the functions below call.
+DTensor apply(const Op& op, const std::vector<const DTensor*>& operands);
+
+DTensor matmul(const DTensor& a, const DTensor& b);
+DTensor linear(const DTensor& x, const DTensor& w);
+DTensor linear(const DTensor& x, const DTensor& w, const DTensor& bias);
+DTensor add(const DTensor& a, const DTensor& b);
+DTensor sub(const DTensor& a, const DTensor& b);
+DTensor mul(const DTensor& a, const DTensor& b);
+DTensor div(const DTensor& a, const DTensor& b);
+DTensor neg(const DTensor& a);
+DTensor relu(const DTensor& a);
+DTensor gelu(const DTensor& a);
+DTensor tanh(const DTensor& a);
+DTensor sigmoid(const DTensor& a);
+DTensor exp(const DTensor& a);
+DTensor sum(const DTensor& a, std::vector<int> dims);
+DTensor mean(const DTensor& a, std::vector<int> dims);
+DTensor softmax(const DTensor& a, int dim = -1);
+DTensor softmax_cross_entropy(const DTensor& logits, const DTensor& labels);
+DTensor mse(const DTensor& a, const DTensor& b);
+
+// Returns the gradient of each operand of output = op(operands) given the output's gradient
+// `grad` (nullopt for an operand without one: integer labels), by interpreting ops/'s
+// gradient program with the functions above. Each gradient's layout is what propagation chose;
+// redistribute it to the operand's layout if that is needed.
+std::vector<std::optional<DTensor>> backward(const Op& op,
+                                             const std::vector<const DTensor*>& operands,
+                                             const DTensor& output, const DTensor& grad);
+
+}  // namespace meshflow

@@ -1,0 +1,228 @@
+#include "meshflow/ops/elementwise.h"
+
+#include <cmath>
+#include <numbers>
+#include <type_traits>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) {
+  const std::size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    const std::int64_t x = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const std::int64_t y = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (x != y && x != 1 && y != 1) {
+      fail(ErrorKind::kShapeMismatch, "{}: shapes {} and {} do not broadcast (dim {}: {} vs {})",
+           what, to_string(a), to_string(b), i, x, y);
+    }
+    out[i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+bool is_binary(OpType t) {
+  return t == OpType::kAdd || t == OpType::kSub || t == OpType::kMul || t == OpType::kDiv;
+}
+bool is_unary(OpType t) {
+  return t == OpType::kNeg || t == OpType::kRelu || t == OpType::kGelu || t == OpType::kTanh ||
+         t == OpType::kSigmoid || t == OpType::kExp;
+}
+bool is_unary_grad(OpType t) {
+  return t == OpType::kReluGrad || t == OpType::kGeluGrad || t == OpType::kTanhGrad ||
+         t == OpType::kSigmoidGrad;
+}
+
+namespace {
+
+// add, sub, mul and neg also take integers (NumPy's wrap-around arithmetic); the rest are
+// floating-point only.
+bool takes_integers(OpType t) {
+  return t == OpType::kAdd || t == OpType::kSub || t == OpType::kMul || t == OpType::kNeg;
+}
+
+template <typename T>
+T gelu(T x) {
+  return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+}
+template <typename T>
+T gelu_derivative(T x) {
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+  const T pdf = std::exp(T(-0.5) * x * x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+  return cdf + x * pdf;
+}
+
+// out = f(a, b) over the broadcast of a and b. The innermost dim is one loop with constant
+// strides; the outer dims walk an odometer.
+template <typename T, typename F>
+void broadcast_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  const T* pa = reinterpret_cast<const T*>(a.bytes());
+  const T* pb = reinterpret_cast<const T*>(b.bytes());
+  T* po = reinterpret_cast<T*>(out.bytes());
+  const std::int64_t n = out.numel();
+  if (n == 0) return;
+  if (a.shape() == b.shape()) {
+    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    return;
+  }
+  const Shape& shape = out.shape();
+  const std::size_t rank = shape.size();
+  // Strides of a and b over the output's dims (0 where broadcast or missing).
+  auto strides_of = [&](const Shape& s) {
+    std::vector<std::int64_t> st(rank, 0);
+    std::int64_t acc = 1;
+    for (std::size_t i = s.size(); i-- > 0;) {
+      const std::size_t o = i + (rank - s.size());
+      st[o] = s[i] == 1 ? 0 : acc;
+      acc *= s[i];
+    }
+    return st;
+  };
+  const auto sa = strides_of(a.shape()), sb = strides_of(b.shape());
+  const std::int64_t inner = shape[rank - 1];
+  const std::int64_t ia = sa[rank - 1], ib = sb[rank - 1];
+  std::vector<std::int64_t> index(rank, 0);
+  std::int64_t oa = 0, ob = 0;
+  for (std::int64_t row = 0; row < n / inner; ++row) {
+    T* o = po + row * inner;
+    const T* x = pa + oa;
+    const T* y = pb + ob;
+    if (ia == 1 && ib == 1) {
+      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], y[i]);
+    } else if (ia == 1 && ib == 0) {
+      const T yv = *y;
+      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], yv);
+    } else if (ia == 0 && ib == 1) {
+      const T xv = *x;
+      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(xv, y[i]);
+    } else {
+      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i * ia], y[i * ib]);
+    }
+    for (std::size_t d = rank - 1; d-- > 0;) {
+      oa += sa[d];
+      ob += sb[d];
+      if (++index[d] < shape[d]) break;
+      oa -= sa[d] * shape[d];
+      ob -= sb[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+template <typename T, typename F>
+void unary_loop(const Tensor& a, Tensor& out, F f) {
+  const T* pa = reinterpret_cast<const T*>(a.bytes());
+  T* po = reinterpret_cast<T*>(out.bytes());
+  const std::int64_t n = out.numel();
+  for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i]);
+}
+
+template <typename T>
+void binary(OpType type, const Tensor& a, const Tensor& b, Tensor& out) {
+  switch (type) {
+    case OpType::kAdd:
+      return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(x + y); });
+    case OpType::kSub:
+      return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(x - y); });
+    case OpType::kMul:
+      return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(x * y); });
+    case OpType::kDiv:
+      return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(x / y); });
+    case OpType::kReluGrad:
+      return broadcast_loop<T>(a, b, out, [](T g, T x) { return x > T(0) ? g : T(0); });
+    case OpType::kGeluGrad:
+      return broadcast_loop<T>(a, b, out, [](T g, T x) { return T(g * gelu_derivative(x)); });
+    case OpType::kTanhGrad:
+      return broadcast_loop<T>(a, b, out, [](T g, T y) { return T(g * (T(1) - y * y)); });
+    case OpType::kSigmoidGrad:
+      return broadcast_loop<T>(a, b, out, [](T g, T y) { return T(g * y * (T(1) - y)); });
+    default:
+      MESHFLOW_CHECK(false, "{} is not a binary elementwise operator", to_string(type));
+  }
+}
+
+template <typename T>
+void unary(OpType type, const Tensor& a, Tensor& out) {
+  switch (type) {
+    case OpType::kNeg:
+      return unary_loop<T>(a, out, [](T x) { return T(-x); });
+    case OpType::kRelu:
+      return unary_loop<T>(a, out, [](T x) { return x > T(0) ? x : T(0); });
+    case OpType::kGelu:
+      return unary_loop<T>(a, out, [](T x) { return gelu(x); });
+    case OpType::kTanh:
+      return unary_loop<T>(a, out, [](T x) { return std::tanh(x); });
+    case OpType::kSigmoid:
+      return unary_loop<T>(a, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
+    case OpType::kExp:
+      return unary_loop<T>(a, out, [](T x) { return std::exp(x); });
+    default:
+      MESHFLOW_CHECK(false, "{} is not a unary elementwise operator", to_string(type));
+  }
+}
+
+}  // namespace
+
+TensorSpec infer_elementwise(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (!is_floating(in[i].dtype) && !takes_integers(op.type)) {
+      fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name,
+           i, to_string(in[i].dtype), name);
+    }
+    if (in[i].dtype != in[0].dtype) {
+      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)",
+           name, to_string(in[0].dtype), to_string(in[i].dtype));
+    }
+  }
+  if (is_unary(op.type)) return in[0];
+  if (is_unary_grad(op.type) && in[0].shape != in[1].shape) {
+    fail(ErrorKind::kShapeMismatch, "{}: gradient {} and value {} differ in shape", name,
+         to_string(in[0].shape), to_string(in[1].shape));
+  }
+  return {broadcast_shapes(in[0].shape, in[1].shape, name), in[0].dtype};
+}
+
+Tensor elementwise_kernel(const Op& op, const std::vector<const Tensor*>& in) {
+  const Tensor& a = *in[0];
+  if (is_unary(op.type)) {
+    Tensor out = Tensor::uninitialized(a.dtype(), a.shape());
+    visit_dtype(a.dtype(), [&](auto t) {
+      using T = decltype(t);
+      if constexpr (std::is_floating_point_v<T>) {
+        unary<T>(op.type, a, out);
+      } else {
+        MESHFLOW_CHECK(op.type == OpType::kNeg, "integer {}", to_string(op.type));
+        unary_loop<T>(a, out, [](T x) { return T(-std::make_unsigned_t<T>(x)); });
+      }
+    });
+    return out;
+  }
+  const Tensor& b = *in[1];
+  Tensor out = Tensor::uninitialized(a.dtype(), broadcast_shapes(a.shape(), b.shape(), "kernel"));
+  visit_dtype(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    if constexpr (std::is_floating_point_v<T>) {
+      binary<T>(op.type, a, b, out);
+    } else {
+      // Integers wrap around as NumPy's do: the arithmetic runs unsigned, where overflow is
+      // defined.
+      using U = std::make_unsigned_t<T>;
+      switch (op.type) {
+        case OpType::kAdd:
+          return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(U(x) + U(y)); });
+        case OpType::kSub:
+          return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(U(x) - U(y)); });
+        case OpType::kMul:
+          return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(U(x) * U(y)); });
+        default:
+          MESHFLOW_CHECK(false, "integer {}", to_string(op.type));
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,309 @@
+// Kernels against independent references: naive loops written here for every forward operator,
+// and central finite differences for every gradient program (float64).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "meshflow/core/error.h"
+#include "meshflow/core/random.h"
+#include "meshflow/ops/gradient.h"
+#include "meshflow/ops/op.h"
+
+namespace meshflow {
+namespace {
+
+Tensor rnd(const Shape& s, std::uint64_t seed, DType dtype = DType::kFloat64) {
+  return random_tensor(dtype, s, seed);
+}
+
+double at(const Tensor& t, std::int64_t i) {
+  return t.dtype() == DType::kFloat64 ? t.data<double>()[static_cast<std::size_t>(i)]
+                                      : t.data<float>()[static_cast<std::size_t>(i)];
+}
+
+void expect_near(const Tensor& got, const std::vector<double>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(at(got, static_cast<std::int64_t>(i)), want[i], tol * (1 + std::abs(want[i])))
+        << what << " element " << i;
+}
+
+Tensor run(const Op& op, const std::vector<const Tensor*>& in) { return compute(op, in); }
+
+TEST(Kernels, MatmulWithBatchedLeftOperandMatchesNaiveLoops) {
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    const Tensor a = rnd({2, 3, 5}, 1, dt), b = rnd({5, 4}, 2, dt);
+    const Tensor c = run({.type = OpType::kMatmul}, {&a, &b});
+    ASSERT_EQ(c.shape(), (Shape{2, 3, 4}));
+    std::vector<double> want;
+    for (int i = 0; i < 6; ++i)
+      for (int j = 0; j < 4; ++j) {
+        double s = 0;
+        for (int k = 0; k < 5; ++k) s += at(a, i * 5 + k) * at(b, k * 4 + j);
+        want.push_back(s);
+      }
+    expect_near(c, want, dt == DType::kFloat32 ? 1e-5 : 1e-12, "matmul");
+  }
+}
+
+TEST(Kernels, LinearAddsTheBiasToEveryRow) {
+  const Tensor x = rnd({3, 4}, 3), w = rnd({4, 2}, 4), b = rnd({2}, 5);
+  const Tensor y = run({.type = OpType::kLinear}, {&x, &w, &b});
+  std::vector<double> want;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 2; ++j) {
+      double s = at(b, j);
+      for (int k = 0; k < 4; ++k) s += at(x, i * 4 + k) * at(w, k * 2 + j);
+      want.push_back(s);
+    }
+  expect_near(y, want, 1e-12, "linear");
+}
+
+TEST(Kernels, EmptyContractionGivesZerosAndEmptyOperandsGiveEmptyResults) {
+  const Tensor a = rnd({3, 0}, 1), b = rnd({0, 2}, 2);
+  const Tensor c = run({.type = OpType::kMatmul}, {&a, &b});
+  expect_near(c, std::vector<double>(6, 0.0), 0, "k = 0");
+  const Tensor e = rnd({0, 4}, 3), f = rnd({4}, 4);
+  EXPECT_EQ(run({.type = OpType::kAdd}, {&e, &f}).shape(), (Shape{0, 4}));
+}
+
+TEST(Kernels, BinaryOperatorsBroadcastAsNumPy) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 1}, {1, 4}}, {{2, 3, 4}, {3, 1}}, {{4}, {2, 3, 4}}, {{}, {2, 2}}};
+  for (auto [sa, sb] : cases) {
+    const Tensor a = rnd(sa, 7), b = rnd(sb, 8);
+    for (OpType t : {OpType::kAdd, OpType::kSub, OpType::kMul, OpType::kDiv}) {
+      const Tensor c = run({.type = t}, {&a, &b});
+      // Naive: index every output element, map it back to each operand.
+      const Shape& so = c.shape();
+      std::vector<double> want;
+      for (std::int64_t i = 0; i < c.numel(); ++i) {
+        std::vector<std::int64_t> idx(so.size());
+        std::int64_t rem = i;
+        for (std::size_t d = so.size(); d-- > 0;) {
+          idx[d] = rem % so[d];
+          rem /= so[d];
+        }
+        auto flat = [&](const Shape& s) {
+          std::int64_t f = 0;
+          for (std::size_t d = 0; d < s.size(); ++d)
+            f = f * s[d] + (s[d] == 1 ? 0 : idx[d + so.size() - s.size()]);
+          return f;
+        };
+        const double x = at(a, flat(sa)), y = at(b, flat(sb));
+        want.push_back(t == OpType::kAdd ? x + y : t == OpType::kSub ? x - y : t == OpType::kMul ? x * y : x / y);
+      }
+      expect_near(c, want, 1e-12, std::string(to_string(t)) + " " + to_string(sa) + " " + to_string(sb));
+    }
+  }
+}
+
+TEST(Kernels, UnaryOperatorsMatchTheirFormulas) {
+  const Tensor x = rnd({17}, 9);
+  const std::vector<std::pair<OpType, std::function<double(double)>>> cases = {
+      {OpType::kNeg, [](double v) { return -v; }},
+      {OpType::kRelu, [](double v) { return v > 0 ? v : 0; }},
+      {OpType::kGelu, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }},
+      {OpType::kTanh, [](double v) { return std::tanh(v); }},
+      {OpType::kSigmoid, [](double v) { return 1 / (1 + std::exp(-v)); }},
+      {OpType::kExp, [](double v) { return std::exp(v); }}};
+  for (const auto& [t, f] : cases) {
+    std::vector<double> want;
+    for (int i = 0; i < 17; ++i) want.push_back(f(at(x, i)));
+    expect_near(run({.type = t}, {&x}), want, 1e-12, std::string(to_string(t)));
+  }
+}
+
+TEST(Kernels, SumAndMeanOverAnyDims) {
+  const Tensor x = rnd({2, 3, 4}, 10);
+  for (const std::vector<int>& dims : std::vector<std::vector<int>>{{0}, {1}, {2}, {0, 2}, {-1}, {0, 1, 2}}) {
+    for (OpType t : {OpType::kSum, OpType::kMean}) {
+      const Tensor y = run({.type = t, .dims = dims}, {&x});
+      auto kept = [&](int d) {
+        for (int r : dims)
+          if ((r + 3) % 3 == d) return false;
+        return true;
+      };
+      Shape s;
+      for (int d = 0; d < 3; ++d)
+        if (kept(d)) s.push_back(x.shape()[d]);
+      std::vector<double> want(static_cast<std::size_t>(numel(s)), 0.0);
+      double count = 1;
+      for (int d = 0; d < 3; ++d)
+        if (!kept(d)) count *= static_cast<double>(x.shape()[d]);
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 3; ++j)
+          for (int k = 0; k < 4; ++k) {
+            const int idx[3] = {i, j, k};
+            std::int64_t o = 0;
+            for (int d = 0; d < 3; ++d)
+              if (kept(d)) o = o * x.shape()[d] + idx[d];
+            want[static_cast<std::size_t>(o)] += at(x, (i * 3 + j) * 4 + k) / (t == OpType::kMean ? count : 1);
+          }
+      EXPECT_EQ(y.shape(), s);
+      expect_near(y, want, 1e-12, to_string(Op{.type = t, .dims = dims}));
+    }
+  }
+}
+
+TEST(Kernels, SoftmaxAndLossesMatchNaiveFormulas) {
+  const Tensor x = rnd({3, 5}, 11);
+  const Tensor y = run({.type = OpType::kSoftmax, .dim = 0}, {&x});
+  for (int j = 0; j < 5; ++j) {
+    double z = 0;
+    for (int i = 0; i < 3; ++i) z += std::exp(at(x, i * 5 + j));
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(at(y, i * 5 + j), std::exp(at(x, i * 5 + j)) / z, 1e-12);
+  }
+  Tensor labels(DType::kInt64, {3});
+  labels.data<std::int64_t>()[0] = 4;
+  labels.data<std::int64_t>()[1] = 0;
+  labels.data<std::int64_t>()[2] = 2;
+  double want = 0;
+  for (int i = 0; i < 3; ++i) {
+    double z = 0;
+    for (int j = 0; j < 5; ++j) z += std::exp(at(x, i * 5 + j));
+    want += -std::log(std::exp(at(x, i * 5 + labels.data<std::int64_t>()[i])) / z) / 3;
+  }
+  expect_near(run({.type = OpType::kSoftmaxCrossEntropy}, {&x, &labels}), {want}, 1e-12, "sce");
+  const Tensor b = rnd({3, 5}, 12);
+  double m = 0;
+  for (int i = 0; i < 15; ++i) m += (at(x, i) - at(b, i)) * (at(x, i) - at(b, i)) / 15;
+  expect_near(run({.type = OpType::kMse}, {&x, &b}), {m}, 1e-12, "mse");
+  labels.data<std::int64_t>()[1] = 5;
+  try {
+    run({.type = OpType::kSoftmaxCrossEntropy}, {&x, &labels});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 5 (row 1 of this shard) is outside [0, 5)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {
+  Tensor a(DType::kInt32, {2}), b(DType::kInt32, {2});
+  a.data<std::int32_t>()[0] = 2147483647;
+  a.data<std::int32_t>()[1] = -5;
+  b.data<std::int32_t>()[0] = 1;
+  b.data<std::int32_t>()[1] = 7;
+  const Tensor c = run({.type = OpType::kAdd}, {&a, &b});
+  EXPECT_EQ(c.data<std::int32_t>()[0], -2147483647 - 1);
+  EXPECT_EQ(c.data<std::int32_t>()[1], 2);
+  const Tensor s = run({.type = OpType::kSum, .dims = {0}}, {&a});
+  EXPECT_EQ(s.data<std::int32_t>()[0], 2147483642);
+}
+
+// Runs a gradient program on one device.
+std::vector<std::optional<Tensor>> single_device_backward(const Op& op, const std::vector<const Tensor*>& in,
+                                                          const Tensor& out, const Tensor& g) {
+  std::vector<TensorSpec> specs;
+  for (const Tensor* t : in) specs.push_back(spec_of(*t));
+  const GradProgram p = gradient_program(op, specs);
+  std::vector<Tensor> steps;
+  auto value = [&](const GradRef& r) -> const Tensor& {
+    switch (r.kind) {
+      case GradRef::Kind::kInput: return *in[static_cast<std::size_t>(r.index)];
+      case GradRef::Kind::kOutput: return out;
+      case GradRef::Kind::kGrad: return g;
+      case GradRef::Kind::kStep: break;
+    }
+    return steps[static_cast<std::size_t>(r.index)];
+  };
+  for (const GradStep& s : p.steps) {
+    std::vector<const Tensor*> args;
+    for (const GradRef& r : s.args) args.push_back(&value(r));
+    steps.push_back(compute(s.op, args));
+  }
+  std::vector<std::optional<Tensor>> grads;
+  for (const auto& r : p.input_grads) grads.push_back(r ? std::optional<Tensor>(value(*r).clone()) : std::nullopt);
+  return grads;
+}
+
+template <typename... T>
+std::vector<Tensor> tensors(T&&... t) {
+  std::vector<Tensor> v;
+  (v.push_back(std::move(t)), ...);
+  return v;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  double s = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) s += at(a, i) * at(b, i);
+  return s;
+}
+
+// For L(x) = <g, op(x)>, checks <grad_i, v> against (L(x_i + εv) - L(x_i - εv)) / 2ε for a
+// random direction v, for every float operand i.
+void check_gradients(const Op& op, std::vector<Tensor> in) {
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : in) ptrs.push_back(&t);
+  const Tensor out = compute(op, ptrs);
+  const Tensor g = rnd(out.shape(), 99);
+  const auto grads = single_device_backward(op, ptrs, out, g);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (!is_floating(in[i].dtype())) {
+      EXPECT_FALSE(grads[i].has_value());
+      continue;
+    }
+    ASSERT_TRUE(grads[i].has_value());
+    ASSERT_EQ(grads[i]->shape(), in[i].shape()) << to_string(op) << " operand " << i;
+    const Tensor v = rnd(in[i].shape(), 100 + i);
+    const double eps = 1e-6;
+    auto loss_at = [&](double sign) {
+      Tensor moved = in[i].clone();
+      for (std::int64_t k = 0; k < moved.numel(); ++k)
+        moved.data<double>()[static_cast<std::size_t>(k)] += sign * eps * at(v, k);
+      std::vector<const Tensor*> p2 = ptrs;
+      p2[i] = &moved;
+      return dot(g, compute(op, p2));
+    };
+    const double numeric = (loss_at(1) - loss_at(-1)) / (2 * eps);
+    EXPECT_NEAR(dot(*grads[i], v), numeric, 1e-6 * (1 + std::abs(numeric))) << to_string(op) << " operand " << i;
+  }
+}
+
+TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
+  check_gradients({.type = OpType::kMatmul}, tensors(rnd({2, 3, 4}, 1), rnd({4, 5}, 2)));
+  check_gradients({.type = OpType::kLinear}, tensors(rnd({3, 4}, 1), rnd({4, 5}, 2), rnd({5}, 3)));
+  check_gradients({.type = OpType::kLinear}, tensors(rnd({4}, 1), rnd({4, 5}, 2)));
+  for (OpType t : {OpType::kAdd, OpType::kSub, OpType::kMul, OpType::kDiv}) {
+    check_gradients({.type = t}, tensors(rnd({3, 4}, 4), rnd({4}, 5)));
+    check_gradients({.type = t}, tensors(rnd({3, 1}, 6), rnd({2, 1, 4}, 7)));
+  }
+  for (OpType t : {OpType::kNeg, OpType::kRelu, OpType::kGelu, OpType::kTanh, OpType::kSigmoid, OpType::kExp})
+    check_gradients({.type = t}, tensors(rnd({3, 4}, 8)));
+  check_gradients({.type = OpType::kSum, .dims = {0, 2}}, tensors(rnd({2, 3, 4}, 9)));
+  check_gradients({.type = OpType::kMean, .dims = {1}}, tensors(rnd({2, 3, 4}, 10)));
+  check_gradients({.type = OpType::kSoftmax, .dim = 1}, tensors(rnd({3, 4}, 11)));
+  Tensor labels(DType::kInt32, {3});
+  for (int i = 0; i < 3; ++i) labels.data<std::int32_t>()[i] = (i * 3) % 4;
+  std::vector<Tensor> sce;
+  sce.push_back(rnd({3, 4}, 12));
+  sce.push_back(std::move(labels));
+  check_gradients({.type = OpType::kSoftmaxCrossEntropy}, std::move(sce));
+  check_gradients({.type = OpType::kMse}, tensors(rnd({3, 4}, 13), rnd({3, 4}, 14)));
+}
+
+TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
+  const Tensor a = rnd({3, 4}, 1), b = rnd({5, 2}, 2);
+  Tensor i(DType::kInt32, {3, 4});
+  auto message = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([&] { run({.type = OpType::kMatmul}, {&a, &b}); }),
+            "matmul: operand shapes 3x4, 5x2 do not fit a[..., m, k] @ b[k, n]");
+  EXPECT_EQ(message([&] { run({.type = OpType::kAdd}, {&a, &b}); }),
+            "add: shapes 3x4 and 5x2 do not broadcast (dim 0: 3 vs 5)");
+  EXPECT_EQ(message([&] { run({.type = OpType::kRelu}, {&i}); }),
+            "relu: operand 0 is int32; relu takes float32 or float64");
+  EXPECT_EQ(message([&] { run({.type = OpType::kSum, .dims = {2}}, {&a}); }),
+            "sum: dim 2 is out of range for a 2-d operand");
+  EXPECT_EQ(message([&] { run({.type = OpType::kAdd}, {&a}); }), "add takes 2 operands, got 1");
+}
+
+}  // namespace
+}  // namespace meshflow

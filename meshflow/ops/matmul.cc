@@ -1,0 +1,172 @@
+#include "meshflow/ops/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+bool is_matmul_family(OpType t) {
+  return t == OpType::kMatmul || t == OpType::kLinear || t == OpType::kMatmulGradA ||
+         t == OpType::kMatmulGradB;
+}
+
+namespace {
+
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+blasint blas_int(std::int64_t v) {
+  MESHFLOW_CHECK(v >= 0 && v <= INT_MAX, "GEMM dimension {} exceeds the BLAS integer range", v);
+  return static_cast<blasint>(v);
+}
+
+std::int64_t leading(const Shape& s, std::size_t keep) {
+  std::int64_t m = 1;
+  for (std::size_t i = 0; i + keep < s.size(); ++i) m *= s[i];
+  return m;
+}
+
+void check_float_same(std::string_view name, const std::vector<TensorSpec>& in) {
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (!is_floating(in[i].dtype)) {
+      fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name,
+           i, to_string(in[i].dtype), name);
+    }
+    if (in[i].dtype != in[0].dtype) {
+      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)",
+           name, to_string(in[0].dtype), to_string(in[i].dtype));
+    }
+  }
+}
+
+[[noreturn]] void mismatch(std::string_view name, const std::vector<TensorSpec>& in,
+                           std::string_view expected) {
+  std::string shapes;
+  for (const TensorSpec& s : in) shapes += (shapes.empty() ? "" : ", ") + to_string(s.shape);
+  fail(ErrorKind::kShapeMismatch, "{}: operand shapes {} do not fit {}", name, shapes, expected);
+}
+
+}  // namespace
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: c = beta * c
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  single_threaded_blas();
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0f, a,
+                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0, a,
+                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+  }
+}
+template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*,
+                          std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);
+template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*,
+                           std::int64_t, const double*, std::int64_t, double, double*,
+                           std::int64_t);
+
+TensorSpec infer_matmul(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  check_float_same(name, in);
+  const Shape& a = in[0].shape;
+  const Shape& b = in[1].shape;
+  switch (op.type) {
+    case OpType::kMatmul: {
+      if (a.size() < 2 || b.size() != 2 || a.back() != b[0])
+        mismatch(name, in, "a[..., m, k] @ b[k, n]");
+      Shape out = a;
+      out.back() = b[1];
+      return {out, in[0].dtype};
+    }
+    case OpType::kLinear: {
+      if (a.empty() || b.size() != 2 || a.back() != b[0] ||
+          (in.size() == 3 && in[2].shape != Shape{b[1]}))
+        mismatch(name, in, "x[..., in] @ w[in, out] + b[out]");
+      Shape out = a;
+      out.back() = b[1];
+      return {out, in[0].dtype};
+    }
+    case OpType::kMatmulGradA: {  // (g[..., m, n], b[k, n]) -> [..., m, k]
+      if (a.empty() || b.size() != 2 || a.back() != b[1])
+        mismatch(name, in, "g[..., m, n] with b[k, n]");
+      Shape out = a;
+      out.back() = b[0];
+      return {out, in[0].dtype};
+    }
+    case OpType::kMatmulGradB: {  // (a[..., m, k], g[..., m, n]) -> [k, n]
+      if (a.empty() || b.empty() || a.size() != b.size() ||
+          !std::equal(a.begin(), a.end() - 1, b.begin()))
+        mismatch(name, in, "a[..., m, k] with g[..., m, n]");
+      return {{a.back(), b.back()}, in[0].dtype};
+    }
+    default:
+      MESHFLOW_CHECK(false, "{} is not a matrix product", name);
+  }
+}
+
+Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
+  const Tensor& a = *in[0];
+  const Tensor& b = *in[1];
+  std::vector<TensorSpec> specs;
+  for (const Tensor* t : in) specs.push_back(spec_of(*t));
+  const TensorSpec out_spec = infer_matmul(op, specs);
+  Tensor out = Tensor::uninitialized(out_spec.dtype, out_spec.shape);
+  visit_dtype(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* pa = reinterpret_cast<const T*>(a.bytes());
+      const T* pb = reinterpret_cast<const T*>(b.bytes());
+      T* pc = reinterpret_cast<T*>(out.bytes());
+      const Shape& as = a.shape();
+      const Shape& bs = b.shape();
+      switch (op.type) {
+        case OpType::kMatmul:
+        case OpType::kLinear: {
+          const std::int64_t m = leading(as, 1), k = as.back(), n = bs[1];
+          T beta = 0;
+          if (in.size() == 3) {  // start from the bias in every row, then add the product
+            const std::byte* bias = in[2]->bytes();
+            for (std::int64_t i = 0; i < m; ++i)
+              std::memcpy(pc + i * n, bias, static_cast<std::size_t>(n) * sizeof(T));
+            beta = 1;
+          }
+          gemm<T>(false, false, m, n, k, pa, k, pb, n, beta, pc, n);
+          break;
+        }
+        case OpType::kMatmulGradA: {
+          const std::int64_t m = leading(as, 1), n = as.back(), k = bs[0];
+          gemm<T>(false, true, m, k, n, pa, n, pb, n, T(0), pc, k);
+          break;
+        }
+        case OpType::kMatmulGradB: {
+          const std::int64_t rows = leading(as, 1), k = as.back(), n = bs.back();
+          gemm<T>(true, false, k, n, rows, pa, k, pb, n, T(0), pc, n);
+          break;
+        }
+        default:
+          MESHFLOW_CHECK(false, "{} is not a matrix product", to_string(op.type));
+      }
+    } else {
+      MESHFLOW_CHECK(false, "integer {}", to_string(op.type));
+    }
+  });
+  return out;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,26 @@
+// Matrix products: matmul (a[..., m, k] @ b[k, n]), linear (x[..., in] @ w[in, out] + b[out]) and
+// the two gradient products, all through OpenBLAS's cblas_sgemm / cblas_dgemm on the tensors'
+// own memory (leading dims fold into the row count, so a batched left operand is one GEMM and
+// nothing is copied).
+#pragma once
+
+#include <vector>
+
+#include "meshflow/ops/op.h"
+
+namespace meshflow {
+
+bool is_matmul_family(OpType type);  // matmul, linear, matmul_grad_a, matmul_grad_b
+
+TensorSpec infer_matmul(const Op& op, const std::vector<TensorSpec>& inputs);
+Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in);
+
+// c[m, n] = a[m, k] @ b[k, n] (row-major, leading dims lda, ldb, ldc; transposes as BLAS's),
+// plus beta * c. OpenBLAS runs single-threaded: every device already is a thread (or an MPI
+// process) of its own, so OpenBLAS's own thread pool would only oversubscribe the cores and
+// make devices contend; it is set once, before the first GEMM.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+
+}  // namespace meshflow

@@ -1,0 +1,157 @@
+#include "meshflow/ops/op.h"
+
+#include <algorithm>
+#include <array>
+#include <functional>
+
+#include "meshflow/core/error.h"
+#include "meshflow/ops/elementwise.h"
+#include "meshflow/ops/matmul.h"
+#include "meshflow/ops/reduction.h"
+#include "meshflow/ops/softmax.h"
+
+namespace meshflow {
+
+namespace {
+
+struct OpInfo {
+  OpType type;
+  std::string_view name;
+  int min_args, max_args;
+};
+
+constexpr std::array kOps = {
+    OpInfo{OpType::kMatmul, "matmul", 2, 2},
+    OpInfo{OpType::kLinear, "linear", 2, 3},
+    OpInfo{OpType::kAdd, "add", 2, 2},
+    OpInfo{OpType::kSub, "sub", 2, 2},
+    OpInfo{OpType::kMul, "mul", 2, 2},
+    OpInfo{OpType::kDiv, "div", 2, 2},
+    OpInfo{OpType::kNeg, "neg", 1, 1},
+    OpInfo{OpType::kRelu, "relu", 1, 1},
+    OpInfo{OpType::kGelu, "gelu", 1, 1},
+    OpInfo{OpType::kTanh, "tanh", 1, 1},
+    OpInfo{OpType::kSigmoid, "sigmoid", 1, 1},
+    OpInfo{OpType::kExp, "exp", 1, 1},
+    OpInfo{OpType::kSum, "sum", 1, 1},
+    OpInfo{OpType::kMean, "mean", 1, 1},
+    OpInfo{OpType::kSoftmax, "softmax", 1, 1},
+    OpInfo{OpType::kSoftmaxCrossEntropy, "softmax_cross_entropy", 2, 2},
+    OpInfo{OpType::kMse, "mse", 2, 2},
+    OpInfo{OpType::kMatmulGradA, "matmul_grad_a", 2, 2},
+    OpInfo{OpType::kMatmulGradB, "matmul_grad_b", 2, 2},
+    OpInfo{OpType::kReluGrad, "relu_grad", 2, 2},
+    OpInfo{OpType::kGeluGrad, "gelu_grad", 2, 2},
+    OpInfo{OpType::kTanhGrad, "tanh_grad", 2, 2},
+    OpInfo{OpType::kSigmoidGrad, "sigmoid_grad", 2, 2},
+    OpInfo{OpType::kSoftmaxGrad, "softmax_grad", 2, 2},
+    OpInfo{OpType::kSoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad", 3, 3},
+    OpInfo{OpType::kMseGrad, "mse_grad", 3, 3},
+    OpInfo{OpType::kSumTo, "sum_to", 1, 1},
+    OpInfo{OpType::kBroadcastTo, "broadcast_to", 1, 1},
+};
+
+const OpInfo& info(OpType type) {
+  for (const OpInfo& i : kOps)
+    if (i.type == type) return i;
+  MESHFLOW_CHECK(false, "unknown OpType {}", static_cast<int>(type));
+}
+
+int normalize_dim(std::string_view name, int dim, std::size_t rank) {
+  const int r = static_cast<int>(rank);
+  if (dim < -r || dim >= r) {
+    fail(ErrorKind::kInvalidArgument, "{}: dim {} is out of range for a {}-d operand", name, dim,
+         rank);
+  }
+  return dim < 0 ? dim + r : dim;
+}
+
+}  // namespace
+
+std::string_view to_string(OpType type) { return info(type).name; }
+
+OpType parse_op_type(std::string_view name) {
+  for (const OpInfo& i : kOps)
+    if (i.name == name) return i.type;
+  fail(ErrorKind::kInvalidArgument, "unknown operator \"{}\"", name);
+}
+
+std::string to_string(const Op& op) {
+  std::string s(to_string(op.type));
+  std::vector<std::string> attrs;
+  if (!op.dims.empty() || op.type == OpType::kSum || op.type == OpType::kMean)
+    attrs.push_back(fmt::format("dims=[{}]", fmt::join(op.dims, ",")));
+  if (op.type == OpType::kSoftmax || op.type == OpType::kSoftmaxGrad)
+    attrs.push_back(fmt::format("dim={}", op.dim));
+  if (op.type == OpType::kSumTo || op.type == OpType::kBroadcastTo)
+    attrs.push_back("shape=" + to_string(op.shape));
+  if (op.scale != 1) attrs.push_back(fmt::format("scale={}", op.scale));
+  if (!attrs.empty()) s += fmt::format("({})", fmt::join(attrs, ", "));
+  return s;
+}
+
+std::size_t hash_value(const Op& op) {
+  std::size_t h = static_cast<std::size_t>(op.type) * 0x9e3779b97f4a7c15ULL;
+  auto mix = [&](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  for (int d : op.dims) mix(static_cast<std::size_t>(d));
+  mix(static_cast<std::size_t>(op.dim));
+  for (std::int64_t s : op.shape) mix(static_cast<std::size_t>(s));
+  mix(std::hash<double>{}(op.scale));
+  return h;
+}
+
+std::pair<int, int> arity(OpType type) { return {info(type).min_args, info(type).max_args}; }
+
+Op normalize(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  const auto [lo, hi] = arity(op.type);
+  const int n = static_cast<int>(in.size());
+  if (n < lo || n > hi) {
+    fail(ErrorKind::kInvalidArgument, "{} takes {} operands, got {}",
+         name, lo == hi ? fmt::format("{}", lo) : fmt::format("{} or {}", lo, hi), n);
+  }
+  Op out = op;
+  if (op.type == OpType::kSum || op.type == OpType::kMean) {
+    for (int& d : out.dims) d = normalize_dim(name, d, in[0].shape.size());
+    std::sort(out.dims.begin(), out.dims.end());
+    if (std::adjacent_find(out.dims.begin(), out.dims.end()) != out.dims.end())
+      fail(ErrorKind::kInvalidArgument, "{}: dims [{}] repeat a dim", name,
+           fmt::join(op.dims, ","));
+  }
+  if (op.type == OpType::kBroadcastTo) {
+    for (int& d : out.dims) d = normalize_dim(name, d, op.shape.size());
+    std::sort(out.dims.begin(), out.dims.end());
+  }
+  if (op.type == OpType::kSoftmax || op.type == OpType::kSoftmaxGrad) {
+    if (in[0].shape.empty()) fail(ErrorKind::kInvalidArgument, "{}: operand is a scalar", name);
+    out.dim = normalize_dim(name, op.dim, in[0].shape.size());
+  }
+  return out;
+}
+
+TensorSpec infer(const Op& raw, const std::vector<TensorSpec>& in) {
+  const Op op = normalize(raw, in);
+  if (is_binary(op.type) || is_unary(op.type) || is_unary_grad(op.type))
+    return infer_elementwise(op, in);
+  if (is_matmul_family(op.type)) return infer_matmul(op, in);
+  if (is_reduction_family(op.type)) return infer_reduction(op, in);
+  return infer_softmax(op, in);
+}
+
+Tensor compute(const Op& op, const std::vector<const Tensor*>& inputs) {
+  std::vector<TensorSpec> specs;
+  for (const Tensor* t : inputs) specs.push_back(spec_of(*t));
+  infer(op, specs);
+  return run_kernel(normalize(op, specs), inputs, specs);
+}
+
+Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
+                  const std::vector<TensorSpec>& globals) {
+  if (is_binary(op.type) || is_unary(op.type) || is_unary_grad(op.type))
+    return elementwise_kernel(op, locals);
+  if (is_matmul_family(op.type)) return matmul_kernel(op, locals);
+  if (is_reduction_family(op.type)) return reduction_kernel(op, locals, globals);
+  return softmax_kernel(op, locals, globals);
+}
+
+}  // namespace meshflow

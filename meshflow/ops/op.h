@@ -1,0 +1,102 @@
+// Operators: what an operator is (its type and attributes), its shape and dtype rule, and the one
+// entry point that runs its CPU kernel on local tensors. Each family keeps its own rules in its
+// own file (elementwise, matmul, reduction, softmax); this file dispatches to them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshflow/core/tensor.h"
+
+namespace meshflow {
+
+// The operators of DESIGN.md's "Models" list, and the gradient operators their backward passes
+// are written in (ops/gradient.h).
+enum class OpType {
+  // forward
+  kMatmul,               // a[..., m, k] @ b[k, n]
+  kLinear,               // x[..., in] @ w[in, out] (+ b[out])
+  kAdd,                  // NumPy broadcasting, as are sub, mul and div
+  kSub,
+  kMul,
+  kDiv,
+  kNeg,
+  kRelu,
+  kGelu,                 // erf form
+  kTanh,
+  kSigmoid,
+  kExp,
+  kSum,                  // over `dims`, dims dropped
+  kMean,                 // over `dims`, dims dropped
+  kSoftmax,              // over `dim`
+  kSoftmaxCrossEntropy,  // (logits[B, C], labels[B]) -> mean over B of -log softmax[label]
+  kMse,                  // (a, b) -> mean of (a - b)^2
+  // gradients
+  kMatmulGradA,          // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
+  kMatmulGradB,          // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
+  kReluGrad,             // (g, x) -> g * (x > 0)
+  kGeluGrad,             // (g, x) -> g * gelu'(x)
+  kTanhGrad,             // (g, y) -> g * (1 - y²), y = tanh(x)
+  kSigmoidGrad,          // (g, y) -> g * y * (1 - y), y = sigmoid(x)
+  kSoftmaxGrad,          // (g, y) -> y * (g - Σ_dim g * y), y = softmax(x) over `dim`
+  kSoftmaxCrossEntropyGrad,  // (logits, labels, g[]) -> g * (softmax(logits) - onehot) / B
+  kMseGrad,                  // (a, b, g[]) -> g * 2 (a - b) / numel
+  kSumTo,        // (g) -> g summed down to `shape` (the inverse of broadcasting)
+  kBroadcastTo,  // (g) -> g with `dims` inserted, broadcast to `shape`, times `scale`
+};
+
+// An operator with its attributes. Fields an operator does not use keep their defaults, so
+// equal operators compare (and hash) equal.
+struct Op {
+  OpType type = OpType::kAdd;
+  std::vector<int> dims;  // sum, mean: reduced dims; broadcast_to: inserted dims (sorted)
+  int dim = -1;           // softmax, softmax_grad
+  Shape shape;            // sum_to, broadcast_to: the result's shape
+  double scale = 1;       // broadcast_to
+  bool operator==(const Op&) const = default;
+};
+
+// The shape and dtype of an operator's operand or result.
+struct TensorSpec {
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  bool operator==(const TensorSpec&) const = default;
+};
+
+// Returns "matmul", "softmax_cross_entropy", "relu_grad", ... (the model-file names).
+std::string_view to_string(OpType type);
+// Returns the operator named `name`; throws Error naming it.
+OpType parse_op_type(std::string_view name);
+// Returns "sum(dims=[0,1])", "softmax(dim=-1)", "add".
+std::string to_string(const Op& op);
+std::size_t hash_value(const Op& op);
+
+// Returns the numbers of operands `type` accepts: {min, max} (linear takes 2 or 3).
+std::pair<int, int> arity(OpType type);
+
+// Returns the result's shape and dtype; throws Error (kShapeMismatch or kInvalidArgument)
+// naming the operator and the offending operand for a wrong operand count, shapes that do not
+// fit, a dim out of range or a dtype the operator does not take.
+TensorSpec infer(const Op& op, const std::vector<TensorSpec>& inputs);
+
+// Returns op with its dims normalised against the operand shapes (negative dims counted from the
+// end, reduced dims sorted): the form strategies and caches use.
+Op normalize(const Op& op, const std::vector<TensorSpec>& inputs);
+
+// Runs the operator on whole tensors on one device (normalises, checks, runs the kernel): the
+// single-device reference every distributed result is compared with.
+Tensor compute(const Op& op, const std::vector<const Tensor*>& inputs);
+
+// Runs the operator's CPU kernel on local tensors; `op` is as normalize returns it. `globals` are the global operand specs
+// (reductions divide by global counts, so a shard's mean is its term of the global mean); for a
+// single device they are the locals' own specs. Returns a tensor of the local result shape the
+// locals imply.
+Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
+                  const std::vector<TensorSpec>& globals);
+
+// Returns the spec of `t`.
+inline TensorSpec spec_of(const Tensor& t) { return {t.shape(), t.dtype()}; }
+
+}  // namespace meshflow

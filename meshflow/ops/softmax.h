@@ -1,0 +1,19 @@
+// Softmax and the losses: softmax over a dim, softmax_cross_entropy(logits[B, C], labels[B]) (mean
+// over B of -log softmax(logits)[label]), mse(a, b) (mean of (a - b)²), and their gradients.
+// Means divide by global counts (the batch B, the element count), so a batch shard yields its
+// term of the global loss; softmax needs its whole dim on one device (its strategies gather it).
+#pragma once
+
+#include <vector>
+
+#include "meshflow/ops/op.h"
+
+namespace meshflow {
+
+bool is_softmax_family(OpType type);  // softmax, softmax_grad, the losses and their gradients
+
+TensorSpec infer_softmax(const Op& op, const std::vector<TensorSpec>& inputs);
+Tensor softmax_kernel(const Op& op, const std::vector<const Tensor*>& in,
+                      const std::vector<TensorSpec>& globals);
+
+}  // namespace meshflow
