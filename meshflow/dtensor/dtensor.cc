@@ -175,7 +175,7 @@ DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Place
   return {std::move(local), std::move(to), t.comm};
 }
 
-DTensor apply(const Op& op, const std::vector<const DTensor*>& operands) {
+DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
   MESHFLOW_CHECK(!operands.empty());
   std::vector<Layout> layouts;
   layouts.reserve(operands.size());
@@ -200,16 +200,16 @@ DTensor apply(const Op& op, const std::vector<const DTensor*>& operands) {
 }
 
 namespace {
-DTensor unary(OpType type, const DTensor& a) { return apply(Op{.type = type}, {&a}); }
+DTensor unary(OpType type, const DTensor& a) { return apply_op(Op{.type = type}, {&a}); }
 DTensor binary(OpType type, const DTensor& a, const DTensor& b) {
-  return apply(Op{.type = type}, {&a, &b});
+  return apply_op(Op{.type = type}, {&a, &b});
 }
 }  // namespace
 
 DTensor matmul(const DTensor& a, const DTensor& b) { return binary(OpType::kMatmul, a, b); }
 DTensor linear(const DTensor& x, const DTensor& w) { return binary(OpType::kLinear, x, w); }
 DTensor linear(const DTensor& x, const DTensor& w, const DTensor& bias) {
-  return apply(Op{.type = OpType::kLinear}, {&x, &w, &bias});
+  return apply_op(Op{.type = OpType::kLinear}, {&x, &w, &bias});
 }
 DTensor add(const DTensor& a, const DTensor& b) { return binary(OpType::kAdd, a, b); }
 DTensor sub(const DTensor& a, const DTensor& b) { return binary(OpType::kSub, a, b); }
@@ -222,13 +222,13 @@ DTensor tanh(const DTensor& a) { return unary(OpType::kTanh, a); }
 DTensor sigmoid(const DTensor& a) { return unary(OpType::kSigmoid, a); }
 DTensor exp(const DTensor& a) { return unary(OpType::kExp, a); }
 DTensor sum(const DTensor& a, std::vector<int> dims) {
-  return apply(Op{.type = OpType::kSum, .dims = std::move(dims)}, {&a});
+  return apply_op(Op{.type = OpType::kSum, .dims = std::move(dims)}, {&a});
 }
 DTensor mean(const DTensor& a, std::vector<int> dims) {
-  return apply(Op{.type = OpType::kMean, .dims = std::move(dims)}, {&a});
+  return apply_op(Op{.type = OpType::kMean, .dims = std::move(dims)}, {&a});
 }
 DTensor softmax(const DTensor& a, int dim) {
-  return apply(Op{.type = OpType::kSoftmax, .dim = dim}, {&a});
+  return apply_op(Op{.type = OpType::kSoftmax, .dim = dim}, {&a});
 }
 DTensor softmax_cross_entropy(const DTensor& logits, const DTensor& labels) {
   return binary(OpType::kSoftmaxCrossEntropy, logits, labels);
@@ -259,7 +259,7 @@ std::vector<std::optional<DTensor>> backward(const Op& op,
   for (const GradStep& s : program.steps) {
     std::vector<const DTensor*> args;
     for (const GradRef& r : s.args) args.push_back(&value(r));
-    steps.push_back(meshflow::apply(s.op, args));
+    steps.push_back(apply_op(s.op, args));
   }
   std::vector<std::optional<DTensor>> grads;
   for (const auto& g : program.input_grads) {

@@ -56,8 +56,9 @@ Tensor full_tensor(const DTensor& t);
 DTensor redistribute(const DTensor& t, std::vector<Placement> placements);
 DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Placement> placements);
 
-// Applies `op` to the operands: the generic entry point the functions below call.
-DTensor apply(const Op& op, const std::vector<const DTensor*>& operands);
+// Applies `op` to the operands (named apply_op, not apply, so that std::apply never competes for
+// a call): the generic entry point the functions below call.
+DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands);
 
 DTensor matmul(const DTensor& a, const DTensor& b);
 DTensor linear(const DTensor& x, const DTensor& w);
