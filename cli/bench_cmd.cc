@@ -7,6 +7,7 @@
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
 #include "bench/io_bench.h"
+#include "bench/ops_bench.h"
 #include "bench/redistribute_bench.h"
 #include "cli/commands.h"
 
@@ -123,6 +124,21 @@ void add_bench(CLI::App& app) {
     io->bytes = *io_mib << 20;
     print_report(bench::run_io_bench(*io), *io_json);
   });
+
+  auto ops = std::make_shared<bench::OpsBenchOptions>();
+  auto ops_json = std::make_shared<bool>(false);
+  CLI::App* o = bench->add_subcommand(
+      "ops", "the DTensor operator path: dispatch, gemm, elementwise, tp_mlp_forward (threads)");
+  o->add_option("--devices", ops->devices, "device threads for dispatch, gemm and elementwise")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  o->add_option("--reps", ops->reps, "timed repetitions")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  o->add_flag("--json", *ops_json, "print JSON");
+  o->add_flag(
+      "--quiet", [ops](std::int64_t) { ops->progress = false; }, "no progress lines");
+  o->callback([ops, ops_json] { print_report(bench::run_ops_bench(*ops), *ops_json); });
 
   add_distributed(bench, "collectives",
                   "every collective against its memcpy floor (threads) or raw MPI (mpi)",

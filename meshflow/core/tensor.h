@@ -53,7 +53,10 @@ class Tensor {
   Tensor clone() const;
 
  private:
+  // Frees storage of `bytes` (rounded) bytes, or keeps large buffers for reuse by the next
+  // tensor of the same size on the same thread (tensor.cc says why).
   struct FreeAligned {
+    std::size_t bytes;  // no initialiser: one would make it not default-constructible here
     void operator()(std::byte* p) const;
   };
   struct NoFill {};

@@ -1,6 +1,7 @@
 #include "meshflow/dtensor/dtensor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -81,6 +82,13 @@ void check_member(const DeviceMesh& mesh, Communicator& comm, std::string_view w
     fail(ErrorKind::kInvalidArgument, "{}: device {} is not in mesh {}", what, comm.device(),
          to_string(mesh));
   }
+}
+
+thread_local OpProfile* profile = nullptr;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // Runs `program` on this device's shard (the runtime's executor).
@@ -177,6 +185,7 @@ DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Place
 
 DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
   MESHFLOW_CHECK(!operands.empty());
+  const double start = profile ? now_s() : 0;
   std::vector<Layout> layouts;
   layouts.reserve(operands.size());
   for (const DTensor* t : operands) layouts.push_back(t->layout);
@@ -186,18 +195,28 @@ DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
   std::vector<const Tensor*> locals(operands.size());
   for (std::size_t i = 0; i < operands.size(); ++i) {
     if (d->programs[i]) {
+      const double t0 = profile ? now_s() : 0;
       moved[i] = move(*d->programs[i], comm, operands[i]->local);
+      if (profile) profile->movement_s += now_s() - t0;
       locals[i] = &moved[i];
     } else {
       locals[i] = &operands[i]->local;
     }
   }
+  const double k0 = profile ? now_s() : 0;
   Tensor out = run_kernel(d->op, locals, d->globals);
+  if (profile) profile->kernel_s += now_s() - k0;
   MESHFLOW_CHECK(out.shape() == d->local_out, "{}: kernel gave {} where {} expects {}",
                  to_string(d->op), to_string(out.shape()), to_string(d->strategy->output),
                  to_string(d->local_out));
+  if (profile) {
+    profile->total_s += now_s() - start;
+    ++profile->calls;
+  }
   return {std::move(out), d->strategy->output, &comm};
 }
+
+void attach_profile(OpProfile* p) { profile = p; }
 
 namespace {
 DTensor unary(OpType type, const DTensor& a) { return apply_op(Op{.type = type}, {&a}); }

@@ -79,6 +79,18 @@ DTensor softmax(const DTensor& a, int dim = -1);
 DTensor softmax_cross_entropy(const DTensor& logits, const DTensor& labels);
 DTensor mse(const DTensor& a, const DTensor& b);
 
+// Where this thread's operator calls spend their time, accumulated while attached (for
+// benchmarks: `meshflow bench ops` splits a forward pass into kernels, data movement and
+// overhead with it). Detached, a call reads no clock.
+struct OpProfile {
+  double total_s = 0;     // whole apply_op calls
+  double movement_s = 0;  // redistributing operands (the plan executor)
+  double kernel_s = 0;    // the CPU kernels
+  std::int64_t calls = 0;
+};
+// Attaches `profile` to the calling thread's operator calls; nullptr detaches.
+void attach_profile(OpProfile* profile);
+
 // Returns the gradient of each operand of output = op(operands) given the output's gradient
 // `grad` (nullopt for an operand without one: integer labels), by interpreting ops/'s
 // gradient program with the functions above. Each gradient's layout is what propagation chose;
