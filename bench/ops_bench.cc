@@ -25,8 +25,11 @@ DTensor random_dtensor(Communicator& comm, const DeviceMesh& mesh, const char* p
 
 BenchResult dispatch_case(const OpsBenchOptions& o) {
   const DeviceMesh mesh = make_mesh({o.devices});
-  BenchResult r{.case_name = "dispatch", .backend = "threads", .mesh = to_string(mesh),
-                .devices = o.devices, .bytes = 0};
+  BenchResult r{.case_name = "dispatch",
+                .backend = "threads",
+                .mesh = to_string(mesh),
+                .devices = o.devices,
+                .bytes = 0};
   std::mutex mu;
   launch({.devices = mesh.devices}, [&](Communicator& comm) {
     const Shape shape{o.devices};
@@ -51,8 +54,11 @@ BenchResult dispatch_case(const OpsBenchOptions& o) {
 BenchResult gemm_case(const OpsBenchOptions& o) {
   const DeviceMesh mesh = make_mesh({o.devices});
   const std::int64_t m = 512, k = 1024, n = 1024;
-  BenchResult r{.case_name = "gemm", .backend = "threads", .mesh = to_string(mesh),
-                .devices = o.devices, .bytes = (o.devices * m * k + k * n) * 4};
+  BenchResult r{.case_name = "gemm",
+                .backend = "threads",
+                .mesh = to_string(mesh),
+                .devices = o.devices,
+                .bytes = (o.devices * m * k + k * n) * 4};
   r.baseline = "cblas_sgemm";
   std::mutex mu;
   launch({.devices = mesh.devices}, [&](Communicator& comm) {
@@ -83,8 +89,11 @@ BenchResult gemm_case(const OpsBenchOptions& o) {
 BenchResult elementwise_case(const OpsBenchOptions& o) {
   const DeviceMesh mesh = make_mesh({o.devices});
   const std::int64_t per_device = std::int64_t{4} << 20;  // elements: 16 MiB per operand
-  BenchResult r{.case_name = "elementwise", .backend = "threads", .mesh = to_string(mesh),
-                .devices = o.devices, .bytes = 3 * per_device * o.devices * 4};
+  BenchResult r{.case_name = "elementwise",
+                .backend = "threads",
+                .mesh = to_string(mesh),
+                .devices = o.devices,
+                .bytes = 3 * per_device * o.devices * 4};
   std::mutex mu;
   launch({.devices = mesh.devices}, [&](Communicator& comm) {
     const Shape shape{o.devices * per_device};
@@ -115,8 +124,11 @@ BenchResult elementwise_case(const OpsBenchOptions& o) {
 BenchResult tp_mlp_case(int devices, const OpsBenchOptions& o) {
   const std::int64_t batch = 512, in = 1024, hidden = 4096, out = 1024;
   const DeviceMesh mesh = make_mesh({devices});
-  BenchResult r{.case_name = "tp_mlp_forward", .backend = "threads", .mesh = to_string(mesh),
-                .devices = devices, .bytes = (batch * in + in * hidden + hidden * out) * 4};
+  BenchResult r{.case_name = "tp_mlp_forward",
+                .backend = "threads",
+                .mesh = to_string(mesh),
+                .devices = devices,
+                .bytes = (batch * in + in * hidden + hidden * out) * 4};
   r.baseline = "sequential";
   const Tensor x = random_tensor(DType::kFloat32, {batch, in}, 7);
   const Tensor w1 = random_tensor(DType::kFloat32, {in, hidden}, 8);

@@ -38,7 +38,8 @@ int main() {
     if (comm.device() == 0) {
       placements = to_string(dh.layout.placements) + " then " + to_string(dy.layout.placements);
       for (std::int64_t i = 0; i < got.numel(); ++i)
-        max_diff = std::max<double>(max_diff, std::abs(got.data<float>()[i] - want.data<float>()[i]));
+        max_diff =
+            std::max<double>(max_diff, std::abs(got.data<float>()[i] - want.data<float>()[i]));
     }
   });
   std::printf("tensor-parallel MLP %lldx%lld -> %lld -> %lld on mesh 2x2 (dp, tp): hidden %s\n",

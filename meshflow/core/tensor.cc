@@ -91,7 +91,8 @@ Tensor::Tensor(DType dtype, Shape shape, NoFill) : dtype_(dtype), shape_(std::mo
   void* p = cache ? cache->take(rounded) : nullptr;
   if (p == nullptr) p = std::aligned_alloc(kTensorAlignment, rounded);
   if (p == nullptr) throw std::bad_alloc();
-  data_ = std::unique_ptr<std::byte[], FreeAligned>(static_cast<std::byte*>(p), FreeAligned{rounded});
+  data_ =
+      std::unique_ptr<std::byte[], FreeAligned>(static_cast<std::byte*>(p), FreeAligned{rounded});
 }
 
 Tensor Tensor::clone() const {

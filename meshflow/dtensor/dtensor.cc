@@ -70,7 +70,8 @@ std::shared_ptr<const Dispatch> dispatch_for(const Op& op, std::vector<Layout> i
   d->op = normalize(op, d->globals);
   for (std::size_t i = 0; i < key.inputs.size(); ++i) {
     const Layout& to = d->strategy->inputs[i];
-    d->programs.push_back(key.inputs[i] == to ? nullptr : c.plans.program(key.inputs[i], to, device));
+    d->programs.push_back(key.inputs[i] == to ? nullptr
+                                              : c.plans.program(key.inputs[i], to, device));
   }
   d->local_out = local_shape(d->strategy->output, device);
   std::lock_guard lock(c.mu);
@@ -87,8 +88,7 @@ void check_member(const DeviceMesh& mesh, Communicator& comm, std::string_view w
 thread_local OpProfile* profile = nullptr;
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Runs `program` on this device's shard (the runtime's executor).

@@ -173,8 +173,8 @@ TensorSpec infer_elementwise(const Op& op, const std::vector<TensorSpec>& in) {
            i, to_string(in[i].dtype), name);
     }
     if (in[i].dtype != in[0].dtype) {
-      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)",
-           name, to_string(in[0].dtype), to_string(in[i].dtype));
+      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)", name,
+           to_string(in[0].dtype), to_string(in[i].dtype));
     }
   }
   if (is_unary(op.type)) return in[0];

@@ -18,7 +18,9 @@ struct Builder {
     p.steps.push_back({std::move(op), std::move(args)});
     return {Kind::kStep, static_cast<int>(p.steps.size()) - 1};
   }
-  GradRef op(OpType type, std::vector<GradRef> args) { return add(Op{.type = type}, std::move(args)); }
+  GradRef op(OpType type, std::vector<GradRef> args) {
+    return add(Op{.type = type}, std::move(args));
+  }
   // `value` (of the result's shape) summed down to `shape` when broadcasting stretched it.
   GradRef sum_to(GradRef value, const Shape& shape, const Shape& out_shape) {
     if (shape == out_shape) return value;
@@ -75,9 +77,9 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
         for (int d : op.dims) count *= in[0].shape[static_cast<std::size_t>(d)];
         scale = 1.0 / static_cast<double>(count);
       }
-      grads = {b.add(Op{.type = OpType::kBroadcastTo, .dims = op.dims, .shape = in[0].shape,
-                        .scale = scale},
-                     {kG})};
+      grads = {b.add(
+          Op{.type = OpType::kBroadcastTo, .dims = op.dims, .shape = in[0].shape, .scale = scale},
+          {kG})};
       break;
     }
     case OpType::kSoftmax:

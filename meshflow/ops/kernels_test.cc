@@ -22,7 +22,8 @@ double at(const Tensor& t, std::int64_t i) {
                                       : t.data<float>()[static_cast<std::size_t>(i)];
 }
 
-void expect_near(const Tensor& got, const std::vector<double>& want, double tol, const std::string& what) {
+void expect_near(const Tensor& got, const std::vector<double>& want, double tol,
+                 const std::string& what) {
   ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
   for (std::size_t i = 0; i < want.size(); ++i)
     ASSERT_NEAR(at(got, static_cast<std::int64_t>(i)), want[i], tol * (1 + std::abs(want[i])))
@@ -69,8 +70,9 @@ TEST(Kernels, EmptyContractionGivesZerosAndEmptyOperandsGiveEmptyResults) {
 }
 
 TEST(Kernels, BinaryOperatorsBroadcastAsNumPy) {
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 1}, {1, 4}}, {{2, 3, 4}, {3, 1}}, {{4}, {2, 3, 4}}, {{}, {2, 2}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{{3, 4}, {3, 4}}, {{3, 4}, {4}},
+                                                      {{3, 1}, {1, 4}}, {{2, 3, 4}, {3, 1}},
+                                                      {{4}, {2, 3, 4}}, {{}, {2, 2}}};
   for (auto [sa, sb] : cases) {
     const Tensor a = rnd(sa, 7), b = rnd(sb, 8);
     for (OpType t : {OpType::kAdd, OpType::kSub, OpType::kMul, OpType::kDiv}) {
@@ -92,9 +94,13 @@ TEST(Kernels, BinaryOperatorsBroadcastAsNumPy) {
           return f;
         };
         const double x = at(a, flat(sa)), y = at(b, flat(sb));
-        want.push_back(t == OpType::kAdd ? x + y : t == OpType::kSub ? x - y : t == OpType::kMul ? x * y : x / y);
+        want.push_back(t == OpType::kAdd   ? x + y
+                       : t == OpType::kSub ? x - y
+                       : t == OpType::kMul ? x * y
+                                           : x / y);
       }
-      expect_near(c, want, 1e-12, std::string(to_string(t)) + " " + to_string(sa) + " " + to_string(sb));
+      expect_near(c, want, 1e-12,
+                  std::string(to_string(t)) + " " + to_string(sa) + " " + to_string(sb));
     }
   }
 }
@@ -117,7 +123,8 @@ TEST(Kernels, UnaryOperatorsMatchTheirFormulas) {
 
 TEST(Kernels, SumAndMeanOverAnyDims) {
   const Tensor x = rnd({2, 3, 4}, 10);
-  for (const std::vector<int>& dims : std::vector<std::vector<int>>{{0}, {1}, {2}, {0, 2}, {-1}, {0, 1, 2}}) {
+  for (const std::vector<int>& dims :
+       std::vector<std::vector<int>>{{0}, {1}, {2}, {0, 2}, {-1}, {0, 1, 2}}) {
     for (OpType t : {OpType::kSum, OpType::kMean}) {
       const Tensor y = run({.type = t, .dims = dims}, {&x});
       auto kept = [&](int d) {
@@ -139,7 +146,8 @@ TEST(Kernels, SumAndMeanOverAnyDims) {
             std::int64_t o = 0;
             for (int d = 0; d < 3; ++d)
               if (kept(d)) o = o * x.shape()[d] + idx[d];
-            want[static_cast<std::size_t>(o)] += at(x, (i * 3 + j) * 4 + k) / (t == OpType::kMean ? count : 1);
+            want[static_cast<std::size_t>(o)] +=
+                at(x, (i * 3 + j) * 4 + k) / (t == OpType::kMean ? count : 1);
           }
       EXPECT_EQ(y.shape(), s);
       expect_near(y, want, 1e-12, to_string(Op{.type = t, .dims = dims}));
@@ -153,7 +161,8 @@ TEST(Kernels, SoftmaxAndLossesMatchNaiveFormulas) {
   for (int j = 0; j < 5; ++j) {
     double z = 0;
     for (int i = 0; i < 3; ++i) z += std::exp(at(x, i * 5 + j));
-    for (int i = 0; i < 3; ++i) EXPECT_NEAR(at(y, i * 5 + j), std::exp(at(x, i * 5 + j)) / z, 1e-12);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_NEAR(at(y, i * 5 + j), std::exp(at(x, i * 5 + j)) / z, 1e-12);
   }
   Tensor labels(DType::kInt64, {3});
   labels.data<std::int64_t>()[0] = 4;
@@ -175,7 +184,9 @@ TEST(Kernels, SoftmaxAndLossesMatchNaiveFormulas) {
     run({.type = OpType::kSoftmaxCrossEntropy}, {&x, &labels});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("label 5 (row 1 of this shard) is outside [0, 5)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("label 5 (row 1 of this shard) is outside [0, 5)"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -193,7 +204,8 @@ TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {
 }
 
 // Runs a gradient program on one device.
-std::vector<std::optional<Tensor>> single_device_backward(const Op& op, const std::vector<const Tensor*>& in,
+std::vector<std::optional<Tensor>> single_device_backward(const Op& op,
+                                                          const std::vector<const Tensor*>& in,
                                                           const Tensor& out, const Tensor& g) {
   std::vector<TensorSpec> specs;
   for (const Tensor* t : in) specs.push_back(spec_of(*t));
@@ -201,10 +213,14 @@ std::vector<std::optional<Tensor>> single_device_backward(const Op& op, const st
   std::vector<Tensor> steps;
   auto value = [&](const GradRef& r) -> const Tensor& {
     switch (r.kind) {
-      case GradRef::Kind::kInput: return *in[static_cast<std::size_t>(r.index)];
-      case GradRef::Kind::kOutput: return out;
-      case GradRef::Kind::kGrad: return g;
-      case GradRef::Kind::kStep: break;
+      case GradRef::Kind::kInput:
+        return *in[static_cast<std::size_t>(r.index)];
+      case GradRef::Kind::kOutput:
+        return out;
+      case GradRef::Kind::kGrad:
+        return g;
+      case GradRef::Kind::kStep:
+        break;
     }
     return steps[static_cast<std::size_t>(r.index)];
   };
@@ -214,7 +230,8 @@ std::vector<std::optional<Tensor>> single_device_backward(const Op& op, const st
     steps.push_back(compute(s.op, args));
   }
   std::vector<std::optional<Tensor>> grads;
-  for (const auto& r : p.input_grads) grads.push_back(r ? std::optional<Tensor>(value(*r).clone()) : std::nullopt);
+  for (const auto& r : p.input_grads)
+    grads.push_back(r ? std::optional<Tensor>(value(*r).clone()) : std::nullopt);
   return grads;
 }
 
@@ -257,7 +274,8 @@ void check_gradients(const Op& op, std::vector<Tensor> in) {
       return dot(g, compute(op, p2));
     };
     const double numeric = (loss_at(1) - loss_at(-1)) / (2 * eps);
-    EXPECT_NEAR(dot(*grads[i], v), numeric, 1e-6 * (1 + std::abs(numeric))) << to_string(op) << " operand " << i;
+    EXPECT_NEAR(dot(*grads[i], v), numeric, 1e-6 * (1 + std::abs(numeric)))
+        << to_string(op) << " operand " << i;
   }
 }
 
@@ -269,7 +287,8 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
     check_gradients({.type = t}, tensors(rnd({3, 4}, 4), rnd({4}, 5)));
     check_gradients({.type = t}, tensors(rnd({3, 1}, 6), rnd({2, 1, 4}, 7)));
   }
-  for (OpType t : {OpType::kNeg, OpType::kRelu, OpType::kGelu, OpType::kTanh, OpType::kSigmoid, OpType::kExp})
+  for (OpType t :
+       {OpType::kNeg, OpType::kRelu, OpType::kGelu, OpType::kTanh, OpType::kSigmoid, OpType::kExp})
     check_gradients({.type = t}, tensors(rnd({3, 4}, 8)));
   check_gradients({.type = OpType::kSum, .dims = {0, 2}}, tensors(rnd({2, 3, 4}, 9)));
   check_gradients({.type = OpType::kMean, .dims = {1}}, tensors(rnd({2, 3, 4}, 10)));
@@ -294,9 +313,13 @@ TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(message([&] { run({.type = OpType::kMatmul}, {&a, &b}); }),
+  EXPECT_EQ(message([&] {
+              run({.type = OpType::kMatmul}, {&a, &b});
+            }),
             "matmul: operand shapes 3x4, 5x2 do not fit a[..., m, k] @ b[k, n]");
-  EXPECT_EQ(message([&] { run({.type = OpType::kAdd}, {&a, &b}); }),
+  EXPECT_EQ(message([&] {
+              run({.type = OpType::kAdd}, {&a, &b});
+            }),
             "add: shapes 3x4 and 5x2 do not broadcast (dim 0: 3 vs 5)");
   EXPECT_EQ(message([&] { run({.type = OpType::kRelu}, {&i}); }),
             "relu: operand 0 is int32; relu takes float32 or float64");

@@ -41,8 +41,8 @@ void check_float_same(std::string_view name, const std::vector<TensorSpec>& in) 
            i, to_string(in[i].dtype), name);
     }
     if (in[i].dtype != in[0].dtype) {
-      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)",
-           name, to_string(in[0].dtype), to_string(in[i].dtype));
+      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)", name,
+           to_string(in[0].dtype), to_string(in[i].dtype));
     }
   }
 }
@@ -62,7 +62,8 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   if (m == 0 || n == 0) return;
   if (k == 0) {  // an empty sum: c = beta * c
     for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+      for (std::int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
     return;
   }
   single_threaded_blas();
@@ -71,8 +72,8 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0f, a,
                 blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
   } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0, a,
-                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+    cblas_dgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0, a, blas_int(lda),
+                b, blas_int(ldb), beta, c, blas_int(ldc));
   }
 }
 template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*,

@@ -107,8 +107,8 @@ Op normalize(const Op& op, const std::vector<TensorSpec>& in) {
   const auto [lo, hi] = arity(op.type);
   const int n = static_cast<int>(in.size());
   if (n < lo || n > hi) {
-    fail(ErrorKind::kInvalidArgument, "{} takes {} operands, got {}",
-         name, lo == hi ? fmt::format("{}", lo) : fmt::format("{} or {}", lo, hi), n);
+    fail(ErrorKind::kInvalidArgument, "{} takes {} operands, got {}", name,
+         lo == hi ? fmt::format("{}", lo) : fmt::format("{} or {}", lo, hi), n);
   }
   Op out = op;
   if (op.type == OpType::kSum || op.type == OpType::kMean) {

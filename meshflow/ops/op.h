@@ -16,15 +16,15 @@ namespace meshflow {
 // are written in (ops/gradient.h).
 enum class OpType {
   // forward
-  kMatmul,               // a[..., m, k] @ b[k, n]
-  kLinear,               // x[..., in] @ w[in, out] (+ b[out])
-  kAdd,                  // NumPy broadcasting, as are sub, mul and div
+  kMatmul,  // a[..., m, k] @ b[k, n]
+  kLinear,  // x[..., in] @ w[in, out] (+ b[out])
+  kAdd,     // NumPy broadcasting, as are sub, mul and div
   kSub,
   kMul,
   kDiv,
   kNeg,
   kRelu,
-  kGelu,                 // erf form
+  kGelu,  // erf form
   kTanh,
   kSigmoid,
   kExp,
@@ -34,17 +34,17 @@ enum class OpType {
   kSoftmaxCrossEntropy,  // (logits[B, C], labels[B]) -> mean over B of -log softmax[label]
   kMse,                  // (a, b) -> mean of (a - b)^2
   // gradients
-  kMatmulGradA,          // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
-  kMatmulGradB,          // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
-  kReluGrad,             // (g, x) -> g * (x > 0)
-  kGeluGrad,             // (g, x) -> g * gelu'(x)
-  kTanhGrad,             // (g, y) -> g * (1 - y²), y = tanh(x)
-  kSigmoidGrad,          // (g, y) -> g * y * (1 - y), y = sigmoid(x)
-  kSoftmaxGrad,          // (g, y) -> y * (g - Σ_dim g * y), y = softmax(x) over `dim`
+  kMatmulGradA,  // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
+  kMatmulGradB,  // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
+  kReluGrad,     // (g, x) -> g * (x > 0)
+  kGeluGrad,     // (g, x) -> g * gelu'(x)
+  kTanhGrad,     // (g, y) -> g * (1 - y²), y = tanh(x)
+  kSigmoidGrad,  // (g, y) -> g * y * (1 - y), y = sigmoid(x)
+  kSoftmaxGrad,  // (g, y) -> y * (g - Σ_dim g * y), y = softmax(x) over `dim`
   kSoftmaxCrossEntropyGrad,  // (logits, labels, g[]) -> g * (softmax(logits) - onehot) / B
   kMseGrad,                  // (a, b, g[]) -> g * 2 (a - b) / numel
-  kSumTo,        // (g) -> g summed down to `shape` (the inverse of broadcasting)
-  kBroadcastTo,  // (g) -> g with `dims` inserted, broadcast to `shape`, times `scale`
+  kSumTo,                    // (g) -> g summed down to `shape` (the inverse of broadcasting)
+  kBroadcastTo,              // (g) -> g with `dims` inserted, broadcast to `shape`, times `scale`
 };
 
 // An operator with its attributes. Fields an operator does not use keep their defaults, so
@@ -89,10 +89,10 @@ Op normalize(const Op& op, const std::vector<TensorSpec>& inputs);
 // single-device reference every distributed result is compared with.
 Tensor compute(const Op& op, const std::vector<const Tensor*>& inputs);
 
-// Runs the operator's CPU kernel on local tensors; `op` is as normalize returns it. `globals` are the global operand specs
-// (reductions divide by global counts, so a shard's mean is its term of the global mean); for a
-// single device they are the locals' own specs. Returns a tensor of the local result shape the
-// locals imply.
+// Runs the operator's CPU kernel on local tensors; `op` is as normalize returns it. `globals` are
+// the global operand specs (reductions divide by global counts, so a shard's mean is its term of
+// the global mean); for a single device they are the locals' own specs. Returns a tensor of the
+// local result shape the locals imply.
 Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
                   const std::vector<TensorSpec>& globals);
 

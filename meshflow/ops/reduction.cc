@@ -38,7 +38,9 @@ std::vector<int> sum_to_dims(const Shape& from, const Shape& to) {
 
 namespace {
 
-bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 // out[map(i)] += in[i] over every element of `in`, where input dim d goes to output stride
 // out_strides[d] (0 for a summed dim). `out` starts zeroed.

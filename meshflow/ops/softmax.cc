@@ -9,24 +9,23 @@
 namespace meshflow {
 
 bool is_softmax_family(OpType t) {
-  return t == OpType::kSoftmax || t == OpType::kSoftmaxGrad ||
-         t == OpType::kSoftmaxCrossEntropy || t == OpType::kSoftmaxCrossEntropyGrad ||
-         t == OpType::kMse || t == OpType::kMseGrad;
+  return t == OpType::kSoftmax || t == OpType::kSoftmaxGrad || t == OpType::kSoftmaxCrossEntropy ||
+         t == OpType::kSoftmaxCrossEntropyGrad || t == OpType::kMse || t == OpType::kMseGrad;
 }
 
 namespace {
 
 void check_float(std::string_view name, const TensorSpec& s, std::size_t i) {
   if (!is_floating(s.dtype)) {
-    fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name,
-         i, to_string(s.dtype), name);
+    fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name, i,
+         to_string(s.dtype), name);
   }
 }
 
 void check_same(std::string_view name, const TensorSpec& a, const TensorSpec& b) {
   if (a.shape != b.shape || a.dtype != b.dtype) {
-    fail(ErrorKind::kShapeMismatch, "{}: operands {} {} and {} {} differ", name,
-         to_string(a.shape), to_string(a.dtype), to_string(b.shape), to_string(b.dtype));
+    fail(ErrorKind::kShapeMismatch, "{}: operands {} {} and {} {} differ", name, to_string(a.shape),
+         to_string(a.dtype), to_string(b.shape), to_string(b.dtype));
   }
 }
 
@@ -106,7 +105,8 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
         for (std::int64_t i = 0; i < a.inner; ++i) {
           const std::int64_t base = o * a.d * a.inner + i;
           T dot = 0;
-          for (std::int64_t j = 0; j < a.d; ++j) dot += px[base + j * a.inner] * py[base + j * a.inner];
+          for (std::int64_t j = 0; j < a.d; ++j)
+            dot += px[base + j * a.inner] * py[base + j * a.inner];
           for (std::int64_t j = 0; j < a.d; ++j) {
             const std::int64_t k = base + j * a.inner;
             po[k] = py[k] * (px[k] - dot);

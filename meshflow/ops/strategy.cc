@@ -290,7 +290,8 @@ std::vector<Strategy> strategies(const Op& raw, const std::vector<Layout>& input
       // an invalid layout (an integer P(avg)): not a strategy
     }
     int m = dims - 1;
-    while (m >= 0 && ++pick[static_cast<std::size_t>(m)] == choices.size()) pick[static_cast<std::size_t>(m--)] = 0;
+    while (m >= 0 && ++pick[static_cast<std::size_t>(m)] == choices.size())
+      pick[static_cast<std::size_t>(m--)] = 0;
     if (m < 0) break;
   }
   MESHFLOW_CHECK(!result.empty(), "{}: no strategy (all-Replicate is always one)", to_string(op));

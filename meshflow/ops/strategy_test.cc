@@ -1,12 +1,13 @@
 // Sharding propagation: the golden catalogue of (operator, operand layouts) -> chosen strategy
 // and its cost, and the rules the catalogue illustrates checked one by one.
+#include "meshflow/ops/strategy.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 
 #include "meshflow/core/error.h"
-#include "meshflow/ops/strategy.h"
 
 namespace meshflow {
 namespace {
@@ -71,8 +72,8 @@ std::string catalogue_text() {
   for (const Case& c : catalogue()) {
     std::string operands;
     for (const Layout& l : c.inputs)
-      operands += fmt::format("{}[{} {} {}]", operands.empty() ? "" : " ",
-                              to_string(l.placements), to_string(l.shape), to_string(l.dtype));
+      operands += fmt::format("{}[{} {} {}]", operands.empty() ? "" : " ", to_string(l.placements),
+                              to_string(l.shape), to_string(l.dtype));
     out += fmt::format("{} mesh {}: {}\n    {}\n", to_string(c.op), to_string(c.inputs[0].mesh),
                        operands, to_text(choose_strategy(c.op, c.inputs)));
   }
