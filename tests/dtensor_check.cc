@@ -32,38 +32,6 @@ std::vector<Tensor> random_shards(const Layout& layout, std::uint64_t seed,
 
 namespace {
 
-// Single-device gradient program run (the reference).
-std::vector<std::optional<Tensor>> reference_backward(const Op& op,
-                                                      const std::vector<const Tensor*>& in,
-                                                      const Tensor& out, const Tensor& g) {
-  std::vector<TensorSpec> specs;
-  for (const Tensor* t : in) specs.push_back(spec_of(*t));
-  const GradProgram p = gradient_program(op, specs);
-  std::vector<Tensor> steps;
-  auto value = [&](const GradRef& r) -> const Tensor& {
-    switch (r.kind) {
-      case GradRef::Kind::kInput:
-        return *in[static_cast<std::size_t>(r.index)];
-      case GradRef::Kind::kOutput:
-        return out;
-      case GradRef::Kind::kGrad:
-        return g;
-      case GradRef::Kind::kStep:
-        break;
-    }
-    return steps[static_cast<std::size_t>(r.index)];
-  };
-  for (const GradStep& s : p.steps) {
-    std::vector<const Tensor*> args;
-    for (const GradRef& r : s.args) args.push_back(&value(r));
-    steps.push_back(compute(s.op, args));
-  }
-  std::vector<std::optional<Tensor>> grads;
-  for (const auto& r : p.input_grads)
-    grads.push_back(r ? std::optional<Tensor>(value(*r).clone()) : std::nullopt);
-  return grads;
-}
-
 std::vector<Placement> random_placements(std::mt19937& rng, const DeviceMesh& mesh,
                                          const Operand& o) {
   std::vector<Placement> choices{Placement::replicate()};
@@ -106,7 +74,7 @@ void check_operator(Backend backend, const Op& op, const std::vector<Operand>& o
       const std::vector<Tensor> g_shards = random_shards(g_layout, seed + 7 + trial);
       const Tensor g_global = assemble(g_layout, g_shards);
       std::vector<std::optional<Tensor>> want_grads;
-      if (differentiable) want_grads = reference_backward(op, gp, want, g_global);
+      if (differentiable) want_grads = compute_backward(op, gp, want, g_global);
       std::string context = fmt::format("{} on mesh {} with", to_string(op), mesh_text);
       for (const Layout& l : layouts)
         context += " [" + to_string(l.placements) + " " + to_string(l.shape) + "]";

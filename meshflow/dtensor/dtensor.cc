@@ -259,37 +259,12 @@ std::vector<std::optional<DTensor>> backward(const Op& op,
                                              const DTensor& output, const DTensor& grad) {
   std::vector<TensorSpec> specs;
   for (const DTensor* t : operands) specs.push_back({t->layout.shape, t->layout.dtype});
-  const GradProgram program = gradient_program(op, specs);
-  std::vector<DTensor> steps;
-  steps.reserve(program.steps.size());
-  auto value = [&](const GradRef& r) -> const DTensor& {
-    switch (r.kind) {
-      case GradRef::Kind::kInput:
-        return *operands[static_cast<std::size_t>(r.index)];
-      case GradRef::Kind::kOutput:
-        return output;
-      case GradRef::Kind::kGrad:
-        return grad;
-      case GradRef::Kind::kStep:
-        break;
-    }
-    return steps[static_cast<std::size_t>(r.index)];
-  };
-  for (const GradStep& s : program.steps) {
-    std::vector<const DTensor*> args;
-    for (const GradRef& r : s.args) args.push_back(&value(r));
-    steps.push_back(apply_op(s.op, args));
-  }
-  std::vector<std::optional<DTensor>> grads;
-  for (const auto& g : program.input_grads) {
-    if (!g) {
-      grads.emplace_back(std::nullopt);
-      continue;
-    }
-    const DTensor& v = value(*g);
-    grads.emplace_back(DTensor{v.local.clone(), v.layout, v.comm});
-  }
-  return grads;
+  return run_gradient_program(
+      gradient_program(op, specs), operands, output, grad,
+      [](const Op& step, const std::vector<const DTensor*>& args) { return apply_op(step, args); },
+      [](const DTensor& t) {
+        return DTensor{t.local.clone(), t.layout, t.comm};
+      });
 }
 
 }  // namespace meshflow

@@ -106,4 +106,15 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
   return std::move(b.p);
 }
 
+std::vector<std::optional<Tensor>> compute_backward(const Op& op,
+                                                    const std::vector<const Tensor*>& operands,
+                                                    const Tensor& output, const Tensor& grad) {
+  std::vector<TensorSpec> specs;
+  for (const Tensor* t : operands) specs.push_back(spec_of(*t));
+  return run_gradient_program(
+      gradient_program(op, specs), operands, output, grad,
+      [](const Op& step, const std::vector<const Tensor*>& args) { return compute(step, args); },
+      [](const Tensor& t) { return t.clone(); });
+}
+
 }  // namespace meshflow

@@ -35,4 +35,49 @@ struct GradProgram {
 // an operator that has none (the gradient operators themselves).
 GradProgram gradient_program(const Op& op, const std::vector<TensorSpec>& inputs);
 
+// Runs `program` over values of any kind (whole tensors here, DTensors in dtensor/): apply(op,
+// args) computes one step from pointers to its arguments, copy(value) duplicates a result.
+// Returns each operand's gradient, nullopt where it has none.
+template <typename V, typename Apply, typename Copy>
+std::vector<std::optional<V>> run_gradient_program(const GradProgram& program,
+                                                   const std::vector<const V*>& operands,
+                                                   const V& output, const V& grad, Apply apply,
+                                                   Copy copy) {
+  std::vector<V> steps;
+  steps.reserve(program.steps.size());
+  auto value = [&](const GradRef& r) -> const V& {
+    switch (r.kind) {
+      case GradRef::Kind::kInput:
+        return *operands[static_cast<std::size_t>(r.index)];
+      case GradRef::Kind::kOutput:
+        return output;
+      case GradRef::Kind::kGrad:
+        return grad;
+      case GradRef::Kind::kStep:
+        break;
+    }
+    return steps[static_cast<std::size_t>(r.index)];
+  };
+  for (const GradStep& s : program.steps) {
+    std::vector<const V*> args;
+    for (const GradRef& r : s.args) args.push_back(&value(r));
+    steps.push_back(apply(s.op, args));
+  }
+  std::vector<std::optional<V>> grads;
+  for (const std::optional<GradRef>& g : program.input_grads) {
+    if (g) {
+      grads.emplace_back(copy(value(*g)));
+    } else {
+      grads.emplace_back(std::nullopt);
+    }
+  }
+  return grads;
+}
+
+// The gradients of output = op(operands) on one device, whole tensors (the reference the
+// distributed backward is compared with).
+std::vector<std::optional<Tensor>> compute_backward(const Op& op,
+                                                    const std::vector<const Tensor*>& operands,
+                                                    const Tensor& output, const Tensor& grad);
+
 }  // namespace meshflow

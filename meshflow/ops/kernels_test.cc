@@ -203,38 +203,6 @@ TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {
   EXPECT_EQ(s.data<std::int32_t>()[0], 2147483642);
 }
 
-// Runs a gradient program on one device.
-std::vector<std::optional<Tensor>> single_device_backward(const Op& op,
-                                                          const std::vector<const Tensor*>& in,
-                                                          const Tensor& out, const Tensor& g) {
-  std::vector<TensorSpec> specs;
-  for (const Tensor* t : in) specs.push_back(spec_of(*t));
-  const GradProgram p = gradient_program(op, specs);
-  std::vector<Tensor> steps;
-  auto value = [&](const GradRef& r) -> const Tensor& {
-    switch (r.kind) {
-      case GradRef::Kind::kInput:
-        return *in[static_cast<std::size_t>(r.index)];
-      case GradRef::Kind::kOutput:
-        return out;
-      case GradRef::Kind::kGrad:
-        return g;
-      case GradRef::Kind::kStep:
-        break;
-    }
-    return steps[static_cast<std::size_t>(r.index)];
-  };
-  for (const GradStep& s : p.steps) {
-    std::vector<const Tensor*> args;
-    for (const GradRef& r : s.args) args.push_back(&value(r));
-    steps.push_back(compute(s.op, args));
-  }
-  std::vector<std::optional<Tensor>> grads;
-  for (const auto& r : p.input_grads)
-    grads.push_back(r ? std::optional<Tensor>(value(*r).clone()) : std::nullopt);
-  return grads;
-}
-
 template <typename... T>
 std::vector<Tensor> tensors(T&&... t) {
   std::vector<Tensor> v;
@@ -255,7 +223,7 @@ void check_gradients(const Op& op, std::vector<Tensor> in) {
   for (const Tensor& t : in) ptrs.push_back(&t);
   const Tensor out = compute(op, ptrs);
   const Tensor g = rnd(out.shape(), 99);
-  const auto grads = single_device_backward(op, ptrs, out, g);
+  const auto grads = compute_backward(op, ptrs, out, g);
   for (std::size_t i = 0; i < in.size(); ++i) {
     if (!is_floating(in[i].dtype())) {
       EXPECT_FALSE(grads[i].has_value());
