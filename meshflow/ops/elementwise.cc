@@ -225,4 +225,27 @@ Tensor elementwise_kernel(const Op& op, const std::vector<const Tensor*>& in) {
   return out;
 }
 
+DimLabels elementwise_labels(const Op& op, const std::vector<TensorSpec>& in, const Shape& out) {
+  DimLabels l;
+  const int r = static_cast<int>(out.size());
+  switch (op.type) {
+    case OpType::kAdd:
+    case OpType::kSub:
+    case OpType::kMul:
+    case OpType::kDiv:
+      l.inputs = {broadcast_labels(in[0].shape, out), broadcast_labels(in[1].shape, out)};
+      l.output = label_range(0, r);
+      if (op.type == OpType::kAdd || op.type == OpType::kSub) l.terms = {0, 1};
+      if (op.type == OpType::kMul) l.factors = {0, 1};
+      if (op.type == OpType::kDiv) l.factors = {0};
+      return l;
+    default:  // unary elementwise operators and their gradients
+      l.inputs.assign(in.size(), label_range(0, r));
+      l.output = label_range(0, r);
+      if (op.type == OpType::kNeg) l.terms = {0};
+      if (is_unary_grad(op.type)) l.factors = {0};
+      return l;
+  }
+}
+
 }  // namespace meshflow

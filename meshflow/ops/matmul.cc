@@ -170,4 +170,49 @@ Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
   return out;
 }
 
+DimLabels matmul_labels(const Op& op, const std::vector<TensorSpec>& in, const Shape& out) {
+  DimLabels l;
+  const int r = static_cast<int>(out.size());
+  switch (op.type) {
+    case OpType::kMatmul: {  // a[..., m, k] b[k, n]: k is label r
+      std::vector<int> a = label_range(0, r - 1);
+      a.push_back(r);
+      l.inputs = {a, {r, r - 1}};
+      l.output = label_range(0, r);
+      l.factors = {0, 1};
+      return l;
+    }
+    case OpType::kLinear: {  // x[..., in] w[in, out] b[out]: in is label r
+      std::vector<int> x = label_range(0, r - 1);
+      x.push_back(r);
+      l.inputs = {x, {r, r - 1}};
+      if (in.size() == 3) l.inputs.push_back({r - 1});
+      l.output = label_range(0, r);
+      l.factors = {0, 1};
+      if (in.size() == 3) l.terms = {2};
+      return l;
+    }
+    case OpType::kMatmulGradA: {  // g[..., m, n] b[k, n] -> [..., m, k]: n is label r
+      std::vector<int> g = label_range(0, r - 1);
+      g.push_back(r);
+      l.inputs = {g, {r - 1, r}};
+      l.output = label_range(0, r);
+      l.factors = {0, 1};
+      return l;
+    }
+    case OpType::kMatmulGradB: {  // a[..., m, k] g[..., m, n] -> [k, n]
+      const int ra = static_cast<int>(in[0].shape.size());
+      std::vector<int> a = label_range(2, ra + 1), g = label_range(2, ra + 1);
+      a.push_back(0);
+      g.push_back(1);
+      l.inputs = {a, g};
+      l.output = {0, 1};
+      l.factors = {0, 1};
+      return l;
+    }
+    default:
+      MESHFLOW_CHECK(false, "{} is not a matrix product", to_string(op.type));
+  }
+}
+
 }  // namespace meshflow

@@ -23,4 +23,7 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
           std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
 
+// The family's sharding rule (op.h's DimLabels) for a result of shape `out`.
+DimLabels matmul_labels(const Op& op, const std::vector<TensorSpec>& inputs, const Shape& out);
+
 }  // namespace meshflow

@@ -154,4 +154,29 @@ Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
   return softmax_kernel(op, locals, globals);
 }
 
+DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
+  const Shape out = infer(op, in).shape;
+  if (is_binary(op.type) || is_unary(op.type) || is_unary_grad(op.type))
+    return elementwise_labels(op, in, out);
+  if (is_matmul_family(op.type)) return matmul_labels(op, in, out);
+  if (is_reduction_family(op.type)) return reduction_labels(op, in, out);
+  return softmax_labels(op, in, out);
+}
+
+std::vector<int> label_range(int from, int to) {
+  std::vector<int> v;
+  for (int i = from; i < to; ++i) v.push_back(i);
+  return v;
+}
+
+std::vector<int> broadcast_labels(const Shape& operand, const Shape& out) {
+  std::vector<int> labels;
+  const std::size_t shift = out.size() - operand.size();
+  for (std::size_t i = 0; i < operand.size(); ++i) {
+    const bool stretched = operand[i] == 1 && out[i + shift] != 1;
+    labels.push_back(stretched ? kBroadcastLabel : static_cast<int>(i + shift));
+  }
+  return labels;
+}
+
 }  // namespace meshflow

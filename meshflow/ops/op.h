@@ -1,6 +1,7 @@
-// Operators: what an operator is (its type and attributes), its shape and dtype rule, and the one
-// entry point that runs its CPU kernel on local tensors. Each family keeps its own rules in its
-// own file (elementwise, matmul, reduction, softmax); this file dispatches to them.
+// Operators: what an operator is (its type and attributes), its shape and dtype rule, its
+// sharding rule (dim labels), and the one entry point that runs its CPU kernel on local tensors.
+// Each family keeps these in its own file (elementwise, matmul, reduction, softmax); this file
+// dispatches to them.
 #pragma once
 
 #include <cstdint>
@@ -95,6 +96,30 @@ Tensor compute(const Op& op, const std::vector<const Tensor*>& inputs);
 // local result shape the locals imply.
 Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
                   const std::vector<TensorSpec>& globals);
+
+// The sharding rule of an operator (ops/strategy.h turns it into strategies): dims of operands
+// and result that carry the same label index the same elements; a label on operands but not on
+// the result is summed away.
+inline constexpr int kBroadcastLabel = -1;  // a size-1 operand dim stretched by broadcasting
+
+struct DimLabels {
+  std::vector<std::vector<int>> inputs;  // per operand, per dim: a label or kBroadcastLabel
+  std::vector<int> output;               // per result dim
+  std::vector<int> unshardable;          // labels no strategy shards
+  std::vector<int> factors;              // operands the result is linear in one at a time
+  std::vector<int> terms;                // operands the result is linear in all together
+};
+
+// Returns the labels of `op` (as normalize returns it) on operands of `inputs` specs; each
+// family file states its operators' labels.
+DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& inputs);
+
+// Returns the labels from, from + 1, ..., to - 1.
+std::vector<int> label_range(int from, int to);
+
+// Returns the labels of an operand of `operand` shape broadcast against a result of `out` shape:
+// aligned at the last dim, a stretched size-1 dim is kBroadcastLabel.
+std::vector<int> broadcast_labels(const Shape& operand, const Shape& out);
 
 // Returns the spec of `t`.
 inline TensorSpec spec_of(const Tensor& t) { return {t.shape(), t.dtype()}; }

@@ -226,4 +226,41 @@ Tensor reduction_kernel(const Op& op, const std::vector<const Tensor*>& in,
   return out;
 }
 
+DimLabels reduction_labels(const Op& op, const std::vector<TensorSpec>& in, const Shape& out) {
+  DimLabels l;
+  const int r = static_cast<int>(out.size());
+  switch (op.type) {
+    case OpType::kSum:
+    case OpType::kMean: {
+      l.inputs = {label_range(0, static_cast<int>(in[0].shape.size()))};
+      for (int d = 0; d < static_cast<int>(in[0].shape.size()); ++d)
+        if (!contains(op.dims, d)) l.output.push_back(d);
+      l.terms = {0};
+      return l;
+    }
+    case OpType::kSumTo: {
+      const int rg = static_cast<int>(in[0].shape.size());
+      const int extra = rg - r;
+      l.inputs = {label_range(0, rg)};
+      for (int j = 0; j < r; ++j) {
+        const bool collapsed = out[j] == 1 && in[0].shape[j + extra] != 1;
+        l.output.push_back(collapsed ? rg + j : j + extra);
+      }
+      l.terms = {0};
+      return l;
+    }
+    case OpType::kBroadcastTo: {
+      l.output = label_range(0, r);
+      std::vector<int> g;
+      for (int d = 0; d < r; ++d)
+        if (!contains(op.dims, d)) g.push_back(d);
+      l.inputs = {g};
+      l.terms = {0};
+      return l;
+    }
+    default:
+      MESHFLOW_CHECK(false, "{} is not a reduction", to_string(op.type));
+  }
+}
+
 }  // namespace meshflow

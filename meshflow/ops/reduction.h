@@ -21,4 +21,7 @@ Tensor reduction_kernel(const Op& op, const std::vector<const Tensor*>& in,
 // when `from` does not broadcast from `to`.
 std::vector<int> sum_to_dims(const Shape& from, const Shape& to);
 
+// The family's sharding rule (op.h's DimLabels) for a result of shape `out`.
+DimLabels reduction_labels(const Op& op, const std::vector<TensorSpec>& inputs, const Shape& out);
+
 }  // namespace meshflow

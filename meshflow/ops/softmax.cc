@@ -217,4 +217,41 @@ Tensor softmax_kernel(const Op& op, const std::vector<const Tensor*>& in,
   });
 }
 
+DimLabels softmax_labels(const Op& op, const std::vector<TensorSpec>& in, const Shape& out) {
+  DimLabels l;
+  const int r = static_cast<int>(out.size());
+  switch (op.type) {
+    case OpType::kSoftmax:
+    case OpType::kSoftmaxGrad:
+      l.inputs.assign(in.size(), label_range(0, r));
+      l.output = label_range(0, r);
+      l.unshardable = {op.dim};
+      if (op.type == OpType::kSoftmaxGrad) l.factors = {0};
+      return l;
+    case OpType::kSoftmaxCrossEntropy:
+    case OpType::kSoftmaxCrossEntropyGrad:
+      l.inputs = {{0, 1}, {0}};
+      l.unshardable = {1};
+      if (op.type == OpType::kSoftmaxCrossEntropyGrad) {
+        l.inputs.push_back({});
+        l.output = {0, 1};
+        l.factors = {2};
+      }
+      return l;
+    case OpType::kMse:
+    case OpType::kMseGrad: {
+      const int ra = static_cast<int>(in[0].shape.size());
+      l.inputs = {label_range(0, ra), label_range(0, ra)};
+      if (op.type == OpType::kMseGrad) {
+        l.inputs.push_back({});
+        l.output = label_range(0, ra);
+        l.factors = {2};
+      }
+      return l;
+    }
+    default:
+      MESHFLOW_CHECK(false, "{} is not a softmax or loss operator", to_string(op.type));
+  }
+}
+
 }  // namespace meshflow

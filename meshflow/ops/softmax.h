@@ -16,4 +16,7 @@ TensorSpec infer_softmax(const Op& op, const std::vector<TensorSpec>& inputs);
 Tensor softmax_kernel(const Op& op, const std::vector<const Tensor*>& in,
                       const std::vector<TensorSpec>& globals);
 
+// The family's sharding rule (op.h's DimLabels) for a result of shape `out`.
+DimLabels softmax_labels(const Op& op, const std::vector<TensorSpec>& inputs, const Shape& out);
+
 }  // namespace meshflow

@@ -5,31 +5,10 @@
 #include <map>
 
 #include "meshflow/core/error.h"
-#include "meshflow/ops/elementwise.h"
 
 namespace meshflow {
 
 namespace {
-
-std::vector<int> iota(int from, int to) {
-  std::vector<int> v;
-  for (int i = from; i < to; ++i) v.push_back(i);
-  return v;
-}
-
-int rank_of(const TensorSpec& s) { return static_cast<int>(s.shape.size()); }
-
-// Labels of an operand broadcast against a result of `out` shape: aligned at the last dim, a
-// stretched size-1 dim is kBroadcastLabel.
-std::vector<int> broadcast_labels(const Shape& operand, const Shape& out) {
-  std::vector<int> labels;
-  const std::size_t shift = out.size() - operand.size();
-  for (std::size_t i = 0; i < operand.size(); ++i) {
-    const bool stretched = operand[i] == 1 && out[i + shift] != 1;
-    labels.push_back(stretched ? kBroadcastLabel : static_cast<int>(i + shift));
-  }
-  return labels;
-}
 
 bool contains(const std::vector<int>& v, int x) {
   return std::find(v.begin(), v.end(), x) != v.end();
@@ -108,122 +87,6 @@ std::string operand_text(const std::vector<Layout>& inputs) {
 }
 
 }  // namespace
-
-DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
-  DimLabels l;
-  const Shape out = infer(op, in).shape;
-  const int r = static_cast<int>(out.size());
-  switch (op.type) {
-    case OpType::kAdd:
-    case OpType::kSub:
-    case OpType::kMul:
-    case OpType::kDiv:
-      l.inputs = {broadcast_labels(in[0].shape, out), broadcast_labels(in[1].shape, out)};
-      l.output = iota(0, r);
-      if (op.type == OpType::kAdd || op.type == OpType::kSub) l.terms = {0, 1};
-      if (op.type == OpType::kMul) l.factors = {0, 1};
-      if (op.type == OpType::kDiv) l.factors = {0};
-      return l;
-    case OpType::kMatmul: {  // a[..., m, k] b[k, n]: k is label r
-      std::vector<int> a = iota(0, r - 1);
-      a.push_back(r);
-      l.inputs = {a, {r, r - 1}};
-      l.output = iota(0, r);
-      l.factors = {0, 1};
-      return l;
-    }
-    case OpType::kLinear: {  // x[..., in] w[in, out] b[out]: in is label r
-      std::vector<int> x = iota(0, r - 1);
-      x.push_back(r);
-      l.inputs = {x, {r, r - 1}};
-      if (in.size() == 3) l.inputs.push_back({r - 1});
-      l.output = iota(0, r);
-      l.factors = {0, 1};
-      if (in.size() == 3) l.terms = {2};
-      return l;
-    }
-    case OpType::kMatmulGradA: {  // g[..., m, n] b[k, n] -> [..., m, k]: n is label r
-      std::vector<int> g = iota(0, r - 1);
-      g.push_back(r);
-      l.inputs = {g, {r - 1, r}};
-      l.output = iota(0, r);
-      l.factors = {0, 1};
-      return l;
-    }
-    case OpType::kMatmulGradB: {  // a[..., m, k] g[..., m, n] -> [k, n]
-      const int ra = rank_of(in[0]);
-      std::vector<int> a = iota(2, ra + 1), g = iota(2, ra + 1);
-      a.push_back(0);
-      g.push_back(1);
-      l.inputs = {a, g};
-      l.output = {0, 1};
-      l.factors = {0, 1};
-      return l;
-    }
-    case OpType::kSum:
-    case OpType::kMean: {
-      l.inputs = {iota(0, rank_of(in[0]))};
-      for (int d = 0; d < rank_of(in[0]); ++d)
-        if (!contains(op.dims, d)) l.output.push_back(d);
-      l.terms = {0};
-      return l;
-    }
-    case OpType::kSumTo: {
-      const int rg = rank_of(in[0]);
-      const int extra = rg - r;
-      l.inputs = {iota(0, rg)};
-      for (int j = 0; j < r; ++j) {
-        const bool collapsed = out[j] == 1 && in[0].shape[j + extra] != 1;
-        l.output.push_back(collapsed ? rg + j : j + extra);
-      }
-      l.terms = {0};
-      return l;
-    }
-    case OpType::kBroadcastTo: {
-      l.output = iota(0, r);
-      std::vector<int> g;
-      for (int d = 0; d < r; ++d)
-        if (!contains(op.dims, d)) g.push_back(d);
-      l.inputs = {g};
-      l.terms = {0};
-      return l;
-    }
-    case OpType::kSoftmax:
-    case OpType::kSoftmaxGrad:
-      l.inputs.assign(in.size(), iota(0, r));
-      l.output = iota(0, r);
-      l.unshardable = {op.dim};
-      if (op.type == OpType::kSoftmaxGrad) l.factors = {0};
-      return l;
-    case OpType::kSoftmaxCrossEntropy:
-    case OpType::kSoftmaxCrossEntropyGrad:
-      l.inputs = {{0, 1}, {0}};
-      l.unshardable = {1};
-      if (op.type == OpType::kSoftmaxCrossEntropyGrad) {
-        l.inputs.push_back({});
-        l.output = {0, 1};
-        l.factors = {2};
-      }
-      return l;
-    case OpType::kMse:
-    case OpType::kMseGrad: {
-      const int ra = rank_of(in[0]);
-      l.inputs = {iota(0, ra), iota(0, ra)};
-      if (op.type == OpType::kMseGrad) {
-        l.inputs.push_back({});
-        l.output = iota(0, ra);
-        l.factors = {2};
-      }
-      return l;
-    }
-    default:  // unary elementwise operators and their gradients
-      l.inputs.assign(in.size(), iota(0, r));
-      l.output = iota(0, r);
-      if (op.type == OpType::kNeg) l.terms = {0};
-      if (is_unary_grad(op.type)) l.factors = {0};
-      return l;
-  }
-}
 
 std::string to_text(const Strategy& s) {
   std::string t;

@@ -3,8 +3,9 @@
 // cheapest one under plan/'s cost model, counting the redistributions the operands need; ties
 // keep the most data sharded.
 //
-// An operator states its rule once, as dim labels (DimLabels): dims of operands and result that
-// carry the same label index the same elements. Per mesh dim, the valid placements are then
+// An operator states its rule once, in its family's file, as dim labels (op.h's DimLabels):
+// dims of operands and result that carry the same label index the same elements. Per mesh dim,
+// the valid placements are then
 //   - every operand and the result Replicate;
 //   - Shard a label: every operand dim with it S(dim) (broadcast dims and operands without it
 //     R); the result S(its dim), or P(sum) when the label is summed away (matmul's k, a
@@ -30,19 +31,6 @@
 #include "meshflow/plan/planner.h"
 
 namespace meshflow {
-
-inline constexpr int kBroadcastLabel = -1;  // a size-1 operand dim stretched by broadcasting
-
-struct DimLabels {
-  std::vector<std::vector<int>> inputs;  // per operand, per dim: a label or kBroadcastLabel
-  std::vector<int> output;               // per result dim
-  std::vector<int> unshardable;          // labels no strategy shards
-  std::vector<int> factors;              // operands the result is linear in one at a time
-  std::vector<int> terms;                // operands the result is linear in all together
-};
-
-// Returns the labels of `op` (normalised) on operands of `inputs` specs.
-DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& inputs);
 
 struct Strategy {
   std::vector<Layout> inputs;  // the layouts the operands are redistributed to
