@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <functional>
 #include <mutex>
 
 #include "bench/collectives_bench.h"
@@ -21,6 +22,22 @@ DTensor random_dtensor(Communicator& comm, const DeviceMesh& mesh, const char* p
                        const Shape& shape, std::uint64_t seed) {
   return distribute_tensor(comm, random_tensor(DType::kFloat32, shape, seed), mesh,
                            parse_placements(placements));
+}
+
+// Times `ours` and `other` alternately on every device (warm-up rounds first) and appends device
+// 0's spans to `ours_s` and `other_s`.
+void interleaved(Communicator& comm, const OpsBenchOptions& o, const std::function<void()>& ours,
+                 const std::function<void()>& other, std::mutex& mu, std::vector<double>& ours_s,
+                 std::vector<double>& other_s) {
+  for (int rep = -o.warmup; rep < o.reps; ++rep) {
+    const double a = time_between_barriers(comm, ours);
+    const double b = time_between_barriers(comm, other);
+    if (rep >= 0 && comm.device() == 0) {
+      std::lock_guard lock(mu);
+      ours_s.push_back(a);
+      other_s.push_back(b);
+    }
+  }
 }
 
 BenchResult dispatch_case(const OpsBenchOptions& o) {
@@ -71,16 +88,8 @@ BenchResult gemm_case(const OpsBenchOptions& o) {
                   static_cast<int>(k), w.local.data<float>().data(), static_cast<int>(n), 0.0f,
                   c.data<float>().data(), static_cast<int>(n));
     };
-    auto ours = [&] { matmul(x, w); };
-    for (int rep = -o.warmup; rep < o.reps; ++rep) {
-      const double a = time_between_barriers(comm, ours);
-      const double b = time_between_barriers(comm, bare);
-      if (rep >= 0 && comm.device() == 0) {
-        std::lock_guard lock(mu);
-        r.case_s.push_back(a);
-        r.baseline_s.push_back(b);
-      }
-    }
+    interleaved(
+        comm, o, [&] { matmul(x, w); }, bare, mu, r.case_s, r.baseline_s);
   });
   r.extra["local_shape"] = fmt::format("{}x{} @ {}x{}", m, k, k, n);
   return r;
@@ -106,16 +115,8 @@ BenchResult elementwise_case(const OpsBenchOptions& o) {
       float* z = c.data<float>().data();
       for (std::int64_t i = 0; i < per_device; ++i) z[i] = x[i] + y[i];
     };
-    auto ours = [&] { add(a, b); };
-    for (int rep = -o.warmup; rep < o.reps; ++rep) {
-      const double t = time_between_barriers(comm, ours);
-      const double f = time_between_barriers(comm, plain);
-      if (rep >= 0 && comm.device() == 0) {
-        std::lock_guard lock(mu);
-        r.case_s.push_back(t);
-        r.floor_s.push_back(f);
-      }
-    }
+    interleaved(
+        comm, o, [&] { add(a, b); }, plain, mu, r.case_s, r.floor_s);
   });
   r.extra["op"] = "add, two 16 MiB float32 shards per device";
   return r;

@@ -91,11 +91,6 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Runs `program` on this device's shard (the runtime's executor).
-Tensor move(const DeviceProgram& program, Communicator& comm, const Tensor& local) {
-  return execute(program, comm, local);
-}
-
 }  // namespace
 
 DTensor distribute_tensor(Communicator& comm, const Tensor& global, const DeviceMesh& mesh,
@@ -179,7 +174,7 @@ DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Place
   }
   if (to == t.layout) return {t.local.clone(), std::move(to), t.comm};
   auto program = caches().plans.program(t.layout, to, t.device());
-  Tensor local = move(*program, *t.comm, t.local);
+  Tensor local = execute(*program, *t.comm, t.local);
   return {std::move(local), std::move(to), t.comm};
 }
 
@@ -191,14 +186,16 @@ DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
   for (const DTensor* t : operands) layouts.push_back(t->layout);
   Communicator& comm = *operands[0]->comm;
   const std::shared_ptr<const Dispatch> d = dispatch_for(op, std::move(layouts), comm.device());
-  std::vector<Tensor> moved(operands.size());
+  // Operands the strategy moves get new local tensors; the others are read where they are.
+  std::vector<Tensor> moved;
+  moved.reserve(operands.size());  // no reallocation: locals point into it
   std::vector<const Tensor*> locals(operands.size());
   for (std::size_t i = 0; i < operands.size(); ++i) {
     if (d->programs[i]) {
       const double t0 = profile ? now_s() : 0;
-      moved[i] = move(*d->programs[i], comm, operands[i]->local);
+      moved.push_back(execute(*d->programs[i], comm, operands[i]->local));
       if (profile) profile->movement_s += now_s() - t0;
-      locals[i] = &moved[i];
+      locals[i] = &moved.back();
     } else {
       locals[i] = &operands[i]->local;
     }

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <random>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/comm/recording.h"
@@ -15,14 +14,11 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/mesh/sharding.h"
-#include "meshflow/ops/gradient.h"
 #include "tests/dtensor_check.h"
 
 namespace meshflow {
 namespace {
 
-// Every device's shard of a layout, with random values: replicas hold the same bytes and each
-// Partial term is random, so the global value is what assemble() reduces them to.
 using testing::random_shards;
 
 TEST(DTensorOperators, EveryOperatorMatchesTheSingleDeviceResultForwardAndBackward) {

@@ -167,16 +167,7 @@ void unary(OpType type, const Tensor& a, Tensor& out) {
 
 TensorSpec infer_elementwise(const Op& op, const std::vector<TensorSpec>& in) {
   const std::string_view name = to_string(op.type);
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    if (!is_floating(in[i].dtype) && !takes_integers(op.type)) {
-      fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name,
-           i, to_string(in[i].dtype), name);
-    }
-    if (in[i].dtype != in[0].dtype) {
-      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)", name,
-           to_string(in[0].dtype), to_string(in[i].dtype));
-    }
-  }
+  check_operand_dtypes(op.type, in, !takes_integers(op.type));
   if (is_unary(op.type)) return in[0];
   if (is_unary_grad(op.type) && in[0].shape != in[1].shape) {
     fail(ErrorKind::kShapeMismatch, "{}: gradient {} and value {} differ in shape", name,

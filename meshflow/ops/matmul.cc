@@ -34,19 +34,6 @@ std::int64_t leading(const Shape& s, std::size_t keep) {
   return m;
 }
 
-void check_float_same(std::string_view name, const std::vector<TensorSpec>& in) {
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    if (!is_floating(in[i].dtype)) {
-      fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name,
-           i, to_string(in[i].dtype), name);
-    }
-    if (in[i].dtype != in[0].dtype) {
-      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)", name,
-           to_string(in[0].dtype), to_string(in[i].dtype));
-    }
-  }
-}
-
 [[noreturn]] void mismatch(std::string_view name, const std::vector<TensorSpec>& in,
                            std::string_view expected) {
   std::string shapes;
@@ -84,7 +71,7 @@ template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t,
 
 TensorSpec infer_matmul(const Op& op, const std::vector<TensorSpec>& in) {
   const std::string_view name = to_string(op.type);
-  check_float_same(name, in);
+  check_operand_dtypes(op.type, in, /*floating_only=*/true);
   const Shape& a = in[0].shape;
   const Shape& b = in[1].shape;
   switch (op.type) {

@@ -102,6 +102,20 @@ std::size_t hash_value(const Op& op) {
 
 std::pair<int, int> arity(OpType type) { return {info(type).min_args, info(type).max_args}; }
 
+void check_operand_dtypes(OpType type, std::span<const TensorSpec> in, bool floating_only) {
+  const std::string_view name = to_string(type);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (floating_only && !is_floating(in[i].dtype)) {
+      fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name,
+           i, to_string(in[i].dtype), name);
+    }
+    if (in[i].dtype != in[0].dtype) {
+      fail(ErrorKind::kInvalidArgument, "{}: operands are {} and {} (no implicit promotion)", name,
+           to_string(in[0].dtype), to_string(in[i].dtype));
+    }
+  }
+}
+
 Op normalize(const Op& op, const std::vector<TensorSpec>& in) {
   const std::string_view name = to_string(op.type);
   const auto [lo, hi] = arity(op.type);

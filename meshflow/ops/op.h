@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,6 +82,11 @@ std::pair<int, int> arity(OpType type);
 // naming the operator and the offending operand for a wrong operand count, shapes that do not
 // fit, a dim out of range or a dtype the operator does not take.
 TensorSpec infer(const Op& op, const std::vector<TensorSpec>& inputs);
+
+// Throws Error(kInvalidArgument) naming the operator and the operand unless every operand of
+// `operands` has operand 0's dtype (no implicit promotion) and, when `floating_only`, that dtype
+// is float32 or float64. Operand numbers count from the span's start.
+void check_operand_dtypes(OpType type, std::span<const TensorSpec> operands, bool floating_only);
 
 // Returns op with its dims normalised against the operand shapes (negative dims counted from the
 // end, reduced dims sorted): the form strategies and caches use.

@@ -15,13 +15,6 @@ bool is_softmax_family(OpType t) {
 
 namespace {
 
-void check_float(std::string_view name, const TensorSpec& s, std::size_t i) {
-  if (!is_floating(s.dtype)) {
-    fail(ErrorKind::kInvalidArgument, "{}: operand {} is {}; {} takes float32 or float64", name, i,
-         to_string(s.dtype), name);
-  }
-}
-
 void check_same(std::string_view name, const TensorSpec& a, const TensorSpec& b) {
   if (a.shape != b.shape || a.dtype != b.dtype) {
     fail(ErrorKind::kShapeMismatch, "{}: operands {} {} and {} {} differ", name, to_string(a.shape),
@@ -170,7 +163,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
 
 TensorSpec infer_softmax(const Op& op, const std::vector<TensorSpec>& in) {
   const std::string_view name = to_string(op.type);
-  check_float(name, in[0], 0);
+  check_operand_dtypes(op.type, std::span(in).first(1), /*floating_only=*/true);
   switch (op.type) {
     case OpType::kSoftmax:
       return in[0];
