@@ -2,12 +2,26 @@
 #include "meshflow/core/json_field.h"
 
 #include <cmath>
+#include <set>
+#include <vector>
 
 namespace meshflow {
 
 nlohmann::json parse_json(std::string_view text, std::string_view source) {
+  // nlohmann keeps the last of two equal keys silently; a file that names a key twice is
+  // ambiguous, so it is refused.
+  std::vector<std::set<std::string>> keys;
+  auto unique_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) keys.emplace_back();
+    if (event == Event::object_end) keys.pop_back();
+    if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second)
+      fail(ErrorKind::kIo, "{}: key \"{}\" appears twice in one object", source,
+           parsed.get<std::string>());
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return nlohmann::json::parse(text.begin(), text.end(), unique_keys);
   } catch (const nlohmann::json::parse_error& e) {
     fail(ErrorKind::kIo, "{}: invalid JSON at byte {}", source, e.byte);
   } catch (const nlohmann::json::exception&) {

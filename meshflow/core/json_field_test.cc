@@ -50,5 +50,11 @@ TEST(ParseJson, ANumberBeyondEveryTypeIsAnErrorNotACrash) {
   EXPECT_EQ(error_of([] { parse_json(R"({"a": )", "f.json"); }), "f.json: invalid JSON at byte 7");
 }
 
+TEST(ParseJson, AKeyTwiceInOneObjectIsAnError) {
+  EXPECT_EQ(error_of([] { parse_json(R"({"a": 1, "b": {"a": 2}, "a": 3})", "m.json"); }),
+            "m.json: key \"a\" appears twice in one object");
+  EXPECT_NO_THROW(parse_json(R"({"a": {"a": 1}, "b": [{"a": 1}, {"a": 2}]})", "m.json"));
+}
+
 }  // namespace
 }  // namespace meshflow

@@ -1,0 +1,95 @@
+#include "meshflow/graph/explain.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+Explanation explain(const Pcg& pcg, const PlanOptions& options) {
+  verify(pcg, Stage::kCopied);
+  Explanation e;
+  std::vector<std::pair<ValueId, std::string>> named;
+  for (const auto& [name, id] : pcg.names) named.emplace_back(id, name);
+  std::sort(named.begin(), named.end());
+  for (const auto& [id, name] : named)
+    e.values.emplace_back(name, *pcg.nodes[static_cast<std::size_t>(id)].layout);
+  for (const Node& n : pcg.nodes) {
+    if (n.kind != NodeKind::kMove && n.kind != NodeKind::kParallel) continue;
+    const Node& in = pcg.nodes[static_cast<std::size_t>(n.inputs[0])];
+    const Plan plan = plan_redistribute(*in.layout, *n.layout, options);
+    MoveReport m{.value = n.kind == NodeKind::kMove ? n.moved_value : in.name,
+                 .consumer = n.kind == NodeKind::kMove ? n.consumer : n.name,
+                 .phase = n.phase,
+                 .from = *in.layout,
+                 .to = *n.layout,
+                 .est_s = plan.est_s};
+    for (const Step& s : plan.steps)
+      if (s.kind != StepKind::kLocal) m.steps.push_back(s.kind);
+    if (!m.steps.empty()) e.moves.push_back(std::move(m));
+  }
+  return e;
+}
+
+namespace {
+
+nlohmann::json layout_json(const Layout& l) {
+  nlohmann::json placements = nlohmann::json::array();
+  for (const Placement& p : l.placements) placements.push_back(to_string(p));
+  return {{"mesh", to_string(l.mesh)}, {"placements", placements}};
+}
+
+}  // namespace
+
+nlohmann::json to_json(const Explanation& e) {
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& [name, layout] : e.values) values[name] = layout_json(layout);
+  nlohmann::json moves = nlohmann::json::array();
+  for (const MoveReport& m : e.moves) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (StepKind k : m.steps) steps.push_back(std::string(to_string(k)));
+    moves.push_back({{"value", m.value},
+                     {"consumer", m.consumer},
+                     {"pass", std::string(to_string(m.phase))},
+                     {"from", layout_json(m.from)},
+                     {"to", layout_json(m.to)},
+                     {"steps", steps},
+                     {"est_s", m.est_s}});
+  }
+  return {{"values", values}, {"moves", moves}};
+}
+
+std::string to_text(const Explanation& e) {
+  std::size_t width = 0;
+  for (const auto& [name, layout] : e.values) width = std::max(width, name.size());
+  std::string out = "values:\n";
+  for (const auto& [name, layout] : e.values) {
+    out += fmt::format("  {:<{}}  {} {}  {}{}\n", name, width, to_string(layout.mesh),
+                       to_string(layout.placements), to_string(layout.dtype),
+                       to_string(layout.shape));
+  }
+  for (Phase phase : {Phase::kForward, Phase::kBackward, Phase::kUpdate}) {
+    out += fmt::format("{} moves:\n", to_string(phase));
+    int count = 0;
+    for (const MoveReport& m : e.moves) {
+      if (m.phase != phase) continue;
+      ++count;
+      std::string steps;
+      for (StepKind k : m.steps) steps += (steps.empty() ? "" : ", ") + std::string(to_string(k));
+      const std::string from = m.from.mesh == m.to.mesh
+                                   ? to_string(m.from.placements)
+                                   : to_string(m.from.mesh) + " " + to_string(m.from.placements);
+      const std::string to = m.from.mesh == m.to.mesh
+                                 ? to_string(m.to.placements)
+                                 : to_string(m.to.mesh) + " " + to_string(m.to.placements);
+      out += fmt::format("  {} for {}: {} -> {}  [{}]  est {:.3g} s\n", m.value, m.consumer, from,
+                         to, steps, m.est_s);
+    }
+    if (count == 0) out += "  (none)\n";
+  }
+  return out;
+}
+
+}  // namespace meshflow

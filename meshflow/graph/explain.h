@@ -1,0 +1,38 @@
+// What a compiled model does, for `meshflow explain`: every named value's layout, and every
+// change of layout that moves data between devices (explicit parallel ops, copies between
+// meshes, strategy changes, reductions of gradients) with its plan's step kinds. A change each
+// device makes alone (a plan of local steps only) is no move.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "meshflow/graph/pcg.h"
+#include "meshflow/plan/planner.h"
+
+namespace meshflow {
+
+struct MoveReport {
+  std::string value, consumer;
+  Phase phase = Phase::kForward;
+  Layout from, to;
+  std::vector<StepKind> steps;  // local steps omitted
+  double est_s = 0;
+};
+
+struct Explanation {
+  std::vector<std::pair<std::string, Layout>> values;  // in graph order
+  std::vector<MoveReport> moves;                       // in graph order
+};
+
+// Returns the explanation of `pcg` (Stage::kCopied).
+Explanation explain(const Pcg& pcg, const PlanOptions& options = {});
+
+// DESIGN's `explain --json` object: {"values": {...}, "moves": [...]}.
+nlohmann::json to_json(const Explanation& e);
+
+// Returns the text `meshflow explain` prints.
+std::string to_text(const Explanation& e);
+
+}  // namespace meshflow

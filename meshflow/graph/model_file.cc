@@ -1,0 +1,221 @@
+#include "meshflow/graph/model_file.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "meshflow/core/error.h"
+#include "meshflow/core/file.h"
+#include "meshflow/core/json_field.h"
+#include "meshflow/graph/source.h"
+
+namespace meshflow {
+
+namespace {
+
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 40;
+
+void only_keys(const JsonField& f, std::initializer_list<std::string_view> allowed,
+               std::string_view what) {
+  for (const auto& [key, value] : f.value().items()) {
+    bool ok = false;
+    for (std::string_view a : allowed) ok = ok || a == key;
+    if (!ok) {
+      f.reject(fmt::format("({}) has unknown field \"{}\" (allowed: {})", what, key,
+                           fmt::join(allowed, ", ")));
+    }
+  }
+}
+
+std::vector<int> int_list(const JsonField& f) {
+  std::vector<int> out;
+  for (std::size_t i = 0; i < f.size(); ++i)
+    out.push_back(static_cast<int>(f.at(i).as_int(-64, 64)));
+  return out;
+}
+
+std::vector<Placement> placements_of(const JsonField& f) {
+  std::vector<Placement> out;
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    const JsonField p = f.at(i);
+    try {
+      out.push_back(parse_placement(p.as_string()));
+    } catch (const Error& e) {
+      p.reject(fmt::format("is not a placement: {}", e.what()));
+    }
+  }
+  return out;
+}
+
+struct Reader {
+  std::filesystem::path base;
+  std::string source;
+  Model model;
+
+  const DeviceMesh& mesh(const JsonField& f) const {
+    const std::string name = f.as_string();
+    auto it = model.meshes.find(name);
+    if (it == model.meshes.end()) {
+      std::vector<std::string> known;
+      for (const auto& [k, v] : model.meshes) known.push_back(k);
+      f.reject(fmt::format("names mesh \"{}\", which \"meshes\" does not define (it has: {})",
+                           name, fmt::join(known, ", ")));
+    }
+    return it->second;
+  }
+
+  Source source_of(const JsonField& f) const {
+    if (f.value().is_string()) {
+      Source s;
+      s.path = base / f.as_string();
+      s.kind = std::filesystem::is_directory(s.path) ? Source::Kind::kFolder : Source::Kind::kNpy;
+      return s;
+    }
+    if (!f.value().is_object())
+      f.reject("must be a file or folder path or an initialiser object");
+    Source s;
+    if (auto n = f.find("normal")) {
+      only_keys(f, {"normal", "seed"}, "an initialiser");
+      s.kind = Source::Kind::kNormal;
+      s.a = n->as_number(0, 1e30);
+    } else if (auto u = f.find("uniform")) {
+      only_keys(f, {"uniform", "seed"}, "an initialiser");
+      s.kind = Source::Kind::kUniform;
+      if (u->size() != 2) u->reject("must be [lo, hi]");
+      s.a = u->at(0).as_number(-1e30, 1e30);
+      s.b = u->at(1).as_number(s.a, 1e30);
+    } else if (auto z = f.find("zeros")) {
+      only_keys(f, {"zeros"}, "an initialiser");
+      if (z->value() != true) z->reject("must be true");
+      s.kind = Source::Kind::kZeros;
+      return s;
+    } else {
+      f.reject("must be {\"normal\": std, \"seed\": s}, {\"uniform\": [lo, hi], \"seed\": s} or "
+               "{\"zeros\": true}");
+    }
+    s.seed = static_cast<std::uint64_t>(f.member("seed").as_int(0, std::int64_t{1} << 62));
+    return s;
+  }
+
+  void tensor(const std::string& name, const JsonField& t) {
+    only_keys(t, {"shape", "dtype", "input", "weight", "mesh", "placements"}, "a tensor");
+    TensorSpec spec;
+    const JsonField shape = t.member("shape");
+    for (std::size_t i = 0; i < shape.size(); ++i) spec.shape.push_back(shape.at(i).as_int(0, kMaxDim));
+    if (auto d = t.find("dtype")) {
+      try {
+        spec.dtype = parse_dtype(d->as_string());
+      } catch (const Error& e) {
+        d->reject(fmt::format("is not a dtype: {}", e.what()));
+      }
+    }
+    const auto input = t.find("input");
+    const auto weight = t.find("weight");
+    if (input.has_value() == weight.has_value())
+      t.reject("must have exactly one of \"input\" and \"weight\"");
+    Source src = source_of(input ? *input : *weight);
+    const DeviceMesh& m = mesh(t.member("mesh"));
+    std::vector<Placement> ps = placements_of(t.member("placements"));
+    const ValueId id = input ? add_input(model.pcg, name, spec, m, ps, std::move(src))
+                             : add_weight(model.pcg, name, spec, m, ps, std::move(src));
+    const Node& n = model.pcg.nodes[static_cast<std::size_t>(id)];
+    check_source(n, make_layout(*n.mesh, *n.placements, n.spec.shape, n.spec.dtype));
+  }
+
+  ValueId value(const JsonField& f, const std::string& node) const {
+    const std::string name = f.as_string();
+    auto it = model.pcg.names.find(name);
+    if (it == model.pcg.names.end()) {
+      fail(ErrorKind::kInvalidArgument,
+           "{}: node \"{}\" reads \"{}\", which is no tensor and no earlier node", source, node,
+           name);
+    }
+    return it->second;
+  }
+
+  void node(const JsonField& f) {
+    only_keys(f, {"name", "op", "inputs", "dims", "dim", "degree", "mesh", "placements"},
+              "a node");
+    const std::string name = f.member("name").as_string();
+    const std::string op_name = f.member("op").as_string();
+    const JsonField inputs_field = f.member("inputs");
+    std::vector<ValueId> inputs;
+    for (std::size_t i = 0; i < inputs_field.size(); ++i)
+      inputs.push_back(value(inputs_field.at(i), name));
+    std::optional<DeviceMesh> m;
+    if (auto mf = f.find("mesh")) m = mesh(*mf);
+    std::optional<std::vector<Placement>> ps;
+    if (auto pf = f.find("placements")) ps = placements_of(*pf);
+    if (auto type = parse_parallel_type(op_name)) {
+      ParallelOp p{.type = *type, .degree = static_cast<int>(f.member("degree").as_int(1, 1 << 20))};
+      const bool has_dim = *type == ParallelType::kRepartition || *type == ParallelType::kCombine;
+      if (has_dim) p.dim = static_cast<int>(f.member("dim").as_int(-64, 64));
+      if (inputs.size() != 1) inputs_field.reject(fmt::format("must name one value ({})", op_name));
+      if (!ps) fail(ErrorKind::kInvalidArgument, "{}: node \"{}\" ({}) needs \"placements\"",
+                    source, name, op_name);
+      add_parallel(model.pcg, name, p, inputs[0], m, *ps);
+      return;
+    }
+    Op op;
+    try {
+      op.type = parse_op_type(op_name);
+    } catch (const Error&) {
+      fail(ErrorKind::kInvalidArgument, "{}: node \"{}\" has unknown op \"{}\"", source, name,
+           op_name);
+    }
+    if (op.type >= OpType::kMatmulGradA) {
+      fail(ErrorKind::kInvalidArgument,
+           "{}: node \"{}\": \"{}\" is a gradient operator, which backward adds by itself",
+           source, name, op_name);
+    }
+    if (auto d = f.find("dims")) op.dims = int_list(*d);
+    if (auto d = f.find("dim")) op.dim = static_cast<int>(d->as_int(-64, 64));
+    add_compute(model.pcg, name, op, std::move(inputs), std::move(m), std::move(ps));
+  }
+
+  void read(const JsonField& top) {
+    only_keys(top, {"meshes", "tensors", "nodes", "loss", "outputs"}, "a model");
+    const JsonField meshes = top.member("meshes");
+    if (!meshes.value().is_object()) meshes.reject("must be an object of name: mesh");
+    for (const auto& [name, text] : meshes.value().items()) {
+      const JsonField mf = meshes.member(name);
+      try {
+        model.meshes[name] = parse_mesh(mf.as_string());
+      } catch (const Error& e) {
+        mf.reject(fmt::format("is not a mesh: {}", e.what()));
+      }
+    }
+    const JsonField tensors = top.member("tensors");
+    if (!tensors.value().is_object()) tensors.reject("must be an object of name: tensor");
+    for (const auto& [name, t] : tensors.value().items()) tensor(name, tensors.member(name));
+    const JsonField nodes = top.member("nodes");
+    for (std::size_t i = 0; i < nodes.size(); ++i) node(nodes.at(i));
+    if (auto l = top.find("loss")) set_loss(model.pcg, value(*l, "loss"));
+    if (auto o = top.find("outputs")) {
+      for (std::size_t i = 0; i < o->size(); ++i) add_output(model.pcg, value(o->at(i), "outputs"));
+    }
+  }
+};
+
+}  // namespace
+
+Model parse_model(std::string_view text, const std::filesystem::path& base,
+                  std::string_view source) {
+  const nlohmann::json json = parse_json(text, source);
+  Reader r{.base = base, .source = std::string(source)};
+  try {
+    r.read(JsonField(json, std::string(source), ErrorKind::kInvalidArgument));
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with(source)) throw;
+    fail(e.kind(), "{}: {}", source, e.what());
+  }
+  verify(r.model.pcg, Stage::kBuilt);
+  return std::move(r.model);
+}
+
+Model load_model(const std::filesystem::path& path) {
+  const std::string text = read_file(path);
+  return parse_model(text, path.parent_path(), path.string());
+}
+
+}  // namespace meshflow

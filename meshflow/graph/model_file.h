@@ -1,0 +1,28 @@
+// Model files: DESIGN.md's "Models" JSON (meshes, tensors, nodes, loss, outputs) read into a
+// Pcg through the builder functions of graph/pcg.h, so a file and the C++ API build the same
+// graph. Paths inside the file are relative to it. Every error is one line naming the file and
+// the node, tensor or field at fault.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "meshflow/graph/pcg.h"
+
+namespace meshflow {
+
+struct Model {
+  Pcg pcg;  // Stage::kBuilt
+  std::map<std::string, DeviceMesh> meshes;
+};
+
+// Returns the model in file `path`, its data files' headers checked against it.
+Model load_model(const std::filesystem::path& path);
+
+// Returns the model `text` describes; `base` is the folder relative paths start from, `source`
+// names the text in messages.
+Model parse_model(std::string_view text, const std::filesystem::path& base,
+                  std::string_view source);
+
+}  // namespace meshflow

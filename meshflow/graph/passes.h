@@ -1,0 +1,47 @@
+// The passes that compile a model's PCG, each a pure function from graph to graph in its own
+// file, asserting its before and after invariants (verify, graph/pcg.h). In order:
+//
+//   infer_layouts    fills every node's layout by sharding propagation (ops/strategy.h)
+//   expand_backward  adds the backward pass from the loss (ops/gradient.h's programs)
+//   add_update       adds an SGD update per weight that has a gradient
+//   insert_copies    inserts a move wherever a value is needed in another layout or mesh
+//
+// then graph/task_graph.h expands the result into per-device tasks.
+#pragma once
+
+#include "meshflow/graph/pcg.h"
+#include "meshflow/plan/planner.h"
+
+namespace meshflow {
+
+// Layout inference. Before: Stage::kBuilt (some nodes may already have layouts: they keep
+// them). After: Stage::kLaidOut. Sources, parallel ops and moves take their pins (parallel ops
+// checked against their degrees); a compute node on mesh M sees its inputs on M with their own
+// placements and takes the cheapest strategy (operand_layouts, result_layout), its layout being
+// its pin when it has one; an update takes its weight's layout for both operands. Throws Error
+// naming the node when a degree or an operator's operands do not fit.
+Pcg infer_layouts(Pcg pcg, const PlanOptions& options = {});
+
+// Backward expansion. Before: Stage::kLaidOut, a loss, only forward nodes. After: Stage::kBuilt
+// for the new nodes (infer_layouts lays them out), every node added in Phase::kBackward, and
+// names "grad:<v>" for every weight v the loss depends on (and every forward value on the way).
+// The loss's gradient is a constant 1 on the loss's mesh; a compute node's operand gradients
+// are its gradient program's steps on the node's mesh (only those the weights need); a
+// parallel op's is a move of its gradient to gradient_placements of its input; a gradient made
+// on another mesh than its value's is moved there keeping its placements; several
+// contributions are summed by add nodes. Throws Error when the graph has no loss.
+Pcg expand_backward(Pcg pcg);
+
+// The update phase. Before: expand_backward ran. After: one Phase::kUpdate node "sgd:<w>" =
+// sgd(w, grad:w) per weight with a gradient (not laid out: infer_layouts gives both operands
+// the weight's layout, so copy insertion brings the gradient there, reducing a Partial one).
+Pcg add_update(Pcg pcg);
+
+// Copy insertion. Before: Stage::kLaidOut. After: Stage::kCopied: a move node
+// ("move:<value>@<consumer>") before every operand whose layout is not the one its consumer
+// needs (one per value and layout), and after every compute node whose kernel's layout is not
+// its pin (the node becomes "<name>:kernel" and the move takes its name); names, loss and
+// outputs follow.
+Pcg insert_copies(Pcg pcg);
+
+}  // namespace meshflow

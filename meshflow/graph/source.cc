@@ -1,0 +1,130 @@
+#include "meshflow/graph/source.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "meshflow/core/error.h"
+#include "meshflow/core/npy.h"
+#include "meshflow/core/random.h"
+#include "meshflow/mesh/sharded_folder.h"
+#include "meshflow/mesh/sharding.h"
+
+namespace meshflow {
+
+namespace {
+
+// Fills `out` with the initialiser's values of the elements of `box` of the global tensor.
+void fill_box(const Source& s, const Shape& global, const Box& box, Tensor& out) {
+  visit_dtype(out.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>) {
+      std::span<T> data = out.data<T>();
+      if (s.kind == Source::Kind::kZeros || s.kind == Source::Kind::kFill) {
+        std::fill(data.begin(), data.end(), static_cast<T>(s.kind == Source::Kind::kFill ? s.a : 0));
+        return;
+      }
+      const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(s.seed),
+                                             static_cast<std::uint32_t>(s.seed >> 32)};
+      const std::size_t rank = global.size();
+      std::vector<std::int64_t> idx(rank, 0);
+      for (std::size_t k = 0; k < data.size(); ++k) {
+        std::int64_t flat = 0;
+        for (std::size_t d = 0; d < rank; ++d) flat = flat * global[d] + box.offset[d] + idx[d];
+        const auto i = static_cast<std::uint64_t>(flat);
+        const auto w = philox4x32_10(
+            {static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32), 0, 0}, key);
+        const double a = static_cast<double>(w[0] >> 8) / 16777216.0;
+        const double b = static_cast<double>(w[1] >> 8) / 16777216.0;
+        double v = 0;
+        if (s.kind == Source::Kind::kUniform) {
+          v = s.a + (s.b - s.a) * a;
+        } else {
+          v = s.a * std::sqrt(-2.0 * std::log(1.0 - a)) * std::cos(2.0 * std::numbers::pi * b);
+        }
+        data[k] = static_cast<T>(v);
+        for (std::size_t d = rank; d-- > 0;) {
+          if (++idx[d] < box.extent[d]) break;
+          idx[d] = 0;
+        }
+      }
+    } else {
+      fail(ErrorKind::kInvalidArgument, "an initialiser fills float32 or float64 tensors, not {}",
+           to_string(out.dtype()));
+    }
+  });
+}
+
+Layout folder_layout_checked(const Node& node, const Layout& layout) {
+  Layout on_disk = read_layout(node.source.path);
+  if (on_disk != layout) {
+    fail(ErrorKind::kShapeMismatch, "tensor \"{}\": folder \"{}\" holds {} but the model says {}",
+         node.name, node.source.path.string(), to_string(on_disk), to_string(layout));
+  }
+  return on_disk;
+}
+
+}  // namespace
+
+void check_source(const Node& node, const Layout& layout) {
+  try {
+    switch (node.source.kind) {
+      case Source::Kind::kNpy: {
+        const NpyHeader h = read_npy_header(File::open_read(node.source.path));
+        if (h.shape != node.spec.shape || h.dtype != node.spec.dtype) {
+          fail(ErrorKind::kShapeMismatch, "\"{}\" holds {}{} but the model says {}{}",
+               node.source.path.string(), to_string(h.dtype), to_string(h.shape),
+               to_string(node.spec.dtype), to_string(node.spec.shape));
+        }
+        break;
+      }
+      case Source::Kind::kFolder:
+        folder_layout_checked(node, layout);
+        break;
+      default:
+        if (!is_floating(node.spec.dtype)) {
+          fail(ErrorKind::kInvalidArgument, "an initialiser fills float32 or float64 tensors, not {}",
+               to_string(node.spec.dtype));
+        }
+        break;
+    }
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with("tensor \"")) throw;
+    fail(e.kind(), "tensor \"{}\": {}", node.name, e.what());
+  }
+}
+
+Tensor load_shard(const Node& node, const Layout& layout, DeviceId device) {
+  const Box box = shard_box(layout, device);
+  switch (node.source.kind) {
+    case Source::Kind::kNpy:
+      return slice(read_npy(node.source.path), box);
+    case Source::Kind::kFolder: {
+      const auto index = find_device(layout.mesh, device);
+      MESHFLOW_CHECK(index.has_value());
+      return read_shard(node.source.path, layout, *index);
+    }
+    default: {
+      Tensor out = Tensor::uninitialized(layout.dtype, box.extent);
+      fill_box(node.source, layout.shape, box, out);
+      return out;
+    }
+  }
+}
+
+Tensor load_global(const Node& node) {
+  switch (node.source.kind) {
+    case Source::Kind::kNpy:
+      return read_npy(node.source.path);
+    case Source::Kind::kFolder: {
+      ShardedTensor t = read_sharded(node.source.path);
+      return assemble(t.layout, t.shards);
+    }
+    default: {
+      Tensor out = Tensor::uninitialized(node.spec.dtype, node.spec.shape);
+      fill_box(node.source, node.spec.shape, full_box(node.spec.shape), out);
+      return out;
+    }
+  }
+}
+
+}  // namespace meshflow

@@ -1,0 +1,26 @@
+// A source's values: a .npy file (the global tensor), a sharded folder (taken as it is), or a
+// seeded initialiser. Initialisers follow DESIGN.md's rule, so any tool can reproduce them:
+// element i (C order) draws Philox4x32-10 with key (seed, 0) and counter (i, 0, 0, 0) (the
+// high 32 bits of a seed or index above 2^32 go in the second word), giving words w0, w1; with
+// a = (w0 >> 8) / 2^24 and b = (w1 >> 8) / 2^24, uniform is lo + (hi - lo)·a and normal is
+// std·sqrt(-2 ln(1 - a))·cos(2πb).
+#pragma once
+
+#include <filesystem>
+
+#include "meshflow/graph/pcg.h"
+
+namespace meshflow {
+
+// Throws Error(kIo or kShapeMismatch) naming the tensor and the file when the source's file is
+// missing, broken, or not of the tensor's shape and dtype (a folder: not of its layout).
+// Reads headers only.
+void check_source(const Node& node, const Layout& layout);
+
+// Returns `device`'s shard of source node `node` in `layout`.
+Tensor load_shard(const Node& node, const Layout& layout, DeviceId device);
+
+// Returns the whole tensor (a folder's Partial terms reduced).
+Tensor load_global(const Node& node);
+
+}  // namespace meshflow

@@ -1,0 +1,183 @@
+#include "meshflow/graph/task_graph.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "meshflow/core/error.h"
+#include "meshflow/ops/op.h"
+
+namespace meshflow {
+
+namespace {
+
+
+// The plans of every move, planned once per distinct (from, to) pair.
+class Plans {
+ public:
+  explicit Plans(const PlanOptions& options) : options_(options) {}
+  const Plan& get(const Layout& from, const Layout& to) {
+    auto& bucket = plans_[hash_value(from) * 31 + hash_value(to)];
+    for (const Plan& p : bucket)
+      if (p.from == from && p.to == to) return p;
+    bucket.push_back(plan_redistribute(from, to, options_));
+    return bucket.back();
+  }
+
+ private:
+  PlanOptions options_;
+  std::unordered_map<std::size_t, std::vector<Plan>> plans_;
+};
+
+// Adds deps (producers of what a task reads, and for an in-place update the readers since)
+// and releases (after each value's last use on this device).
+void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
+  std::vector<int> writer(values, -1);
+  std::vector<std::vector<int>> readers(values);
+  std::vector<int> last_use(values, -1);
+  for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
+    Task& task = dt.tasks[t];
+    std::vector<ValueId> reads;
+    std::visit(
+        [&](const auto& w) {
+          using W = std::decay_t<decltype(w)>;
+          if constexpr (std::is_same_v<W, ComputeTask>) reads = w.args;
+          if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
+          if constexpr (std::is_same_v<W, UpdateTask>) reads = {w.weight, w.grad};
+        },
+        task.work);
+    std::set<int> deps;
+    for (ValueId v : reads) {
+      const auto i = static_cast<std::size_t>(v);
+      if (writer[i] >= 0) deps.insert(writer[i]);
+      readers[i].push_back(static_cast<int>(t));
+      last_use[i] = static_cast<int>(t);
+    }
+    if (const auto* u = std::get_if<UpdateTask>(&task.work)) {
+      for (int r : readers[static_cast<std::size_t>(u->weight)])
+        if (r != static_cast<int>(t)) deps.insert(r);
+    }
+    task.deps.assign(deps.begin(), deps.end());
+    writer[static_cast<std::size_t>(task.out)] = static_cast<int>(t);
+    readers[static_cast<std::size_t>(task.out)].clear();
+    if (last_use[static_cast<std::size_t>(task.out)] < static_cast<int>(t))
+      last_use[static_cast<std::size_t>(task.out)] = static_cast<int>(t);
+  }
+  for (std::size_t v = 0; v < values; ++v) {
+    if (last_use[v] < 0 || keep.count(static_cast<ValueId>(v))) continue;
+    dt.tasks[static_cast<std::size_t>(last_use[v])].release.push_back(static_cast<ValueId>(v));
+  }
+}
+
+}  // namespace
+
+std::vector<DeviceId> pcg_devices(const Pcg& pcg) {
+  std::set<DeviceId> devices;
+  for (const Node& n : pcg.nodes) {
+    MESHFLOW_CHECK(n.layout.has_value(), "node \"{}\" has no layout", n.name);
+    devices.insert(n.layout->mesh.devices.begin(), n.layout->mesh.devices.end());
+  }
+  return {devices.begin(), devices.end()};
+}
+
+TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
+                        const PlanOptions& options) {
+  verify(pcg, Stage::kCopied);
+  TaskGraph g;
+  for (const Node& n : pcg.nodes) {
+    g.names.push_back(n.name);
+    g.layouts.push_back(*n.layout);
+  }
+  std::set<ValueId> keep(keep_values.begin(), keep_values.end());
+  const std::vector<DeviceId> devices = pcg_devices(pcg);
+  std::map<DeviceId, std::size_t> index;
+  for (DeviceId d : devices) {
+    index[d] = g.devices.size();
+    g.devices.push_back(DeviceTasks{.device = d});
+  }
+  Plans plans(options);
+  for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
+    const Node& n = pcg.nodes[static_cast<std::size_t>(id)];
+    const Layout& layout = *n.layout;
+    switch (n.kind) {
+      case NodeKind::kInput:
+      case NodeKind::kWeight:
+        keep.insert(id);
+        for (DeviceId d : layout.mesh.devices) g.devices[index[d]].sources.push_back(id);
+        break;
+      case NodeKind::kCompute: {
+        std::vector<TensorSpec> globals;
+        for (ValueId v : n.inputs) globals.push_back(pcg.nodes[static_cast<std::size_t>(v)].spec);
+        const Op op = normalize(n.op, globals);
+        for (DeviceId d : layout.mesh.devices) {
+          g.devices[index[d]].tasks.push_back(
+              Task{.out = id,
+                   .phase = n.phase,
+                   .work = ComputeTask{op, globals, n.inputs, local_shape(layout, d)}});
+        }
+        break;
+      }
+      case NodeKind::kParallel:
+      case NodeKind::kMove: {
+        const ValueId in = n.inputs[0];
+        const Plan& plan = plans.get(*pcg.nodes[static_cast<std::size_t>(in)].layout, layout);
+        for (DeviceId d : plan_devices(plan)) {
+          g.devices[index[d]].tasks.push_back(
+              Task{.out = id, .phase = n.phase, .work = MoveTask{in, lower(plan, d)}});
+        }
+        break;
+      }
+      case NodeKind::kUpdate:
+        for (DeviceId d : layout.mesh.devices) {
+          g.devices[index[d]].tasks.push_back(
+              Task{.out = id, .phase = n.phase, .work = UpdateTask{n.inputs[0], n.inputs[1]}});
+        }
+        break;
+    }
+  }
+  for (DeviceTasks& dt : g.devices) link(dt, pcg.nodes.size(), keep);
+  return g;
+}
+
+std::string to_text(const TaskGraph& graph) {
+  std::string out;
+  auto name = [&](ValueId v) { return graph.names[static_cast<std::size_t>(v)]; };
+  for (const DeviceTasks& dt : graph.devices) {
+    std::string sources;
+    for (ValueId v : dt.sources) sources += (sources.empty() ? "" : ", ") + name(v);
+    out += fmt::format("device {}  sources: {}\n", dt.device, sources);
+    for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
+      const Task& task = dt.tasks[t];
+      std::string what = std::visit(
+          [&](const auto& w) -> std::string {
+            using W = std::decay_t<decltype(w)>;
+            if constexpr (std::is_same_v<W, ComputeTask>) {
+              std::string args;
+              for (ValueId v : w.args) args += (args.empty() ? "" : ", ") + name(v);
+              return fmt::format("{}({}) -> {}", to_string(w.op), args, to_string(w.local_out));
+            } else if constexpr (std::is_same_v<W, MoveTask>) {
+              std::string steps;
+              for (const DeviceStep& s : w.program.steps)
+                steps += (steps.empty() ? "" : " ") + std::string(to_string(s.kind));
+              return fmt::format("move({}) [{}] -> {}", name(w.input), steps,
+                                 to_string(w.program.out_shape));
+            } else {
+              return fmt::format("sgd({}, {})", name(w.weight), name(w.grad));
+            }
+          },
+          task.work);
+      std::string release;
+      for (ValueId v : task.release) release += (release.empty() ? "" : ", ") + name(v);
+      out += fmt::format("  {:3} {} = {}  [{}]", t, name(task.out), what, to_string(task.phase));
+      if (!task.deps.empty()) out += fmt::format("  after {}", fmt::join(task.deps, ","));
+      if (!release.empty()) out += fmt::format("  drops {}", release);
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace meshflow

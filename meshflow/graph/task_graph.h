@@ -1,0 +1,74 @@
+// Shard expansion: a laid-out, copied PCG (Stage::kCopied) becomes a task graph, the boundary
+// between compiler and runtime. Per device it lists, in the order the device runs them, the
+// tasks it takes part in: a kernel on its shards, its part of a move (a lowered plan,
+// plan/lower.h), or an SGD update of its weight shard; each with the earlier tasks it depends
+// on and the values it no longer needs afterwards. Plain data: the runtime only executes it.
+#pragma once
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "meshflow/graph/pcg.h"
+#include "meshflow/plan/lower.h"
+#include "meshflow/plan/planner.h"
+
+namespace meshflow {
+
+// run_kernel(op, args' local shards, globals) -> a shard of local_out.
+struct ComputeTask {
+  Op op;  // normalised
+  std::vector<TensorSpec> globals;
+  std::vector<ValueId> args;
+  Shape local_out;
+  bool operator==(const ComputeTask&) const = default;
+};
+
+// execute(program, input's local shard) -> the output's local shard.
+struct MoveTask {
+  ValueId input = 0;
+  DeviceProgram program;
+  bool operator==(const MoveTask&) const = default;
+};
+
+// weight -= lr * grad, in place on the weight's shard (the output value is the weight).
+struct UpdateTask {
+  ValueId weight = 0, grad = 0;
+  bool operator==(const UpdateTask&) const = default;
+};
+
+struct Task {
+  ValueId out = 0;  // the node this task runs (its value)
+  Phase phase = Phase::kForward;
+  std::variant<ComputeTask, MoveTask, UpdateTask> work;
+  std::vector<int> deps;          // indices of earlier tasks of this device
+  std::vector<ValueId> release;   // values this device drops after the task
+  bool operator==(const Task&) const = default;
+};
+
+struct DeviceTasks {
+  DeviceId device = 0;
+  std::vector<ValueId> sources;  // the sources this device holds a shard of, loaded once
+  std::vector<Task> tasks;
+  bool operator==(const DeviceTasks&) const = default;
+};
+
+struct TaskGraph {
+  std::vector<DeviceTasks> devices;  // ascending device id: every device of every layout
+  std::vector<std::string> names;    // per value (node names, for traces and text)
+  std::vector<Layout> layouts;       // per value
+  bool operator==(const TaskGraph&) const = default;
+};
+
+// Returns the task graph of `pcg` (Stage::kCopied). Values in `keep` (and sources) are never
+// released; every other value is dropped after its last use on each device.
+TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep,
+                        const PlanOptions& options = {});
+
+// Returns the task graph as text, one task per line per device (golden tests).
+std::string to_text(const TaskGraph& graph);
+
+// Returns the devices of every layout of `pcg`, ascending.
+std::vector<DeviceId> pcg_devices(const Pcg& pcg);
+
+}  // namespace meshflow
