@@ -11,5 +11,8 @@ void add_gather(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_plan(CLI::App& app);
 void add_redistribute(CLI::App& app);
+void add_run(CLI::App& app);
+void add_train(CLI::App& app);
+void add_explain(CLI::App& app);
 
 }  // namespace meshflow::cli

@@ -10,13 +10,16 @@
 #include "meshflow/core/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"meshflow: tensors spread over device meshes (shard, gather, redistribute, bench)"};
+  CLI::App app{"meshflow: tensors spread over device meshes (shard, gather, redistribute, run, train, explain, bench)"};
   app.set_version_flag("--version", "meshflow " MESHFLOW_VERSION);
   app.require_subcommand(1);
   meshflow::cli::add_shard(app);
   meshflow::cli::add_gather(app);
   meshflow::cli::add_plan(app);
   meshflow::cli::add_redistribute(app);
+  meshflow::cli::add_run(app);
+  meshflow::cli::add_train(app);
+  meshflow::cli::add_explain(app);
   meshflow::cli::add_bench(app);
   auto known = [&app](const std::string& name) {
     for (const CLI::App* sub : app.get_subcommands({})) {
