@@ -47,7 +47,7 @@ std::shared_ptr<MachineModel> machine_of(const std::string& path) {
 nlohmann::json layout_json(const Layout& l) {
   nlohmann::json placements = nlohmann::json::array();
   for (const Placement& p : l.placements) placements.push_back(to_string(p));
-  return {{"mesh", to_string(l.mesh)}, {"placements", placements}, {"shape", l.shape}};
+  return {{"mesh", explicit_text(l.mesh)}, {"placements", placements}, {"shape", l.shape}};
 }
 
 // Prints "step 3/10 [#####     ] loss 2.3012  4.1 steps/s" on standard error: redrawn in
@@ -85,7 +85,7 @@ void add_run(CLI::App& app) {
       std::string value;
       for (const auto& [n, v] : r.scalars)
         if (n == name) value = fmt::format("  = {:.9g}", v);
-      fmt::print("{}  {} {}  {}{}{}\n", name, to_string(layout.mesh), to_string(layout.placements),
+      fmt::print("{}  {} {}  {} {}{}\n", name, to_string(layout.mesh), to_string(layout.placements),
                  to_string(layout.dtype), to_string(layout.shape), value);
     }
     if (!args->save.empty()) fmt::print("saved the outputs in {}\n", args->save);

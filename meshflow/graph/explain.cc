@@ -38,10 +38,14 @@ namespace {
 nlohmann::json layout_json(const Layout& l) {
   nlohmann::json placements = nlohmann::json::array();
   for (const Placement& p : l.placements) placements.push_back(to_string(p));
-  return {{"mesh", to_string(l.mesh)}, {"placements", placements}};
+  return {{"mesh", explicit_text(l.mesh)}, {"placements", placements}};
 }
 
 }  // namespace
+
+std::string explicit_text(const DeviceMesh& mesh) {
+  return fmt::format("{}@{}", fmt::join(mesh.shape, "x"), fmt::join(mesh.devices, ","));
+}
 
 nlohmann::json to_json(const Explanation& e) {
   nlohmann::json values = nlohmann::json::object();
@@ -66,7 +70,7 @@ std::string to_text(const Explanation& e) {
   for (const auto& [name, layout] : e.values) width = std::max(width, name.size());
   std::string out = "values:\n";
   for (const auto& [name, layout] : e.values) {
-    out += fmt::format("  {:<{}}  {} {}  {}{}\n", name, width, to_string(layout.mesh),
+    out += fmt::format("  {:<{}}  {} {}  {} {}\n", name, width, explicit_text(layout.mesh),
                        to_string(layout.placements), to_string(layout.dtype),
                        to_string(layout.shape));
   }
@@ -80,10 +84,10 @@ std::string to_text(const Explanation& e) {
       for (StepKind k : m.steps) steps += (steps.empty() ? "" : ", ") + std::string(to_string(k));
       const std::string from = m.from.mesh == m.to.mesh
                                    ? to_string(m.from.placements)
-                                   : to_string(m.from.mesh) + " " + to_string(m.from.placements);
+                                   : explicit_text(m.from.mesh) + " " + to_string(m.from.placements);
       const std::string to = m.from.mesh == m.to.mesh
                                  ? to_string(m.to.placements)
-                                 : to_string(m.to.mesh) + " " + to_string(m.to.placements);
+                                 : explicit_text(m.to.mesh) + " " + to_string(m.to.placements);
       out += fmt::format("  {} for {}: {} -> {}  [{}]  est {:.3g} s\n", m.value, m.consumer, from,
                          to, steps, m.est_s);
     }

@@ -32,6 +32,9 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options = {});
 // DESIGN's `explain --json` object: {"values": {...}, "moves": [...]}.
 nlohmann::json to_json(const Explanation& e);
 
+// Returns the mesh's explicit text form, "2x2@0,1,2,3" (explain names meshes by it).
+std::string explicit_text(const DeviceMesh& mesh);
+
 // Returns the text `meshflow explain` prints.
 std::string to_text(const Explanation& e);
 

@@ -18,6 +18,7 @@ struct Copier {
   std::vector<ValueId> remap;               // old id -> new id (its value as consumers see it)
   std::map<std::pair<ValueId, std::size_t>, ValueId> moved;  // (new id, layout hash) -> move
   std::set<std::string> taken;
+  std::map<ValueId, std::string> shown;  // new id -> the name a user knows the value by
 
   std::string unique(std::string name) {
     std::string candidate = name;
@@ -40,14 +41,16 @@ struct Copier {
     auto it = moved.find(key);
     if (it != moved.end() && *out.nodes[static_cast<std::size_t>(it->second)].layout == layout)
       return it->second;
-    Node m{.name = unique(fmt::format("move:{}@{}", src.name, consumer)),
+    auto known = shown.find(v);
+    const std::string value = known == shown.end() ? src.name : known->second;
+    Node m{.name = unique(fmt::format("move:{}@{}", value, consumer)),
            .kind = NodeKind::kMove,
            .phase = phase,
            .inputs = {v},
            .spec = src.spec};
     m.mesh = layout.mesh;
     m.placements = layout.placements;
-    m.moved_value = src.name;
+    m.moved_value = value;
     m.consumer = consumer;
     m.layout = layout;
     const ValueId id = push(std::move(m));
@@ -62,6 +65,12 @@ Pcg insert_copies(Pcg pcg) {
   verify(pcg, Stage::kLaidOut);
   Copier c;
   for (const Node& n : pcg.nodes) c.taken.insert(n.name);
+  // Old id -> user name ("grad:w" over a generated node name); applied as ids are remapped.
+  std::map<ValueId, std::string> user_name;
+  for (const auto& [name, id] : pcg.names) {
+    auto [it, fresh] = user_name.try_emplace(id, name);
+    if (!fresh && name.starts_with("grad:") && !it->second.starts_with("grad:")) it->second = name;
+  }
   c.out.loss = std::nullopt;
   for (const Node& old : pcg.nodes) {
     Node n = old;
@@ -88,6 +97,8 @@ Pcg insert_copies(Pcg pcg) {
       continue;
     }
     c.remap.push_back(c.push(std::move(n)));
+    auto known = user_name.find(static_cast<ValueId>(c.remap.size() - 1));
+    if (known != user_name.end()) c.shown[c.remap.back()] = known->second;
   }
   for (const auto& [name, id] : pcg.names) c.out.names[name] = c.remap[static_cast<std::size_t>(id)];
   if (pcg.loss) c.out.loss = c.remap[static_cast<std::size_t>(*pcg.loss)];

@@ -52,7 +52,7 @@ ValueId find_value(const Pcg& pcg, const std::string& name) {
 namespace {
 
 std::string spec_text(const TensorSpec& spec) {
-  return fmt::format("{}{}", to_string(spec.dtype), to_string(spec.shape));
+  return fmt::format("{} {}", to_string(spec.dtype), to_string(spec.shape));
 }
 
 std::string what_text(const Pcg& pcg, const Node& n) {
