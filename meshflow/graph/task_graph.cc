@@ -61,10 +61,12 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
         if (r != static_cast<int>(t)) deps.insert(r);
     }
     task.deps.assign(deps.begin(), deps.end());
-    writer[static_cast<std::size_t>(task.out)] = static_cast<int>(t);
-    readers[static_cast<std::size_t>(task.out)].clear();
-    if (last_use[static_cast<std::size_t>(task.out)] < static_cast<int>(t))
-      last_use[static_cast<std::size_t>(task.out)] = static_cast<int>(t);
+    // An update writes its weight in place; every other task writes its own value.
+    const auto* update = std::get_if<UpdateTask>(&task.work);
+    const auto written = static_cast<std::size_t>(update ? update->weight : task.out);
+    writer[written] = static_cast<int>(t);
+    readers[written].clear();
+    if (last_use[written] < static_cast<int>(t)) last_use[written] = static_cast<int>(t);
   }
   for (std::size_t v = 0; v < values; ++v) {
     if (last_use[v] < 0 || keep.count(static_cast<ValueId>(v))) continue;

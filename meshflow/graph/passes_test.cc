@@ -1,0 +1,78 @@
+// Each pass on small graphs, as golden text: the graph after every pass and the task graph of
+// DESIGN.md's DP×TP MLP and of a two-stage pipeline. A change to any pass shows here as a diff.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "meshflow/graph/compile.h"
+#include "meshflow/graph/explain.h"
+#include "meshflow/graph/task_graph.h"
+#include "meshflow/graph/testing.h"
+
+namespace meshflow {
+namespace {
+
+std::string passes_text(const std::string& title, const Pcg& built) {
+  std::string out = "#### " + title + "\n== built\n" + to_text(built);
+  Pcg g = infer_layouts(built);
+  out += "== infer_layouts\n" + to_text(g);
+  g = expand_backward(std::move(g));
+  out += "== expand_backward\n" + to_text(g);
+  g = add_update(infer_layouts(std::move(g)));
+  out += "== infer_layouts, add_update\n" + to_text(g);
+  g = insert_copies(infer_layouts(std::move(g)));
+  out += "== infer_layouts, insert_copies\n" + to_text(g);
+  EXPECT_EQ(g, compile(built, Mode::kTrain)) << "compile runs the same pipeline";
+  out += "== expand_shards\n" + to_text(expand_shards(g, {}));
+  out += "== explain\n" + to_text(explain(g));
+  return out;
+}
+
+TEST(PassesGolden, EveryPassOnTheDpTpMlpAndAPipeline) {
+  const std::string got = passes_text("dp_tp_mlp", testing::dp_tp_mlp("labels.npy")) +
+                          passes_text("pipeline", testing::pipeline());
+  const std::string path = std::string(MESHFLOW_GRAPH_TESTDATA) + "/passes_golden.txt";
+  std::ifstream in(path);
+  std::stringstream want;
+  want << in.rdbuf();
+  if (got != want.str()) {
+    std::ofstream("passes_golden.actual.txt") << got;
+    FAIL() << "the passes' text differs from " << path
+           << "; the new text is in passes_golden.actual.txt in the test's working directory "
+              "(copy it over the golden file once every change in it is intended)";
+  }
+}
+
+TEST(Passes, BackwardAddsOnlyWhatTheWeightsNeed) {
+  const Pcg g = compile(testing::pipeline(), Mode::kTrain);
+  // x is an input: no node computes its gradient, and none computes the gradient of the
+  // labels-like target t.
+  EXPECT_EQ(g.names.count("grad:x"), 0u);
+  EXPECT_EQ(g.names.count("grad:t"), 0u);
+  EXPECT_EQ(g.names.count("grad:w1"), 1u);
+  EXPECT_EQ(g.names.count("grad:w2"), 1u);
+  int updates = 0;
+  for (const Node& n : g.nodes) updates += n.kind == NodeKind::kUpdate;
+  EXPECT_EQ(updates, 2);
+}
+
+TEST(Passes, ATaskGraphReleasesEveryValueItDoesNotKeep) {
+  const Pcg g = compile(testing::dp_tp_mlp("labels.npy"), Mode::kTrain);
+  const TaskGraph t = expand_shards(g, {});
+  for (const DeviceTasks& dt : t.devices) {
+    std::set<ValueId> made, released;
+    for (const Task& task : dt.tasks) {
+      made.insert(task.out);
+      released.insert(task.release.begin(), task.release.end());
+    }
+    for (ValueId v : made) {
+      const Node& n = g.nodes[static_cast<std::size_t>(v)];
+      if (n.kind == NodeKind::kUpdate) continue;  // an update writes its weight (a source)
+      EXPECT_TRUE(released.count(v)) << "device " << dt.device << " keeps " << n.name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshflow
