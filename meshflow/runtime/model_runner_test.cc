@@ -1,0 +1,231 @@
+// Models run and trained across devices against the whole-tensor reference (graph/reference.h):
+// each parallel op forward and backward, same mesh and between meshes of different sizes, with
+// uneven shards; the communication of data parallelism counted by the recording communicator;
+// results identical run to run; --save and --trace outputs.
+#include "meshflow/runtime/model_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "meshflow/comm/recording.h"
+#include "meshflow/core/compare.h"
+#include "meshflow/core/file.h"
+#include "meshflow/core/npy.h"
+#include "meshflow/graph/compile.h"
+#include "meshflow/graph/reference.h"
+#include "meshflow/graph/source.h"
+#include "meshflow/graph/testing.h"
+#include "meshflow/mesh/sharded_folder.h"
+#include "meshflow/mesh/sharding.h"
+
+namespace meshflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+Source normal(double std, std::uint64_t seed) {
+  return Source{.kind = Source::Kind::kNormal, .a = std, .seed = seed};
+}
+
+// A weight x on `from`, parallel ops `ops` (each with its output mesh and placements), then
+// relu and an mse against a target on the last op's layout: x's gradient flows back through
+// every parallel op's backward.
+struct ParallelCase {
+  std::string name;
+  Shape shape;
+  std::string from, from_placements;
+  struct Step {
+    ParallelOp op;
+    std::string mesh, placements;
+  };
+  std::vector<Step> steps;
+};
+
+Model parallel_model(const ParallelCase& c) {
+  Model m;
+  Pcg& g = m.pcg;
+  ValueId v = add_weight(g, "x", {c.shape}, parse_mesh(c.from), parse_placements(c.from_placements),
+                         normal(1, 5));
+  std::string mesh = c.from, placements = c.from_placements;
+  for (std::size_t i = 0; i < c.steps.size(); ++i) {
+    const auto& s = c.steps[i];
+    v = add_parallel(g, "p" + std::to_string(i), s.op, v, parse_mesh(s.mesh),
+                     parse_placements(s.placements));
+    mesh = s.mesh;
+    placements = s.placements;
+  }
+  const ValueId a = add_compute(g, "a", Op{.type = OpType::kRelu}, {v});
+  const ValueId t = add_input(g, "t", {c.shape}, parse_mesh(mesh), parse_placements(placements),
+                              normal(1, 6));
+  set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {a, t}));
+  add_output(g, a);
+  return m;
+}
+
+void expect_matches_one_device(const Model& m, const std::string& what) {
+  TrainOptions o{.steps = 2, .lr = 0.5, .check = true};
+  const TrainReport r = train_model(m, o);
+  ASSERT_TRUE(r.check.has_value());
+  EXPECT_LE(r.check->max_loss_diff, 1e-6) << what;
+  EXPECT_LE(r.check->max_weight_diff, 1e-6) << what;
+  EXPECT_LE(r.check->max_grad_diff, 1e-6) << what;
+  EXPECT_GT(r.steps[0].loss, r.steps[1].loss) << what << ": SGD lowers the loss";
+}
+
+using PT = ParallelType;
+
+TEST(ParallelOps, ForwardAndBackwardEqualOneDevice) {
+  const std::vector<ParallelCase> cases = {
+      {"repartition same mesh, uneven", {7, 5}, "2x2", "R,R",
+       {{{PT::kRepartition, 0, 2}, "2x2", "S(0),R"}}},
+      {"repartition one -> two devices", {5, 3}, "1", "R",
+       {{{PT::kRepartition, 0, 2}, "2", "S(0)"}}},
+      {"repartition two -> four devices", {9, 2}, "2", "S(0)",
+       {{{PT::kRepartition, 0, 2}, "4", "S(0)"}}},
+      {"combine same mesh, uneven", {5, 7}, "3", "S(1)",
+       {{{PT::kCombine, 1, 3}, "3", "R"}}},
+      {"combine two -> one device", {5, 3}, "2", "S(0)",
+       {{{PT::kCombine, 0, 2}, "1", "R"}}},
+      {"replicate one -> two devices", {5, 3}, "1", "R",
+       {{{PT::kReplicate, 0, 2}, "2", "R"}}},
+      {"repartition then combine across meshes", {6, 4}, "1", "R",
+       {{{PT::kRepartition, 0, 2}, "2@1,2", "S(0)"}, {{PT::kCombine, 0, 2}, "1@3", "R"}}},
+  };
+  for (const ParallelCase& c : cases) expect_matches_one_device(parallel_model(c), c.name);
+}
+
+TEST(ParallelOps, ReductionSameMeshAndAcrossMeshes) {
+  for (const std::string to : {"2", "1"}) {
+    Model m;
+    Pcg& g = m.pcg;
+    const DeviceMesh two = parse_mesh("2");
+    const ValueId x = add_weight(g, "x", {{5, 6}}, two, parse_placements("S(1)"), normal(1, 1));
+    const ValueId w = add_weight(g, "w", {{6, 3}}, two, parse_placements("S(0)"), normal(1, 2));
+    const ValueId l = add_compute(g, "l", Op{.type = OpType::kLinear}, {x, w});
+    const ValueId r = add_parallel(g, "r", ParallelOp{.type = PT::kReduction, .degree = 2}, l,
+                                   parse_mesh(to), parse_placements("R"));
+    const ValueId a = add_compute(g, "a", Op{.type = OpType::kTanh}, {r});
+    const ValueId t = add_input(g, "t", {{5, 3}}, parse_mesh(to), parse_placements("R"),
+                                normal(1, 3));
+    set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {a, t}));
+    expect_matches_one_device(m, "reduction to mesh " + to);
+  }
+}
+
+// Data parallelism over 4 devices: x and t S(0), weights R.
+Model data_parallel() {
+  Model m;
+  Pcg& g = m.pcg;
+  const DeviceMesh mesh = parse_mesh("4");
+  auto P = parse_placements;
+  const ValueId x = add_input(g, "x", {{8, 6}}, mesh, P("S(0)"), normal(1, 1));
+  const ValueId t = add_input(g, "t", {{8, 3}}, mesh, P("S(0)"), normal(1, 2));
+  const ValueId w1 = add_weight(g, "w1", {{6, 8}}, mesh, P("R"), normal(0.3, 3));
+  const ValueId b1 = add_weight(g, "b1", {{8}}, mesh, P("R"), normal(0.1, 4));
+  const ValueId w2 = add_weight(g, "w2", {{8, 3}}, mesh, P("R"), normal(0.3, 5));
+  const ValueId h = add_compute(g, "h", Op{.type = OpType::kLinear}, {x, w1, b1});
+  const ValueId a = add_compute(g, "a", Op{.type = OpType::kTanh}, {h});
+  const ValueId o = add_compute(g, "o", Op{.type = OpType::kLinear}, {a, w2});
+  set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {o, t}));
+  return m;
+}
+
+TEST(TaskRuntime, DataParallelismReducesEachGradientOnceAndMovesNothingElse) {
+  const Model m = data_parallel();
+  expect_matches_one_device(m, "data parallel");
+  const Pcg g = compile(m.pcg, Mode::kTrain);
+  const TaskGraph tasks = expand_shards(g, {});
+  std::mutex mu;
+  std::map<DeviceId, CallLog> logs;
+  launch({.devices = first_devices(4)}, [&](Communicator& comm) {
+    auto log = std::make_shared<CallLog>();
+    RecordingCommunicator recording(comm.devices(), comm.device(), log, comm.group(comm.devices()));
+    const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
+    std::vector<Tensor> values(g.nodes.size());
+    for (ValueId v : mine.sources) {
+      const Node& n = g.nodes[static_cast<std::size_t>(v)];
+      values[static_cast<std::size_t>(v)] = load_shard(n, *n.layout, comm.device());
+    }
+    run_tasks(tasks, mine, recording, values, {});
+    std::lock_guard lock(mu);
+    logs[comm.device()] = *log;
+  });
+  for (const auto& [device, log] : logs) {
+    // One reduction per weight gradient (w1, b1, w2), each over the 4 devices, and nothing in
+    // the forward or backward passes.
+    ASSERT_EQ(log.size(), 3u) << "device " << device;
+    for (const RecordedCall& call : log) {
+      EXPECT_EQ(call.group, first_devices(4)) << to_string(call);
+    }
+  }
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("meshflow_runner_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+Model dp_tp(const fs::path& dir) {
+  Tensor labels(DType::kInt64, {8});
+  for (std::int64_t i = 0; i < 8; ++i) labels.data<std::int64_t>()[i] = (i * 7) % 4;
+  write_npy(dir / "labels.npy", labels);
+  return Model{.pcg = testing::dp_tp_mlp(dir / "labels.npy")};
+}
+
+TEST(TaskRuntime, ResultsAreIdenticalRunToRun) {
+  const fs::path dir = temp_dir("repeat");
+  const Model m = dp_tp(dir);
+  const TrainReport a = train_model(m, {.steps = 3});
+  const TrainReport b = train_model(m, {.steps = 3});
+  ASSERT_EQ(a.steps.size(), 3u);
+  for (std::size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
+  fs::remove_all(dir);
+}
+
+TEST(ModelRunner, SaveWritesEachOutputInItsLayoutAndTraceHasATrackPerDevice) {
+  const fs::path dir = temp_dir("save");
+  const Model m = dp_tp(dir);
+  ModelRunOptions o;
+  o.save = dir / "out";
+  o.trace = dir / "trace.json";
+  const RunReport r = run_model(m, o);
+  ASSERT_EQ(r.outputs.size(), 2u);
+  ReferenceModel ref = reference_load(m.pcg);
+  reference_forward(ref);
+  for (const auto& [name, layout] : r.outputs) {
+    const ShardedTensor t = read_sharded(dir / "out" / name);
+    EXPECT_EQ(t.layout, layout);
+    const Tensor& want = ref.values[static_cast<std::size_t>(find_value(m.pcg, name))];
+    EXPECT_EQ(compare_close(assemble(t.layout, t.shards), want, 1e-5, 1e-6), std::nullopt) << name;
+  }
+  const auto trace = nlohmann::json::parse(read_file(dir / "trace.json"));
+  std::set<int> tracks, with_events;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") tracks.insert(e["tid"].get<int>());
+    if (e["ph"] == "X") with_events.insert(e["tid"].get<int>());
+  }
+  EXPECT_EQ(tracks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(with_events, tracks);
+  // A second run replaces the folder; a folder of anything else is refused and left alone.
+  EXPECT_NO_THROW(run_model(m, o));
+  fs::create_directories(dir / "precious");
+  std::ofstream(dir / "precious" / "notes.txt") << "keep me";
+  o.save = dir / "precious";
+  o.trace = std::nullopt;
+  try {
+    run_model(m, o);
+    ADD_FAILURE() << "a folder of other files was replaced";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refusing to replace"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(dir / "precious" / "notes.txt"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace meshflow

@@ -1,0 +1,176 @@
+"""`meshflow run`, `train` and `explain` on the example models, on threads and (with --mpi
+MPIRUN) under mpirun -n 4: every example trains to the one-device result, the JSON outputs have
+DESIGN.md's form, saved folders gather to NumPy's forward pass, and every bad model file gives
+one line naming the culprit, exit status 1 and no output folder.
+Usage: cli_model_test.py MESHFLOW EXAMPLES_DIR [--mpi MPIRUN]"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+meshflow, examples = sys.argv[1], sys.argv[2]
+mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
+failures = 0
+TOLERANCE = 1e-5  # float32 rounding of sums in another order
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print("FAILED:", what)
+
+
+def run(*args, ranks=None):
+    cmd = [meshflow, *args]
+    if ranks:
+        cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "-n", str(ranks), *cmd, "--backend", "mpi"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def philox(counter0, key0):
+    """Philox4x32-10 of counters (counter0, 0, 0, 0) under key (key0, 0); returns words w0, w1."""
+    m0, m1, w0, w1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), 0x9E3779B9, 0xBB67AE85
+    mask = np.uint64(0xFFFFFFFF)
+    c = [counter0.astype(np.uint64), np.zeros_like(counter0, np.uint64),
+         np.zeros_like(counter0, np.uint64), np.zeros_like(counter0, np.uint64)]
+    k = [key0 & 0xFFFFFFFF, 0]
+    for _ in range(10):
+        p0, p1 = m0 * c[0], m1 * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k[0]), p1 & mask,
+             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k[1]), p0 & mask]
+        k = [(k[0] + w0) & 0xFFFFFFFF, (k[1] + w1) & 0xFFFFFFFF]
+    return c[0], c[1]
+
+
+def initialiser(spec, shape):
+    """DESIGN.md's seeded initialisers, in NumPy."""
+    n = int(np.prod(shape))
+    if "zeros" in spec:
+        return np.zeros(shape)
+    w0, w1 = philox(np.arange(n, dtype=np.uint64), spec["seed"])
+    a = (w0 >> np.uint64(8)).astype(np.float64) / 2**24
+    b = (w1 >> np.uint64(8)).astype(np.float64) / 2**24
+    if "uniform" in spec:
+        lo, hi = spec["uniform"]
+        v = lo + (hi - lo) * a
+    else:
+        v = spec["normal"] * np.sqrt(-2 * np.log(1 - a)) * np.cos(2 * np.pi * b)
+    return v.astype(np.float32).astype(np.float64).reshape(shape)
+
+
+def model(name):
+    return os.path.join(examples, name + ".json")
+
+
+ALL = ["dp_mlp", "tp_mlp", "dp_tp_mlp", "pipeline_mlp", "ff_repartition_relu",
+       "ff_repartition_combine_relu", "ff_repartition_linear_reduction_relu"]
+trained = ["tp_mlp", "dp_tp_mlp", "pipeline_mlp"] if mpirun else ALL
+for name in trained:
+    r = run("train", model(name), "--steps", "3", "--check", "--json", ranks=4 if mpirun else None)
+    check(r.returncode == 0, f"train {name}: {r.stderr}")
+    if r.returncode != 0:
+        continue
+    out = json.loads(r.stdout)
+    check([s["step"] for s in out["steps"]] == [1, 2, 3], f"{name} steps {out['steps']}")
+    check(out["steps"][2]["loss"] < out["steps"][0]["loss"], f"{name}: the loss falls")
+    for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
+        check(out["check"][key] <= TOLERANCE, f"{name} {key} = {out['check'][key]}")
+    check("step 3/3" in r.stderr and "steps/s" in r.stderr, f"{name} progress: {r.stderr!r}")
+    if mpirun:
+        check(r.stdout.count('"steps"') == 1, f"{name}: only device 0 prints")
+
+with tempfile.TemporaryDirectory() as tmp:
+    # run --save: each output gathers to NumPy's own forward pass of the data-parallel MLP.
+    ranks = 4 if mpirun else None
+    r = run("run", model("dp_mlp"), "--save", f"{tmp}/out", "--json", "--trace", f"{tmp}/t.json",
+            ranks=ranks)
+    check(r.returncode == 0, f"run: {r.stderr}")
+    if r.returncode == 0:
+        out = json.loads(r.stdout)["outputs"]
+        check(out["o"] == {"mesh": "4@0,1,2,3", "placements": ["S(0)"], "shape": [64, 10]}, f"{out}")
+        check(out["loss"]["shape"] == [], f"{out}")
+        g = run("gather", "--in", f"{tmp}/out/o", "--out", f"{tmp}/o.npy")
+        check(g.returncode == 0, g.stderr)
+        # NumPy's own forward pass, the weights drawn by DESIGN.md's initialiser rule.
+        spec = json.load(open(model("dp_mlp")))["tensors"]
+        x = np.load(os.path.join(examples, "x.npy")).astype(np.float64)
+        w = {k: initialiser(spec[k]["weight"], spec[k]["shape"]) for k in ["w1", "b1", "w2", "b2"]}
+        want = np.maximum(x @ w["w1"] + w["b1"], 0) @ w["w2"] + w["b2"]
+        o = np.load(f"{tmp}/o.npy")
+        check(np.allclose(o, want, rtol=1e-4, atol=1e-5), f"saved o differs from NumPy by {np.abs(o - want).max()}")
+        trace = json.load(open(f"{tmp}/t.json"))
+        tracks = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
+        check(tracks == {0, 1, 2, 3}, f"trace tracks {tracks}")
+
+    # explain --json: DESIGN's form; the DP×TP MLP's moves are the reduction and the gradients.
+    r = run("explain", model("dp_tp_mlp"), "--json")
+    check(r.returncode == 0, r.stderr)
+    e = json.loads(r.stdout)
+    check(e["values"]["h"] == {"mesh": "2x2@0,1,2,3", "placements": ["S(0)", "S(1)"]}, f"{e['values']}")
+    moves = {(m["value"], m["consumer"], m["pass"]) for m in e["moves"]}
+    check(("o", "r", "forward") in moves, f"{moves}")
+    for w in ["w1", "w2", "b2"]:
+        check((f"grad:{w}", f"sgd:{w}", "update") in moves, f"{w}: {moves}")
+    for m in e["moves"]:
+        check(m["steps"] and "local" not in m["steps"], f"{m}")
+        check(set(m) >= {"value", "consumer", "pass", "from", "to", "steps"}, f"{m}")
+    r = run("explain", model("dp_mlp"), "--json")
+    forward = [m for m in json.loads(r.stdout)["moves"] if m["pass"] != "update"]
+    check(forward == [], f"data parallelism moves nothing but gradients: {forward}")
+
+    if not mpirun:
+        # Bad model files: one line naming the node or tensor, exit 1, no output folder.
+        for data in ["x.npy", "y.npy"]:
+            shutil.copy(os.path.join(examples, data), tmp)
+        base = json.load(open(model("dp_mlp")))
+
+        def variant(edit):
+            m = json.loads(json.dumps(base))
+            edit(m)
+            return m
+
+        def node(name):
+            return lambda m: next(n for n in m["nodes"] if n["name"] == name)
+
+        cases = [
+            ("not JSON", "{\"meshes\": ", "invalid JSON"),
+            ("unknown op", variant(lambda m: node("a")(m).update(op="frobnicate")),
+             "node \"a\" has unknown op \"frobnicate\""),
+            ("dangling name", variant(lambda m: node("o")(m).update(inputs=["a", "w9"])),
+             "node \"o\" reads \"w9\""),
+            ("duplicate name", variant(lambda m: node("a")(m).update(name="h")),
+             "name \"h\" is given to two values"),
+            ("unknown mesh", variant(lambda m: m["tensors"]["w1"].update(mesh="tp")),
+             "names mesh \"tp\""),
+            ("wrong placement count", variant(lambda m: m["tensors"]["w1"].update(placements=["R", "R"])),
+             "tensor \"w1\": mesh 4 has 1 dims but placements \"R,R\" give 2"),
+            ("shapes that do not fit", variant(lambda m: m["tensors"]["w2"].update(shape=[63, 10])),
+             "node \"o\""),
+            ("degree that does not fit", variant(lambda m: m["nodes"].insert(3, {
+                "name": "c", "op": "combine", "inputs": ["o"], "dim": 0, "degree": 2,
+                "placements": ["R"]})), "node \"c\": combine degree 2 does not fit"),
+            ("loss not a scalar", variant(lambda m: m.update(loss="o")), "the loss \"o\" is float32 64x10"),
+            ("missing data", variant(lambda m: m["tensors"]["x"].update(input="nope.npy")),
+             "tensor \"x\": cannot open"),
+            ("data of another shape", variant(lambda m: m["tensors"]["x"].update(shape=[64, 31])),
+             "tensor \"x\": "),
+        ]
+        for what, text, message in cases:
+            path = f"{tmp}/bad.json"
+            with open(path, "w") as f:
+                f.write(text if isinstance(text, str) else json.dumps(text))
+            for cmd in (["train", path, "--save", f"{tmp}/saved"], ["run", path, "--save", f"{tmp}/saved"],
+                        ["explain", path]):
+                r = run(*cmd)
+                lines = r.stderr.strip().splitlines()
+                check(r.returncode == 1, f"{what} ({cmd[0]}): exit {r.returncode}: {r.stderr}")
+                check(len(lines) == 1 and message in lines[0], f"{what} ({cmd[0]}): {r.stderr!r}")
+                check(not os.path.exists(f"{tmp}/saved"), f"{what}: an output folder appeared")
+
+print("failures:", failures)
+sys.exit(1 if failures else 0)
