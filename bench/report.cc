@@ -33,7 +33,7 @@ nlohmann::json to_json(const BenchReport& report) {
         {"backend", r.backend},
         {"mesh", r.mesh},
         {"devices", r.devices},
-        {"bytes", r.bytes},
+        {"bytes", r.bytes > 0 ? nlohmann::json(r.bytes) : nlohmann::json(nullptr)},
         {"median_s", med},
         {"min_s", r.case_s.empty() ? 0 : *std::min_element(r.case_s.begin(), r.case_s.end())},
         {"max_s", r.case_s.empty() ? 0 : *std::max_element(r.case_s.begin(), r.case_s.end())},

@@ -9,6 +9,7 @@
 #include "bench/io_bench.h"
 #include "bench/ops_bench.h"
 #include "bench/redistribute_bench.h"
+#include "bench/train_bench.h"
 #include "cli/commands.h"
 
 namespace meshflow::cli {
@@ -139,6 +140,28 @@ void add_bench(CLI::App& app) {
   o->add_flag(
       "--quiet", [ops](std::int64_t) { ops->progress = false; }, "no progress lines");
   o->callback([ops, ops_json] { print_report(bench::run_ops_bench(*ops), *ops_json); });
+
+  auto train = std::make_shared<bench::TrainBenchOptions>();
+  auto train_json = std::make_shared<bool>(false);
+  CLI::App* t = bench->add_subcommand(
+      "train", "the PCG runtime: an MLP's training step on 1, 2, 4 and 2x2 devices; compile time");
+  t->add_option("--reps", train->reps, "timed repetitions")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  t->add_option("--batch", train->batch, "the MLP's batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  t->add_option("--width", train->in, "the MLP's input and output width")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  t->add_option("--hidden", train->hidden, "the MLP's hidden width")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  t->add_option("--layers", train->layers, "layers of the compiled MLP")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  t->add_flag("--json", *train_json, "print JSON");
+  t->add_flag(
+      "--quiet", [train](std::int64_t) { train->progress = false; }, "no progress lines");
+  t->callback([train, train_json] { print_report(bench::run_train_bench(*train), *train_json); });
 
   add_distributed(bench, "collectives",
                   "every collective against its memcpy floor (threads) or raw MPI (mpi)",

@@ -15,28 +15,41 @@ namespace meshflow {
 namespace {
 
 
-// The plans of every move, planned once per distinct (from, to) pair.
+// The plans of every move, planned once per distinct (from, to) pair, and their lowered
+// programs, once per (plan, device).
 class Plans {
  public:
   explicit Plans(const PlanOptions& options) : options_(options) {}
-  const Plan& get(const Layout& from, const Layout& to) {
+  struct Entry {
+    Plan plan;
+    std::vector<DeviceId> devices;
+    std::map<DeviceId, std::shared_ptr<const DeviceProgram>> programs;
+  };
+  Entry& get(const Layout& from, const Layout& to) {
     auto& bucket = plans_[hash_value(from) * 31 + hash_value(to)];
-    for (const Plan& p : bucket)
-      if (p.from == from && p.to == to) return p;
-    bucket.push_back(plan_redistribute(from, to, options_));
-    return bucket.back();
+    for (const auto& e : bucket)
+      if (e->plan.from == from && e->plan.to == to) return *e;
+    auto e = std::make_unique<Entry>();
+    e->plan = plan_redistribute(from, to, options_);
+    e->devices = plan_devices(e->plan);
+    for (DeviceId d : e->devices)
+      e->programs[d] = std::make_shared<const DeviceProgram>(lower(e->plan, d));
+    bucket.push_back(std::move(e));
+    return *bucket.back();
   }
 
  private:
   PlanOptions options_;
-  std::unordered_map<std::size_t, std::vector<Plan>> plans_;
+  std::unordered_map<std::size_t, std::vector<std::unique_ptr<Entry>>> plans_;
 };
 
 // Adds deps (producers of what a task reads, and for an in-place update the readers since)
 // and releases (after each value's last use on this device).
 void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
   std::vector<int> writer(values, -1);
-  std::vector<std::vector<int>> readers(values);
+  std::unordered_map<ValueId, std::vector<int>> readers;  // of updated weights only
+  for (const Task& task : dt.tasks)
+    if (const auto* u = std::get_if<UpdateTask>(&task.work)) readers[u->weight];
   std::vector<int> last_use(values, -1);
   for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
     Task& task = dt.tasks[t];
@@ -44,7 +57,7 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
     std::visit(
         [&](const auto& w) {
           using W = std::decay_t<decltype(w)>;
-          if constexpr (std::is_same_v<W, ComputeTask>) reads = w.args;
+          if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
           if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
           if constexpr (std::is_same_v<W, UpdateTask>) reads = {w.weight, w.grad};
         },
@@ -53,11 +66,11 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
     for (ValueId v : reads) {
       const auto i = static_cast<std::size_t>(v);
       if (writer[i] >= 0) deps.insert(writer[i]);
-      readers[i].push_back(static_cast<int>(t));
+      if (auto r = readers.find(v); r != readers.end()) r->second.push_back(static_cast<int>(t));
       last_use[i] = static_cast<int>(t);
     }
     if (const auto* u = std::get_if<UpdateTask>(&task.work)) {
-      for (int r : readers[static_cast<std::size_t>(u->weight)])
+      for (int r : readers[u->weight])
         if (r != static_cast<int>(t)) deps.insert(r);
     }
     task.deps.assign(deps.begin(), deps.end());
@@ -65,7 +78,7 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
     const auto* update = std::get_if<UpdateTask>(&task.work);
     const auto written = static_cast<std::size_t>(update ? update->weight : task.out);
     writer[written] = static_cast<int>(t);
-    readers[written].clear();
+    if (auto r = readers.find(static_cast<ValueId>(written)); r != readers.end()) r->second.clear();
     if (last_use[written] < static_cast<int>(t)) last_use[written] = static_cast<int>(t);
   }
   for (std::size_t v = 0; v < values; ++v) {
@@ -101,39 +114,55 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
     g.devices.push_back(DeviceTasks{.device = d});
   }
   Plans plans(options);
+  // Which devices run each node (a move: its plan's), counted first so that every device's
+  // task list is allocated once.
+  std::vector<const std::vector<DeviceId>*> runs(pcg.nodes.size(), nullptr);
+  std::vector<const Plans::Entry*> entries(pcg.nodes.size(), nullptr);
+  std::vector<std::size_t> count(g.devices.size(), 0);
+  for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
+    const Node& n = pcg.nodes[id];
+    if (n.kind == NodeKind::kMove || n.kind == NodeKind::kParallel) {
+      entries[id] = &plans.get(*pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout, *n.layout);
+      runs[id] = &entries[id]->devices;
+    } else {
+      runs[id] = &n.layout->mesh.devices;
+    }
+    if (n.kind == NodeKind::kInput || n.kind == NodeKind::kWeight) continue;
+    for (DeviceId d : *runs[id]) ++count[index[d]];
+  }
+  for (std::size_t i = 0; i < g.devices.size(); ++i) g.devices[i].tasks.reserve(count[i]);
   for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(id)];
     const Layout& layout = *n.layout;
+    const std::vector<DeviceId>& on = *runs[static_cast<std::size_t>(id)];
     switch (n.kind) {
       case NodeKind::kInput:
       case NodeKind::kWeight:
         keep.insert(id);
-        for (DeviceId d : layout.mesh.devices) g.devices[index[d]].sources.push_back(id);
+        for (DeviceId d : on) g.devices[index[d]].sources.push_back(id);
         break;
       case NodeKind::kCompute: {
         std::vector<TensorSpec> globals;
         for (ValueId v : n.inputs) globals.push_back(pcg.nodes[static_cast<std::size_t>(v)].spec);
         const Op op = normalize(n.op, globals);
-        for (DeviceId d : layout.mesh.devices) {
-          g.devices[index[d]].tasks.push_back(
-              Task{.out = id,
-                   .phase = n.phase,
-                   .work = ComputeTask{op, globals, n.inputs, local_shape(layout, d)}});
+        auto call = std::make_shared<const KernelCall>(KernelCall{op, globals, n.inputs});
+        for (DeviceId d : on) {
+          g.devices[index[d]].tasks.push_back(Task{
+              .out = id, .phase = n.phase, .work = ComputeTask{call, local_shape(layout, d)}});
         }
         break;
       }
       case NodeKind::kParallel:
       case NodeKind::kMove: {
-        const ValueId in = n.inputs[0];
-        const Plan& plan = plans.get(*pcg.nodes[static_cast<std::size_t>(in)].layout, layout);
-        for (DeviceId d : plan_devices(plan)) {
+        const Plans::Entry& e = *entries[static_cast<std::size_t>(id)];
+        for (DeviceId d : on) {
           g.devices[index[d]].tasks.push_back(
-              Task{.out = id, .phase = n.phase, .work = MoveTask{in, lower(plan, d)}});
+              Task{.out = id, .phase = n.phase, .work = MoveTask{n.inputs[0], e.programs.at(d)}});
         }
         break;
       }
       case NodeKind::kUpdate:
-        for (DeviceId d : layout.mesh.devices) {
+        for (DeviceId d : on) {
           g.devices[index[d]].tasks.push_back(
               Task{.out = id, .phase = n.phase, .work = UpdateTask{n.inputs[0], n.inputs[1]}});
         }
@@ -158,14 +187,15 @@ std::string to_text(const TaskGraph& graph) {
             using W = std::decay_t<decltype(w)>;
             if constexpr (std::is_same_v<W, ComputeTask>) {
               std::string args;
-              for (ValueId v : w.args) args += (args.empty() ? "" : ", ") + name(v);
-              return fmt::format("{}({}) -> {}", to_string(w.op), args, to_string(w.local_out));
+              for (ValueId v : w.call->args) args += (args.empty() ? "" : ", ") + name(v);
+              return fmt::format("{}({}) -> {}", to_string(w.call->op), args,
+                                 to_string(w.local_out));
             } else if constexpr (std::is_same_v<W, MoveTask>) {
               std::string steps;
-              for (const DeviceStep& s : w.program.steps)
+              for (const DeviceStep& s : w.program->steps)
                 steps += (steps.empty() ? "" : " ") + std::string(to_string(s.kind));
               return fmt::format("move({}) [{}] -> {}", name(w.input), steps,
-                                 to_string(w.program.out_shape));
+                                 to_string(w.program->out_shape));
             } else {
               return fmt::format("sgd({}, {})", name(w.weight), name(w.grad));
             }

@@ -5,6 +5,7 @@
 // on and the values it no longer needs afterwards. Plain data: the runtime only executes it.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -15,20 +16,32 @@
 
 namespace meshflow {
 
-// run_kernel(op, args' local shards, globals) -> a shard of local_out.
-struct ComputeTask {
+// What every device runs for one compute node: run_kernel(op, args' shards, globals).
+struct KernelCall {
   Op op;  // normalised
   std::vector<TensorSpec> globals;
   std::vector<ValueId> args;
-  Shape local_out;
-  bool operator==(const ComputeTask&) const = default;
+  bool operator==(const KernelCall&) const = default;
 };
 
-// execute(program, input's local shard) -> the output's local shard.
+// The node's kernel on this device's shards -> a shard of local_out. The call is shared by
+// every device of the node (a task graph of 64 devices holds it once).
+struct ComputeTask {
+  std::shared_ptr<const KernelCall> call;
+  Shape local_out;
+  bool operator==(const ComputeTask& o) const {
+    return *call == *o.call && local_out == o.local_out;
+  }
+};
+
+// execute(program, input's local shard) -> the output's local shard. Moves with the same plan
+// share one program per device.
 struct MoveTask {
   ValueId input = 0;
-  DeviceProgram program;
-  bool operator==(const MoveTask&) const = default;
+  std::shared_ptr<const DeviceProgram> program;
+  bool operator==(const MoveTask& o) const {
+    return input == o.input && *program == *o.program;
+  }
 };
 
 // weight -= lr * grad, in place on the weight's shard (the output value is the weight).

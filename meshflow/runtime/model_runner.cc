@@ -159,8 +159,9 @@ struct Session {
   const ModelRunOptions* options = nullptr;
   int steps = 1;
   double lr = 0.1;
-  std::function<void(int step, double seconds, const std::vector<Tensor>& values)> on_step;
-  std::function<void(const TaskTimes&)> on_times;
+  std::function<void(int step, double seconds, const TaskTimes& times,
+                     const std::vector<Tensor>& values)>
+      on_step;
   std::mutex mu;
   fs::path staged;  // the leader's, for cleanup
 
@@ -187,8 +188,8 @@ struct Session {
     }
     if (options->save) path = broadcast_string(world, path, rank_of(world, prepared->leader));
     std::vector<TraceEvent> events;
-    TaskTimes times;
     for (int step = 1; step <= steps; ++step) {
+      TaskTimes times;
       const auto start = std::chrono::steady_clock::now();
       if (mine) {
         run_tasks(g, *mine, world,
@@ -198,9 +199,8 @@ struct Session {
       barrier(world);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (leader && on_step) on_step(step, seconds, values);
+      if (leader && on_step) on_step(step, seconds, times, values);
     }
-    if (leader && on_times) on_times(times);
     if (options->save) save(world, fs::path(path), values);
     if (options->trace) {
       std::vector<TraceEvent> all = gather_events(world, events);
@@ -288,7 +288,7 @@ RunReport run_model(const Model& model, const ModelRunOptions& options) {
   RunReport report;
   Session s{.prepared = p ? &*p : nullptr, .options = &options};
   if (p) {
-    s.on_step = [&](int, double, const std::vector<Tensor>& values) {
+    s.on_step = [&](int, double, const TaskTimes&, const std::vector<Tensor>& values) {
       for (const auto& [name, v] : p->scalars)
         report.scalars.emplace_back(name, scalar_of(values[static_cast<std::size_t>(v)]));
     };
@@ -312,9 +312,11 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   Session s{.prepared = p ? &*p : nullptr, .options = &options.run, .steps = options.steps,
             .lr = options.lr};
   if (p) {
-    s.on_step = [&](int step, double seconds, const std::vector<Tensor>& values) {
+    s.on_step = [&](int step, double seconds, const TaskTimes& times,
+                    const std::vector<Tensor>& values) {
       auto value = [&](ValueId v) -> const Tensor& { return values[static_cast<std::size_t>(v)]; };
-      StepReport r{.step = step, .loss = scalar_of(value(*p->loss)), .seconds = seconds};
+      StepReport r{
+          .step = step, .loss = scalar_of(value(*p->loss)), .seconds = seconds, .times = times};
       report.steps.push_back(r);
       if (options.check) {
         grads.emplace_back();
@@ -324,7 +326,6 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
       }
       if (options.progress) options.progress(r);
     };
-    s.on_times = [&](const TaskTimes& t) { report.times = t; };
   }
   launch_session(s, p ? &*p : nullptr, error, options.run, p ? to_text(p->pcg) : "");
   MESHFLOW_CHECK(p.has_value(), "the launch ran without a prepared model");

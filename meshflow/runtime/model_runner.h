@@ -40,6 +40,7 @@ struct StepReport {
   int step = 0;
   double loss = 0;     // the loss of the forward pass before this step's update
   double seconds = 0;  // the step's wall time on the reporting device (all devices done)
+  TaskTimes times;     // the reporting device's kernels and moves in this step
 };
 
 struct CheckReport {
@@ -60,7 +61,6 @@ struct TrainOptions {
 struct TrainReport {
   std::vector<StepReport> steps;
   std::optional<CheckReport> check;
-  TaskTimes times;  // the reporting device's, summed over steps
   bool reporter = false;
 };
 

@@ -26,9 +26,9 @@ const char* run_work(const TaskGraph& graph, const Task& task, Communicator& wor
   auto value = [&](ValueId v) -> Tensor& { return values[static_cast<std::size_t>(v)]; };
   if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
     std::vector<const Tensor*> locals;
-    locals.reserve(c->args.size());
-    for (ValueId v : c->args) locals.push_back(&value(v));
-    Tensor out = run_kernel(c->op, locals, c->globals);
+    locals.reserve(c->call->args.size());
+    for (ValueId v : c->call->args) locals.push_back(&value(v));
+    Tensor out = run_kernel(c->call->op, locals, c->call->globals);
     MESHFLOW_CHECK(out.shape() == c->local_out, "task \"{}\": kernel gave {}, expected {}",
                    graph.names[static_cast<std::size_t>(task.out)], to_string(out.shape()),
                    to_string(c->local_out));
@@ -36,7 +36,7 @@ const char* run_work(const TaskGraph& graph, const Task& task, Communicator& wor
     return "compute";
   }
   if (const auto* m = std::get_if<MoveTask>(&task.work)) {
-    const DeviceProgram& p = m->program;
+    const DeviceProgram& p = *m->program;
     Tensor none(p.dtype, Shape{0});
     Tensor out = execute(p, world, p.in_from ? value(m->input) : none);
     if (p.in_to) value(task.out) = std::move(out);

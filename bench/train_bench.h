@@ -1,0 +1,31 @@
+// `meshflow bench train`: the PCG runtime training a model (threads).
+//   train_step  one SGD step of an MLP (batch 512, 1024 -> 4096 -> 1024, ReLU, bias, softmax
+//               cross-entropy, float32) on meshes 1, 2 and 4 (data parallel) and 2x2 (data x
+//               tensor parallel, DESIGN.md's DP×TP layout), with overhead_s (the step's time not
+//               spent in the reporting device's kernels or data movement) and, where Debian's
+//               python3-torch is installed, PyTorch CPU eager on the same machine (1 thread for
+//               the one-device case, 2 otherwise) as baseline `pytorch`
+//   compile     the passes and shard expansion of a 1,000-layer MLP (alternating column- and
+//               row-parallel linear layers) mapped on an 8x8 mesh of 64 devices
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/report.h"
+
+namespace meshflow::bench {
+
+struct TrainBenchOptions {
+  bool progress = true;
+  int reps = 5;
+  int warmup = 1;
+  std::int64_t batch = 512, in = 1024, hidden = 4096;  // the MLP: in -> hidden -> in
+  std::vector<std::string> meshes{"1", "2", "4", "2x2"};
+  int layers = 1000;  // compile
+  bool pytorch = true;  // time the PyTorch baseline when torch imports
+};
+
+BenchReport run_train_bench(const TrainBenchOptions& options);
+
+}  // namespace meshflow::bench
