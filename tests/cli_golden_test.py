@@ -11,8 +11,9 @@ meshflow = sys.argv[1]
 update = "--update" in sys.argv
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_golden")
 
-HELP = [[], ["shard"], ["gather"], ["plan"], ["redistribute"], ["bench"], ["bench", "copy"],
-        ["bench", "collectives"], ["bench", "redistribute"], ["bench", "io"]]
+HELP = [[], ["shard"], ["gather"], ["plan"], ["redistribute"], ["run"], ["train"], ["explain"],
+        ["bench"], ["bench", "copy"], ["bench", "collectives"], ["bench", "redistribute"],
+        ["bench", "io"], ["bench", "ops"], ["bench", "train"]]
 
 # (what, args) for each class of bad value; {tmp} is a scratch folder holding x.npy (13x6 float32)
 # and a sharded folder `a` (2x2, S(0),S(1)).
@@ -37,6 +38,9 @@ ERRORS = [
     ("not a sharded folder", ["gather", "--in", "{tmp}", "--out", "{tmp}/y.npy"]),
     ("output over a file", ["shard", "--in", "{tmp}/x.npy", "--mesh", "2", "--placements", "R", "--out", "{tmp}/x.npy"]),
     ("malformed size", ["bench", "collectives", "--sizes", "16Q"]),
+    ("model file missing", ["train", "{tmp}/nothing.json"]),
+    ("model file not JSON", ["explain", "{tmp}/a/rank0.npy"]),
+    ("training steps out of range", ["train", "{tmp}/nothing.json", "--steps", "0"]),
 ]
 
 

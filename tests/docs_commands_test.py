@@ -1,6 +1,7 @@
-"""Runs every command block fenced as `sh` in the README and in docs/user_guide.md, in order, as a
-user would type them from the repository root with the build in place (here: a scratch folder
-whose `build/dev` is this build tree, so the repository stays clean). Fails on the first command
+"""Runs every command block fenced as `sh` in the README, docs/user_guide.md and docs/models.md, in
+order, as a user would type them from the repository root with the build in place (here: a
+scratch folder whose `build/dev` is this build tree and whose `examples` is the repository's, so
+the repository stays clean). Fails on the first command
 that fails, printing it.
 Usage: docs_commands_test.py SOURCE_DIR BUILD_DIR"""
 import os
@@ -12,12 +13,13 @@ import tempfile
 source, build = sys.argv[1:3]
 failures = 0
 checked = 0
-for doc in ["README.md", "docs/user_guide.md"]:
+for doc in ["README.md", "docs/user_guide.md", "docs/models.md"]:
     text = open(os.path.join(source, doc)).read()
     blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(f"{tmp}/build")
         os.symlink(build, f"{tmp}/build/dev")
+        os.symlink(os.path.join(source, "examples"), f"{tmp}/examples")
         for i, block in enumerate(blocks):
             # `set -x` shows each command as it runs, so a failure names it.
             script = "set -euxo pipefail\n" + block

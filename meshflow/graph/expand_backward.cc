@@ -32,8 +32,8 @@ struct Expander {
   ValueId add_compute(std::string name, Op op, std::vector<ValueId> inputs, DeviceMesh mesh) {
     std::vector<TensorSpec> specs;
     for (ValueId v : inputs) specs.push_back(node(v).spec);
-    Node n{.name = std::move(name), .kind = NodeKind::kCompute, .inputs = std::move(inputs),
-           .op = op};
+    Node n{
+        .name = std::move(name), .kind = NodeKind::kCompute, .inputs = std::move(inputs), .op = op};
     n.spec = infer(op, specs);
     n.mesh = std::move(mesh);
     return push(std::move(n));
@@ -41,7 +41,9 @@ struct Expander {
 
   ValueId add_move(std::string name, ValueId value, DeviceMesh mesh,
                    std::optional<std::vector<Placement>> placements, std::string consumer) {
-    Node n{.name = std::move(name), .kind = NodeKind::kMove, .inputs = {value},
+    Node n{.name = std::move(name),
+           .kind = NodeKind::kMove,
+           .inputs = {value},
            .spec = node(value).spec};
     n.mesh = std::move(mesh);
     n.placements = std::move(placements);
@@ -122,8 +124,8 @@ struct Expander {
     const Node& n = node(id);
     const ValueId x = n.inputs[0];
     const Layout& in = *node(x).layout;
-    const ValueId moved = add_move(fmt::format("bwd:{}", n.name), g, in.mesh,
-                                   gradient_placements(in), n.name);
+    const ValueId moved =
+        add_move(fmt::format("bwd:{}", n.name), g, in.mesh, gradient_placements(in), n.name);
     contribute(x, moved);
   }
 };
@@ -147,7 +149,9 @@ Pcg expand_backward(Pcg pcg) {
   const ValueId loss = *pcg.loss;
   {
     const Node& l = pcg.nodes[static_cast<std::size_t>(loss)];
-    Node seed{.name = "grad:" + l.name, .kind = NodeKind::kInput, .spec = l.spec,
+    Node seed{.name = "grad:" + l.name,
+              .kind = NodeKind::kInput,
+              .spec = l.spec,
               .source = Source{.kind = Source::Kind::kFill, .a = 1.0}};
     seed.mesh = l.layout->mesh;
     seed.placements = gradient_placements(*l.layout);
@@ -181,8 +185,11 @@ Pcg add_update(Pcg pcg) {
     if (n.kind != NodeKind::kWeight) continue;
     auto g = pcg.names.find("grad:" + n.name);
     if (g == pcg.names.end()) continue;
-    Node u{.name = "sgd:" + n.name, .kind = NodeKind::kUpdate, .phase = Phase::kUpdate,
-           .inputs = {w, g->second}, .spec = n.spec};
+    Node u{.name = "sgd:" + n.name,
+           .kind = NodeKind::kUpdate,
+           .phase = Phase::kUpdate,
+           .inputs = {w, g->second},
+           .spec = n.spec};
     u.mesh = n.mesh;
     pcg.nodes.push_back(std::move(u));
   }

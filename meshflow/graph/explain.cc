@@ -70,9 +70,9 @@ std::string to_text(const Explanation& e) {
   for (const auto& [name, layout] : e.values) width = std::max(width, name.size());
   std::string out = "values:\n";
   for (const auto& [name, layout] : e.values) {
-    out += fmt::format("  {:<{}}  {} {}  {} {}\n", name, width, explicit_text(layout.mesh),
-                       to_string(layout.placements), to_string(layout.dtype),
-                       to_string(layout.shape));
+    out +=
+        fmt::format("  {:<{}}  {} {}  {} {}\n", name, width, explicit_text(layout.mesh),
+                    to_string(layout.placements), to_string(layout.dtype), to_string(layout.shape));
   }
   for (Phase phase : {Phase::kForward, Phase::kBackward, Phase::kUpdate}) {
     out += fmt::format("{} moves:\n", to_string(phase));
@@ -82,9 +82,9 @@ std::string to_text(const Explanation& e) {
       ++count;
       std::string steps;
       for (StepKind k : m.steps) steps += (steps.empty() ? "" : ", ") + std::string(to_string(k));
-      const std::string from = m.from.mesh == m.to.mesh
-                                   ? to_string(m.from.placements)
-                                   : explicit_text(m.from.mesh) + " " + to_string(m.from.placements);
+      const std::string from = m.from.mesh == m.to.mesh ? to_string(m.from.placements)
+                                                        : explicit_text(m.from.mesh) + " " +
+                                                              to_string(m.from.placements);
       const std::string to = m.from.mesh == m.to.mesh
                                  ? to_string(m.to.placements)
                                  : explicit_text(m.to.mesh) + " " + to_string(m.to.placements);

@@ -44,9 +44,7 @@ constexpr std::string_view kDpTp = R"j({
 })j";
 
 // Parses a model whose data files are never opened (a test of structure, not data).
-Model parse_structure(std::string_view text) {
-  return parse_model(text, "/", "m.json");
-}
+Model parse_structure(std::string_view text) { return parse_model(text, "/", "m.json"); }
 
 std::vector<std::string> input_names(const Pcg& g, const Node& n) {
   std::vector<std::string> out;
@@ -57,7 +55,8 @@ std::vector<std::string> input_names(const Pcg& g, const Node& n) {
 TEST(ModelFile, BuildsTheSameGraphAsTheBuilder) {
   const std::string text(kDpTp);
   // The label file is not there: its check names the tensor.
-  EXPECT_EQ(error_of([&] { parse_structure(text); }).substr(0, 31), "m.json: tensor \"y\": cannot open");
+  EXPECT_EQ(error_of([&] { parse_structure(text); }).substr(0, 31),
+            "m.json: tensor \"y\": cannot open");
   const auto dir = std::filesystem::temp_directory_path() / "meshflow_graph_test";
   std::filesystem::create_directories(dir);
   Tensor labels(DType::kInt64, {8});
@@ -88,7 +87,8 @@ TEST(ModelFile, EveryBadFileIsOneErrorNamingTheCulprit) {
     return R"j({"meshes": {"m": "2", "one": "1"}, "tensors": {)j" + tensors + R"j(}, "nodes": [)j" +
            nodes + "]" + extra + "}";
   };
-  const std::string x = R"j("x": {"shape": [4, 3], "weight": {"zeros": true}, "mesh": "m", "placements": ["S(0)"]})j";
+  const std::string x =
+      R"j("x": {"shape": [4, 3], "weight": {"zeros": true}, "mesh": "m", "placements": ["S(0)"]})j";
   const std::vector<Case> cases = {
       {"{", "m.json: invalid JSON at byte 2"},
       {model(x, R"j({"name": "h", "op": "frobnicate", "inputs": ["x"]})j"),
@@ -97,14 +97,22 @@ TEST(ModelFile, EveryBadFileIsOneErrorNamingTheCulprit) {
        "m.json: node \"h\" reads \"nope\", which is no tensor and no earlier node"},
       {model(x, R"j({"name": "x", "op": "relu", "inputs": ["x"]})j"),
        "m.json: name \"x\" is given to two values"},
-      {model(R"j("x": {"shape": [4, 3], "weight": {"zeros": true}, "mesh": "mm", "placements": ["S(0)"]})j", ""),
-       "m.json: \"tensors.x.mesh\" names mesh \"mm\", which \"meshes\" does not define (it has: m, one)"},
-      {model(R"j("x": {"shape": [4, 3], "weight": {"zeros": true}, "mesh": "m", "placements": ["S(0)", "R"]})j", ""),
-       "m.json: tensor \"x\": mesh 2 has 1 dims but placements \"S(0),R\" give 2: give one placement "
+      {model(
+           R"j("x": {"shape": [4, 3], "weight": {"zeros": true}, "mesh": "mm", "placements": ["S(0)"]})j",
+           ""),
+       "m.json: \"tensors.x.mesh\" names mesh \"mm\", which \"meshes\" does not define (it has: m, "
+       "one)"},
+      {model(
+           R"j("x": {"shape": [4, 3], "weight": {"zeros": true}, "mesh": "m", "placements": ["S(0)", "R"]})j",
+           ""),
+       "m.json: tensor \"x\": mesh 2 has 1 dims but placements \"S(0),R\" give 2: give one "
+       "placement "
        "per mesh dim"},
       {model(x, R"j({"name": "h", "op": "matmul", "inputs": ["x", "x"]})j"),
        "m.json: node \"h\": "},
-      {model(x, R"j({"name": "p", "op": "repartition", "inputs": ["x"], "dim": 1, "degree": 2, "placements": ["S(1)"]})j"),
+      {model(
+           x,
+           R"j({"name": "p", "op": "repartition", "inputs": ["x"], "dim": 1, "degree": 2, "placements": ["S(1)"]})j"),
        ""},  // builds; the degree is checked by layout inference (below)
       {model(x, R"j({"name": "h", "op": "relu", "inputs": ["x"]})j", R"j(, "loss": "h")j"),
        "m.json: the loss \"h\" is float32 4x3: a loss must be a floating-point scalar"},
@@ -169,7 +177,9 @@ TEST(Verify, RejectsMalformedGraphs) {
 
 TEST(Source, InitialisersGiveTheSameTensorOnAnyMesh) {
   for (Source::Kind kind : {Source::Kind::kNormal, Source::Kind::kUniform}) {
-    Node n{.name = "w", .kind = NodeKind::kWeight, .spec = {{7, 5}},
+    Node n{.name = "w",
+           .kind = NodeKind::kWeight,
+           .spec = {{7, 5}},
            .source = Source{.kind = kind, .a = 0.5, .b = 2.0, .seed = 99}};
     const Tensor whole = load_global(n);
     const Layout l = make_layout(parse_mesh("2x2"), parse_placements("S(0),S(1)"), {7, 5});
@@ -184,7 +194,8 @@ TEST(Source, InitialisersGiveTheSameTensorOnAnyMesh) {
   }
   // Element 0 of uniform [0, 1) with seed 0 is (w0 >> 8) / 2^24 of Philox(ctr 0, key 0),
   // w0 = 0x6627e8d5 (Random123's known answer).
-  Node u{.name = "u", .spec = {{1}}, .source = Source{.kind = Source::Kind::kUniform, .a = 0, .b = 1}};
+  Node u{
+      .name = "u", .spec = {{1}}, .source = Source{.kind = Source::Kind::kUniform, .a = 0, .b = 1}};
   EXPECT_FLOAT_EQ(load_global(u).data<float>()[0],
                   static_cast<float>((0x6627e8d5u >> 8) / 16777216.0));
 }

@@ -26,8 +26,8 @@ void lay_out_compute(const Pcg& pcg, Node& n, StrategyCache& cache) {
   }
   n.operand_layouts = s->inputs;
   n.result_layout = s->output;
-  n.layout = n.placements ? make_layout(mesh, *n.placements, n.spec.shape, n.spec.dtype)
-                          : s->output;
+  n.layout =
+      n.placements ? make_layout(mesh, *n.placements, n.spec.shape, n.spec.dtype) : s->output;
 }
 
 }  // namespace

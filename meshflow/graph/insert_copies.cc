@@ -15,7 +15,7 @@ namespace {
 
 struct Copier {
   Pcg out;
-  std::vector<ValueId> remap;               // old id -> new id (its value as consumers see it)
+  std::vector<ValueId> remap;  // old id -> new id (its value as consumers see it)
   std::map<std::pair<ValueId, std::size_t>, ValueId> moved;  // (new id, layout hash) -> move
   std::set<std::string> taken;
   std::map<ValueId, std::string> shown;  // new id -> the name a user knows the value by
@@ -86,7 +86,10 @@ Pcg insert_copies(Pcg pcg) {
       kernel.layout = n.result_layout;
       kernel.placements = std::nullopt;
       const ValueId k = c.push(std::move(kernel));
-      Node m{.name = old.name, .kind = NodeKind::kMove, .phase = old.phase, .inputs = {k},
+      Node m{.name = old.name,
+             .kind = NodeKind::kMove,
+             .phase = old.phase,
+             .inputs = {k},
              .spec = old.spec};
       m.mesh = old.layout->mesh;
       m.placements = old.layout->placements;
@@ -100,7 +103,8 @@ Pcg insert_copies(Pcg pcg) {
     auto known = user_name.find(static_cast<ValueId>(c.remap.size() - 1));
     if (known != user_name.end()) c.shown[c.remap.back()] = known->second;
   }
-  for (const auto& [name, id] : pcg.names) c.out.names[name] = c.remap[static_cast<std::size_t>(id)];
+  for (const auto& [name, id] : pcg.names)
+    c.out.names[name] = c.remap[static_cast<std::size_t>(id)];
   if (pcg.loss) c.out.loss = c.remap[static_cast<std::size_t>(*pcg.loss)];
   for (ValueId v : pcg.outputs) c.out.outputs.push_back(c.remap[static_cast<std::size_t>(v)]);
   verify(c.out, Stage::kCopied);

@@ -58,8 +58,8 @@ struct Reader {
     if (it == model.meshes.end()) {
       std::vector<std::string> known;
       for (const auto& [k, v] : model.meshes) known.push_back(k);
-      f.reject(fmt::format("names mesh \"{}\", which \"meshes\" does not define (it has: {})",
-                           name, fmt::join(known, ", ")));
+      f.reject(fmt::format("names mesh \"{}\", which \"meshes\" does not define (it has: {})", name,
+                           fmt::join(known, ", ")));
     }
     return it->second;
   }
@@ -71,8 +71,7 @@ struct Reader {
       s.kind = std::filesystem::is_directory(s.path) ? Source::Kind::kFolder : Source::Kind::kNpy;
       return s;
     }
-    if (!f.value().is_object())
-      f.reject("must be a file or folder path or an initialiser object");
+    if (!f.value().is_object()) f.reject("must be a file or folder path or an initialiser object");
     Source s;
     if (auto n = f.find("normal")) {
       only_keys(f, {"normal", "seed"}, "an initialiser");
@@ -90,8 +89,9 @@ struct Reader {
       s.kind = Source::Kind::kZeros;
       return s;
     } else {
-      f.reject("must be {\"normal\": std, \"seed\": s}, {\"uniform\": [lo, hi], \"seed\": s} or "
-               "{\"zeros\": true}");
+      f.reject(
+          "must be {\"normal\": std, \"seed\": s}, {\"uniform\": [lo, hi], \"seed\": s} or "
+          "{\"zeros\": true}");
     }
     s.seed = static_cast<std::uint64_t>(f.member("seed").as_int(0, std::int64_t{1} << 62));
     return s;
@@ -101,7 +101,8 @@ struct Reader {
     only_keys(t, {"shape", "dtype", "input", "weight", "mesh", "placements"}, "a tensor");
     TensorSpec spec;
     const JsonField shape = t.member("shape");
-    for (std::size_t i = 0; i < shape.size(); ++i) spec.shape.push_back(shape.at(i).as_int(0, kMaxDim));
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      spec.shape.push_back(shape.at(i).as_int(0, kMaxDim));
     if (auto d = t.find("dtype")) {
       try {
         spec.dtype = parse_dtype(d->as_string());
@@ -134,8 +135,7 @@ struct Reader {
   }
 
   void node(const JsonField& f) {
-    only_keys(f, {"name", "op", "inputs", "dims", "dim", "degree", "mesh", "placements"},
-              "a node");
+    only_keys(f, {"name", "op", "inputs", "dims", "dim", "degree", "mesh", "placements"}, "a node");
     const std::string name = f.member("name").as_string();
     const std::string op_name = f.member("op").as_string();
     const JsonField inputs_field = f.member("inputs");
@@ -147,12 +147,14 @@ struct Reader {
     std::optional<std::vector<Placement>> ps;
     if (auto pf = f.find("placements")) ps = placements_of(*pf);
     if (auto type = parse_parallel_type(op_name)) {
-      ParallelOp p{.type = *type, .degree = static_cast<int>(f.member("degree").as_int(1, 1 << 20))};
+      ParallelOp p{.type = *type,
+                   .degree = static_cast<int>(f.member("degree").as_int(1, 1 << 20))};
       const bool has_dim = *type == ParallelType::kRepartition || *type == ParallelType::kCombine;
       if (has_dim) p.dim = static_cast<int>(f.member("dim").as_int(-64, 64));
       if (inputs.size() != 1) inputs_field.reject(fmt::format("must name one value ({})", op_name));
-      if (!ps) fail(ErrorKind::kInvalidArgument, "{}: node \"{}\" ({}) needs \"placements\"",
-                    source, name, op_name);
+      if (!ps)
+        fail(ErrorKind::kInvalidArgument, "{}: node \"{}\" ({}) needs \"placements\"", source, name,
+             op_name);
       add_parallel(model.pcg, name, p, inputs[0], m, *ps);
       return;
     }
@@ -165,8 +167,8 @@ struct Reader {
     }
     if (op.type >= OpType::kMatmulGradA) {
       fail(ErrorKind::kInvalidArgument,
-           "{}: node \"{}\": \"{}\" is a gradient operator, which backward adds by itself",
-           source, name, op_name);
+           "{}: node \"{}\": \"{}\" is a gradient operator, which backward adds by itself", source,
+           name, op_name);
     }
     if (auto d = f.find("dims")) op.dims = int_list(*d);
     if (auto d = f.find("dim")) op.dim = static_cast<int>(d->as_int(-64, 64));

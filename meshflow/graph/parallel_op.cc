@@ -42,8 +42,10 @@ void check_parallel_op(const Node& node, const Layout& in, const Layout& out) {
       what = fmt::format("multiplies the shard degree of dim {} by {}", dim, k);
       break;
     case ParallelType::kCombine:
-      if (a.shard[dim] % k == 0) expected.shard[dim] /= k;
-      else expected.shard[dim] = 0;  // no layout has it: reported below
+      if (a.shard[dim] % k == 0)
+        expected.shard[dim] /= k;
+      else
+        expected.shard[dim] = 0;  // no layout has it: reported below
       what = fmt::format("divides the shard degree of dim {} ({}) by {}", dim, a.shard[dim], k);
       break;
     case ParallelType::kReplicate:
@@ -51,15 +53,17 @@ void check_parallel_op(const Node& node, const Layout& in, const Layout& out) {
       what = fmt::format("multiplies the replica degree ({}) by {}", a.replica, k);
       break;
     case ParallelType::kReduction:
-      if (a.partial % k == 0) expected.partial /= k;
-      else expected.partial = 0;
+      if (a.partial % k == 0)
+        expected.partial /= k;
+      else
+        expected.partial = 0;
       what = fmt::format("divides the partial degree ({}) by {}", a.partial, k);
       break;
   }
   // The replica degree is free except for replicate, where it is the degree that changes.
-  const bool fits = expected.shard == b.shard && expected.partial == b.partial &&
-                    (node.parallel.type != ParallelType::kReplicate ||
-                     expected.replica == b.replica);
+  const bool fits =
+      expected.shard == b.shard && expected.partial == b.partial &&
+      (node.parallel.type != ParallelType::kReplicate || expected.replica == b.replica);
   if (fits) return;
   fail(ErrorKind::kInvalidArgument,
        "node \"{}\": {} degree {} does not fit: it {}, but {} ({}) -> {} ({})", node.name,

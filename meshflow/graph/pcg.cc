@@ -44,8 +44,7 @@ std::string_view to_string(Phase phase) {
 
 ValueId find_value(const Pcg& pcg, const std::string& name) {
   auto it = pcg.names.find(name);
-  if (it == pcg.names.end())
-    fail(ErrorKind::kInvalidArgument, "no value is named \"{}\"", name);
+  if (it == pcg.names.end()) fail(ErrorKind::kInvalidArgument, "no value is named \"{}\"", name);
   return it->second;
 }
 
@@ -198,7 +197,10 @@ ValueId add_parallel(Pcg& pcg, std::string name, ParallelOp parallel, ValueId in
     }
     if (parallel.dim < 0) parallel.dim += rank;
   }
-  Node n{.name = name, .kind = NodeKind::kParallel, .inputs = {input}, .spec = in.spec,
+  Node n{.name = name,
+         .kind = NodeKind::kParallel,
+         .inputs = {input},
+         .spec = in.spec,
          .parallel = parallel};
   n.mesh = mesh ? *mesh : node_mesh(pcg, in);
   try {
@@ -287,8 +289,8 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
       check(n.inputs.size() == 1 && input(0).spec == n.spec, "a movement changes the spec");
       break;
     case NodeKind::kUpdate:
-      check(n.inputs.size() == 2 && input(0).kind == NodeKind::kWeight &&
-                input(0).spec == n.spec && input(1).spec == n.spec,
+      check(n.inputs.size() == 2 && input(0).kind == NodeKind::kWeight && input(0).spec == n.spec &&
+                input(1).spec == n.spec,
             "an update is not (weight, gradient of its spec)");
       break;
   }
@@ -319,8 +321,7 @@ void verify(const Pcg& pcg, Stage stage) {
   std::set<std::string> seen;
   for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(id)];
-    MESHFLOW_CHECK(seen.insert(n.name).second, "graph invariant broken: name \"{}\" twice",
-                   n.name);
+    MESHFLOW_CHECK(seen.insert(n.name).second, "graph invariant broken: name \"{}\" twice", n.name);
     verify_node(pcg, id, stage);
   }
   for (const auto& [name, id] : pcg.names) {

@@ -57,8 +57,8 @@ struct Node {
   NodeKind kind = NodeKind::kCompute;
   Phase phase = Phase::kForward;
   std::vector<ValueId> inputs;
-  TensorSpec spec;  // the value's global shape and dtype
-  Op op;            // kCompute
+  TensorSpec spec;      // the value's global shape and dtype
+  Op op;                // kCompute
   ParallelOp parallel;  // kParallel
   Source source;        // kInput, kWeight
   // Pins: sources and parallel ops name their layout; a compute node may pin its mesh and its
@@ -116,9 +116,9 @@ void add_output(Pcg& pcg, ValueId value);
 
 // The stage a graph is in, for verify: what must already be filled.
 enum class Stage {
-  kBuilt,     // specs and pins only
-  kLaidOut,   // every node has a layout
-  kCopied,    // and every operand's layout is what its consumer needs
+  kBuilt,    // specs and pins only
+  kLaidOut,  // every node has a layout
+  kCopied,   // and every operand's layout is what its consumer needs
 };
 
 // Checks the graph's invariants for `stage` (topological order, arity, unique names, specs

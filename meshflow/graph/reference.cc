@@ -70,7 +70,8 @@ std::map<std::string, Tensor> reference_gradients(const ReferenceModel& model) {
   }
   std::map<std::string, Tensor> out;
   for (std::size_t i = 0; i < pcg.nodes.size(); ++i) {
-    if (pcg.nodes[i].kind == NodeKind::kWeight && grad[i]) out[pcg.nodes[i].name] = std::move(*grad[i]);
+    if (pcg.nodes[i].kind == NodeKind::kWeight && grad[i])
+      out[pcg.nodes[i].name] = std::move(*grad[i]);
   }
   return out;
 }

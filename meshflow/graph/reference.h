@@ -29,7 +29,6 @@ void reference_forward(ReferenceModel& model);
 std::map<std::string, Tensor> reference_gradients(const ReferenceModel& model);
 
 // Applies weight -= lr * gradient to every weight in `grads`.
-void reference_update(ReferenceModel& model, const std::map<std::string, Tensor>& grads,
-                      double lr);
+void reference_update(ReferenceModel& model, const std::map<std::string, Tensor>& grads, double lr);
 
 }  // namespace meshflow

@@ -20,7 +20,8 @@ void fill_box(const Source& s, const Shape& global, const Box& box, Tensor& out)
     if constexpr (std::is_floating_point_v<T>) {
       std::span<T> data = out.data<T>();
       if (s.kind == Source::Kind::kZeros || s.kind == Source::Kind::kFill) {
-        std::fill(data.begin(), data.end(), static_cast<T>(s.kind == Source::Kind::kFill ? s.a : 0));
+        std::fill(data.begin(), data.end(),
+                  static_cast<T>(s.kind == Source::Kind::kFill ? s.a : 0));
         return;
       }
       const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(s.seed),
@@ -82,7 +83,8 @@ void check_source(const Node& node, const Layout& layout) {
         break;
       default:
         if (!is_floating(node.spec.dtype)) {
-          fail(ErrorKind::kInvalidArgument, "an initialiser fills float32 or float64 tensors, not {}",
+          fail(ErrorKind::kInvalidArgument,
+               "an initialiser fills float32 or float64 tensors, not {}",
                to_string(node.spec.dtype));
         }
         break;

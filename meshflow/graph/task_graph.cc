@@ -14,7 +14,6 @@ namespace meshflow {
 
 namespace {
 
-
 // The plans of every move, planned once per distinct (from, to) pair, and their lowered
 // programs, once per (plan, device).
 class Plans {
@@ -147,8 +146,8 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         const Op op = normalize(n.op, globals);
         auto call = std::make_shared<const KernelCall>(KernelCall{op, globals, n.inputs});
         for (DeviceId d : on) {
-          g.devices[index[d]].tasks.push_back(Task{
-              .out = id, .phase = n.phase, .work = ComputeTask{call, local_shape(layout, d)}});
+          g.devices[index[d]].tasks.push_back(
+              Task{.out = id, .phase = n.phase, .work = ComputeTask{call, local_shape(layout, d)}});
         }
         break;
       }

@@ -39,9 +39,7 @@ struct ComputeTask {
 struct MoveTask {
   ValueId input = 0;
   std::shared_ptr<const DeviceProgram> program;
-  bool operator==(const MoveTask& o) const {
-    return input == o.input && *program == *o.program;
-  }
+  bool operator==(const MoveTask& o) const { return input == o.input && *program == *o.program; }
 };
 
 // weight -= lr * grad, in place on the weight's shard (the output value is the weight).
@@ -54,8 +52,8 @@ struct Task {
   ValueId out = 0;  // the node this task runs (its value)
   Phase phase = Phase::kForward;
   std::variant<ComputeTask, MoveTask, UpdateTask> work;
-  std::vector<int> deps;          // indices of earlier tasks of this device
-  std::vector<ValueId> release;   // values this device drops after the task
+  std::vector<int> deps;         // indices of earlier tasks of this device
+  std::vector<ValueId> release;  // values this device drops after the task
   bool operator==(const Task&) const = default;
 };
 
