@@ -31,20 +31,26 @@ Model mlp(const TrainBenchOptions& o, const std::string& mesh_text, const fs::pa
   Pcg& g = m.pcg;
   const DeviceMesh mesh = parse_mesh(mesh_text);
   const bool tp = ndim(mesh) == 2;
-  auto P = [&](const char* one_d, const char* two_d) { return parse_placements(tp ? two_d : one_d); };
+  auto P = [&](const char* one_d, const char* two_d) {
+    return parse_placements(tp ? two_d : one_d);
+  };
   const ValueId x = add_input(g, "x", {{o.batch, o.in}}, mesh, P("S(0)", "S(0),R"), normal(1, 1));
   const ValueId y = add_input(g, "y", {{o.batch}, DType::kInt64}, mesh, P("S(0)", "S(0),R"),
                               Source{.kind = Source::Kind::kNpy, .path = labels});
-  const ValueId w1 = add_weight(g, "w1", {{o.in, o.hidden}}, mesh, P("R", "R,S(1)"), normal(0.02, 2));
+  const ValueId w1 =
+      add_weight(g, "w1", {{o.in, o.hidden}}, mesh, P("R", "R,S(1)"), normal(0.02, 2));
   const ValueId b1 = add_weight(g, "b1", {{o.hidden}}, mesh, P("R", "R,S(0)"), normal(0.02, 3));
-  const ValueId w2 = add_weight(g, "w2", {{o.hidden, o.in}}, mesh, P("R", "R,S(0)"), normal(0.02, 4));
+  const ValueId w2 =
+      add_weight(g, "w2", {{o.hidden, o.in}}, mesh, P("R", "R,S(0)"), normal(0.02, 4));
   const ValueId b2 = add_weight(g, "b2", {{o.in}}, mesh, P("R", "R,R"), normal(0.02, 5));
   const ValueId h = add_compute(g, "h", Op{.type = OpType::kLinear}, {x, w1, b1});
   const ValueId a = add_compute(g, "a", Op{.type = OpType::kRelu}, {h});
   ValueId out = add_compute(g, "o", Op{.type = OpType::kLinear}, {a, w2, b2});
   if (tp) {
-    out = add_parallel(g, "r", ParallelOp{.type = ParallelType::kReduction, .degree = static_cast<int>(mesh.shape[1])},
-                       out, std::nullopt, parse_placements("S(0),R"));
+    out = add_parallel(
+        g, "r",
+        ParallelOp{.type = ParallelType::kReduction, .degree = static_cast<int>(mesh.shape[1])},
+        out, std::nullopt, parse_placements("S(0),R"));
   }
   set_loss(g, add_compute(g, "loss", Op{.type = OpType::kSoftmaxCrossEntropy}, {out, y}));
   return m;
@@ -57,7 +63,8 @@ std::vector<double> pytorch_steps(const TrainBenchOptions& o, int threads, int s
       "import json, time, torch\n"
       "torch.set_num_threads({threads}); torch.manual_seed(0)\n"
       "x = torch.randn({b}, {i}); y = torch.randint(0, {i}, ({b},))\n"
-      "m = torch.nn.Sequential(torch.nn.Linear({i}, {h}), torch.nn.ReLU(), torch.nn.Linear({h}, {i}))\n"
+      "m = torch.nn.Sequential(torch.nn.Linear({i}, {h}), torch.nn.ReLU(), torch.nn.Linear({h}, "
+      "{i}))\n"
       "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
       "times = []\n"
       "for s in range({steps}):\n"
@@ -140,15 +147,16 @@ Pcg deep_mlp(int layers) {
     v = add_compute(g, fmt::format("h{}", i), Op{.type = OpType::kMatmul}, {v, w});
     v = add_compute(g, fmt::format("a{}", i), Op{.type = OpType::kTanh}, {v});
   }
-  const ValueId t = add_input(g, "t", {{kBatch, kWidth}}, mesh, parse_placements("S(0),R"),
-                              normal(1, 2));
+  const ValueId t =
+      add_input(g, "t", {{kBatch, kWidth}}, mesh, parse_placements("S(0),R"), normal(1, 2));
   set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {v, t}));
   return g;
 }
 
 BenchResult compile_case(const TrainBenchOptions& o) {
   const Pcg g = deep_mlp(o.layers);
-  BenchResult r{.case_name = "compile", .backend = "host", .mesh = "8x8", .devices = 64, .bytes = 0};
+  BenchResult r{
+      .case_name = "compile", .backend = "host", .mesh = "8x8", .devices = 64, .bytes = 0};
   std::size_t tasks = 0, nodes = 0;
   for (int rep = -o.warmup; rep < o.reps; ++rep) {
     const double s = time_once([&] {
@@ -172,7 +180,8 @@ BenchResult compile_case(const TrainBenchOptions& o) {
 BenchReport run_train_bench(const TrainBenchOptions& o) {
   BenchReport report{.benchmark = "train", .progress = o.progress};
   report.memcpy_gbps = measured_memcpy_gbps();
-  const fs::path labels = fs::temp_directory_path() / fmt::format("meshflow_labels_{}.npy", ::getpid());
+  const fs::path labels =
+      fs::temp_directory_path() / fmt::format("meshflow_labels_{}.npy", ::getpid());
   Tensor y(DType::kInt64, {o.batch});
   for (std::int64_t i = 0; i < o.batch; ++i) y.data<std::int64_t>()[i] = (i * 7919) % o.in;
   write_npy(labels, y);

@@ -22,7 +22,7 @@ struct TrainBenchOptions {
   int warmup = 1;
   std::int64_t batch = 512, in = 1024, hidden = 4096;  // the MLP: in -> hidden -> in
   std::vector<std::string> meshes{"1", "2", "4", "2x2"};
-  int layers = 1000;  // compile
+  int layers = 1000;    // compile
   bool pytorch = true;  // time the PyTorch baseline when torch imports
 };
 

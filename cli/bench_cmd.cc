@@ -148,7 +148,9 @@ void add_bench(CLI::App& app) {
   t->add_option("--reps", train->reps, "timed repetitions")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  t->add_option("--batch", train->batch, "the MLP's batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  t->add_option("--batch", train->batch, "the MLP's batch")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   t->add_option("--width", train->in, "the MLP's input and output width")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();

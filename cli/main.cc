@@ -10,7 +10,9 @@
 #include "meshflow/core/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"meshflow: tensors spread over device meshes (shard, gather, redistribute, run, train, explain, bench)"};
+  CLI::App app{
+      "meshflow: tensors spread over device meshes (shard, gather, redistribute, run, train, "
+      "explain, bench)"};
   app.set_version_flag("--version", "meshflow " MESHFLOW_VERSION);
   app.require_subcommand(1);
   meshflow::cli::add_shard(app);

@@ -140,9 +140,10 @@ void add_train(CLI::App& app) {
     for (const StepReport& s : r.steps)
       fmt::print("{:>4}  {:<12.8g}  {:.4f}\n", s.step, s.loss, s.seconds);
     if (r.check) {
-      fmt::print("check against one device: max loss diff {:.3g}, max weight diff {:.3g}, "
-                 "max grad diff {:.3g}\n",
-                 r.check->max_loss_diff, r.check->max_weight_diff, r.check->max_grad_diff);
+      fmt::print(
+          "check against one device: max loss diff {:.3g}, max weight diff {:.3g}, "
+          "max grad diff {:.3g}\n",
+          r.check->max_loss_diff, r.check->max_weight_diff, r.check->max_grad_diff);
     }
     if (!args->save.empty()) fmt::print("saved the weights in {}\n", args->save);
   });

@@ -30,15 +30,18 @@ struct Prepared {
   Pcg pcg;  // compiled, fetches appended
   TaskGraph tasks;
   DeviceId leader = 0;
-  std::optional<ValueId> loss;                       // fetched loss
+  std::optional<ValueId> loss;                                           // fetched loss
   std::vector<std::pair<std::string, ValueId>> grads, weights, scalars;  // fetched
-  std::vector<ValueId> saved;                        // values written by --save
+  std::vector<ValueId> saved;                                            // values written by --save
 };
 
 // Appends a move of `value` to a one-device mesh of `leader`, all Replicate; returns its id.
 ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
   const Node& n = pcg.nodes[static_cast<std::size_t>(value)];
-  Node f{.name = "fetch:" + n.name, .kind = NodeKind::kMove, .phase = n.phase, .inputs = {value},
+  Node f{.name = "fetch:" + n.name,
+         .kind = NodeKind::kMove,
+         .phase = n.phase,
+         .inputs = {value},
          .spec = n.spec};
   f.mesh = make_mesh({1}, {leader});
   f.placements = std::vector<Placement>{Placement::replicate()};
@@ -63,7 +66,8 @@ Prepared prepare(const Model& model, Mode mode, bool check, const ModelRunOption
       p.saved.push_back(find_value(p.pcg, n.name));
       if (!check) continue;
       auto g = p.pcg.names.find("grad:" + n.name);
-      if (g != p.pcg.names.end()) p.grads.emplace_back(n.name, add_fetch(p.pcg, g->second, p.leader));
+      if (g != p.pcg.names.end())
+        p.grads.emplace_back(n.name, add_fetch(p.pcg, g->second, p.leader));
       p.weights.emplace_back(n.name, add_fetch(p.pcg, find_value(p.pcg, n.name), p.leader));
     }
   } else {
@@ -121,9 +125,9 @@ std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<Tra
   std::vector<double> packed;
   for (const TraceEvent& e : mine) {
     const double kind = e.kind == "compute" ? 0 : e.kind == "move" ? 1 : 2;
-    packed.insert(packed.end(), {static_cast<double>(e.device), static_cast<double>(e.value), kind,
-                                 static_cast<double>(e.phase), static_cast<double>(e.step),
-                                 e.start_s, e.end_s});
+    packed.insert(packed.end(),
+                  {static_cast<double>(e.device), static_cast<double>(e.value), kind,
+                   static_cast<double>(e.phase), static_cast<double>(e.step), e.start_s, e.end_s});
   }
   const auto n = static_cast<std::size_t>(world.size());
   std::vector<std::int64_t> counts(n);
@@ -192,9 +196,9 @@ struct Session {
       TaskTimes times;
       const auto start = std::chrono::steady_clock::now();
       if (mine) {
-        run_tasks(g, *mine, world,
-                  values, {.lr = lr, .step = step, .trace = options->trace ? &events : nullptr,
-                           .times = &times});
+        run_tasks(
+            g, *mine, world, values,
+            {.lr = lr, .step = step, .trace = options->trace ? &events : nullptr, .times = &times});
       }
       barrier(world);
       const double seconds =
@@ -309,7 +313,9 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   TrainReport report;
   // Per step, the fetched gradients and weights (check only).
   std::vector<std::vector<Tensor>> grads, weights;
-  Session s{.prepared = p ? &*p : nullptr, .options = &options.run, .steps = options.steps,
+  Session s{.prepared = p ? &*p : nullptr,
+            .options = &options.run,
+            .steps = options.steps,
             .lr = options.lr};
   if (p) {
     s.on_step = [&](int step, double seconds, const TaskTimes& times,
@@ -336,18 +342,18 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
     for (int step = 0; step < options.steps; ++step) {
       reference_forward(ref);
       const double loss = scalar_of(ref.values[static_cast<std::size_t>(*model.pcg.loss)]);
-      c.max_loss_diff = std::max(c.max_loss_diff,
-                                 std::abs(loss - report.steps[static_cast<std::size_t>(step)].loss));
+      c.max_loss_diff = std::max(
+          c.max_loss_diff, std::abs(loss - report.steps[static_cast<std::size_t>(step)].loss));
       std::map<std::string, Tensor> g = reference_gradients(ref);
       for (std::size_t i = 0; i < p->grads.size(); ++i) {
-        c.max_grad_diff = std::max(
-            c.max_grad_diff, max_diff(grads[static_cast<std::size_t>(step)][i],
-                                      g.at(p->grads[i].first)));
+        c.max_grad_diff =
+            std::max(c.max_grad_diff,
+                     max_diff(grads[static_cast<std::size_t>(step)][i], g.at(p->grads[i].first)));
       }
       reference_update(ref, g, options.lr);
       for (std::size_t i = 0; i < p->weights.size(); ++i) {
-        const Tensor& w = ref.values[static_cast<std::size_t>(
-            find_value(model.pcg, p->weights[i].first))];
+        const Tensor& w =
+            ref.values[static_cast<std::size_t>(find_value(model.pcg, p->weights[i].first))];
         c.max_weight_diff =
             std::max(c.max_weight_diff, max_diff(weights[static_cast<std::size_t>(step)][i], w));
       }

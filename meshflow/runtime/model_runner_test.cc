@@ -58,8 +58,8 @@ Model parallel_model(const ParallelCase& c) {
     placements = s.placements;
   }
   const ValueId a = add_compute(g, "a", Op{.type = OpType::kRelu}, {v});
-  const ValueId t = add_input(g, "t", {c.shape}, parse_mesh(mesh), parse_placements(placements),
-                              normal(1, 6));
+  const ValueId t =
+      add_input(g, "t", {c.shape}, parse_mesh(mesh), parse_placements(placements), normal(1, 6));
   set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {a, t}));
   add_output(g, a);
   return m;
@@ -79,19 +79,28 @@ using PT = ParallelType;
 
 TEST(ParallelOps, ForwardAndBackwardEqualOneDevice) {
   const std::vector<ParallelCase> cases = {
-      {"repartition same mesh, uneven", {7, 5}, "2x2", "R,R",
+      {"repartition same mesh, uneven",
+       {7, 5},
+       "2x2",
+       "R,R",
        {{{PT::kRepartition, 0, 2}, "2x2", "S(0),R"}}},
-      {"repartition one -> two devices", {5, 3}, "1", "R",
+      {"repartition one -> two devices",
+       {5, 3},
+       "1",
+       "R",
        {{{PT::kRepartition, 0, 2}, "2", "S(0)"}}},
-      {"repartition two -> four devices", {9, 2}, "2", "S(0)",
+      {"repartition two -> four devices",
+       {9, 2},
+       "2",
+       "S(0)",
        {{{PT::kRepartition, 0, 2}, "4", "S(0)"}}},
-      {"combine same mesh, uneven", {5, 7}, "3", "S(1)",
-       {{{PT::kCombine, 1, 3}, "3", "R"}}},
-      {"combine two -> one device", {5, 3}, "2", "S(0)",
-       {{{PT::kCombine, 0, 2}, "1", "R"}}},
-      {"replicate one -> two devices", {5, 3}, "1", "R",
-       {{{PT::kReplicate, 0, 2}, "2", "R"}}},
-      {"repartition then combine across meshes", {6, 4}, "1", "R",
+      {"combine same mesh, uneven", {5, 7}, "3", "S(1)", {{{PT::kCombine, 1, 3}, "3", "R"}}},
+      {"combine two -> one device", {5, 3}, "2", "S(0)", {{{PT::kCombine, 0, 2}, "1", "R"}}},
+      {"replicate one -> two devices", {5, 3}, "1", "R", {{{PT::kReplicate, 0, 2}, "2", "R"}}},
+      {"repartition then combine across meshes",
+       {6, 4},
+       "1",
+       "R",
        {{{PT::kRepartition, 0, 2}, "2@1,2", "S(0)"}, {{PT::kCombine, 0, 2}, "1@3", "R"}}},
   };
   for (const ParallelCase& c : cases) expect_matches_one_device(parallel_model(c), c.name);
@@ -108,8 +117,8 @@ TEST(ParallelOps, ReductionSameMeshAndAcrossMeshes) {
     const ValueId r = add_parallel(g, "r", ParallelOp{.type = PT::kReduction, .degree = 2}, l,
                                    parse_mesh(to), parse_placements("R"));
     const ValueId a = add_compute(g, "a", Op{.type = OpType::kTanh}, {r});
-    const ValueId t = add_input(g, "t", {{5, 3}}, parse_mesh(to), parse_placements("R"),
-                                normal(1, 3));
+    const ValueId t =
+        add_input(g, "t", {{5, 3}}, parse_mesh(to), parse_placements("R"), normal(1, 3));
     set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {a, t}));
     expect_matches_one_device(m, "reduction to mesh " + to);
   }

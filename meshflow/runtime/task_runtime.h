@@ -30,8 +30,8 @@ struct TaskTimes {
 };
 
 struct TaskRunOptions {
-  double lr = 0.1;  // updates
-  int step = 0;     // recorded in trace events
+  double lr = 0.1;                           // updates
+  int step = 0;                              // recorded in trace events
   std::vector<TraceEvent>* trace = nullptr;  // appended to when set
   TaskTimes* times = nullptr;                // accumulated when set
 };
