@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "meshflow/core/error.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
 #include "meshflow/runtime/model_runner.h"
@@ -40,6 +41,17 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   return o;
 }
 
+// Returns the model in `path`. Under mpi every rank reads the same file and fails alike, so a
+// bad file is reported once (by device 0) rather than by every rank.
+Model load(const std::string& path, Backend backend) {
+  try {
+    return load_model(path);
+  } catch (const Error& e) {
+    if (backend != Backend::kMpi) throw;
+    throw Error(e.kind(), e.what(), ErrorScope::kEveryDevice);
+  }
+}
+
 std::shared_ptr<MachineModel> machine_of(const std::string& path) {
   return std::make_shared<MachineModel>(path.empty() ? default_machine() : load_machine(path));
 }
@@ -72,8 +84,9 @@ void add_run(CLI::App& app) {
   cmd->add_option("--save", args->save, "write each output as a sharded folder DIR/<name>/");
   cmd->callback([args] {
     auto machine = machine_of(args->machine);
-    const Model model = load_model(args->model);
-    const RunReport r = run_model(model, run_options(*args, machine.get()));
+    const ModelRunOptions options = run_options(*args, machine.get());
+    const Model model = load(args->model, options.backend);
+    const RunReport r = run_model(model, options);
     if (!r.reporter) return;
     if (args->json) {
       nlohmann::json outputs = nlohmann::json::object();
@@ -111,8 +124,9 @@ void add_train(CLI::App& app) {
   cmd->add_option("--save", args->save, "write each weight after the last step to DIR/<name>/");
   cmd->callback([args] {
     auto machine = machine_of(args->machine);
-    const Model model = load_model(args->model);
-    TrainOptions o{.run = run_options(*args, machine.get()),
+    const ModelRunOptions options = run_options(*args, machine.get());
+    const Model model = load(args->model, options.backend);
+    TrainOptions o{.run = options,
                    .steps = args->steps,
                    .lr = args->lr,
                    .check = args->check};

@@ -237,11 +237,10 @@ void launch_session(Session& s, const Prepared* prepared, const std::string& err
                     const ModelRunOptions& options, const std::string& what) {
   LaunchOptions lo{.backend = options.backend, .timeout = options.timeout};
   if (prepared) {
-    if (options.backend == Backend::kThreads) {
-      for (const DeviceTasks& dt : prepared->tasks.devices) lo.devices.push_back(dt.device);
-      if (std::find(lo.devices.begin(), lo.devices.end(), prepared->leader) == lo.devices.end())
-        lo.devices.insert(lo.devices.begin(), prepared->leader);
-    }
+    // Under mpi, listing the devices makes a world too small for them one clear error.
+    for (const DeviceTasks& dt : prepared->tasks.devices) lo.devices.push_back(dt.device);
+    if (std::find(lo.devices.begin(), lo.devices.end(), prepared->leader) == lo.devices.end())
+      lo.devices.insert(lo.devices.begin(), prepared->leader);
     lo.agreement = {{"the model", what}};
   } else {
     lo.agreement = {{"preparation", "error: " + error}};
