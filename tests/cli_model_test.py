@@ -12,17 +12,11 @@ import tempfile
 
 import numpy as np
 
+from checks import check, finish
+
 meshflow, examples = sys.argv[1], sys.argv[2]
 mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
-failures = 0
 TOLERANCE = 1e-5  # float32 rounding of sums in another order
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAILED:", what)
 
 
 def run(*args, ranks=None):
@@ -172,5 +166,4 @@ with tempfile.TemporaryDirectory() as tmp:
                 check(len(lines) == 1 and message in lines[0], f"{what} ({cmd[0]}): {r.stderr!r}")
                 check(not os.path.exists(f"{tmp}/saved"), f"{what}: an output folder appeared")
 
-print("failures:", failures)
-sys.exit(1 if failures else 0)
+finish()

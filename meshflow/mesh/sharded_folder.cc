@@ -93,14 +93,10 @@ ShardedTensor read_sharded(const fs::path& dir) {
   return st;
 }
 
-fs::path stage_folder(const fs::path& dir) {
-  const fs::path target = output_target(dir);
-  std::error_code ec;
-  if (fs::exists(target) &&
-      !(fs::is_directory(target) && (fs::is_empty(target) || fs::exists(target / "layout.json")))) {
-    fail(ErrorKind::kIo, "refusing to replace \"{}\": it exists and is not a sharded tensor folder",
-         target.string());
-  }
+namespace {
+
+// Clears what killed writers of `target` left and creates its empty staging folder.
+fs::path create_staging(const fs::path& target) {
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(parent)) {
     fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", target.string(),
@@ -108,9 +104,43 @@ fs::path stage_folder(const fs::path& dir) {
   }
   clear_stale(target);
   const fs::path staged = staging_path(target);
+  std::error_code ec;
   if (!fs::create_directory(staged, ec))
     fail(ErrorKind::kIo, "cannot create \"{}\": {}", staged.string(), ec.message());
   return staged;
+}
+
+bool is_sharded_folder(const fs::path& dir) {
+  return fs::is_directory(dir) && fs::exists(dir / "layout.json");
+}
+
+}  // namespace
+
+fs::path stage_folder(const fs::path& dir) {
+  const fs::path target = output_target(dir);
+  if (fs::exists(target) &&
+      !(is_sharded_folder(target) || (fs::is_directory(target) && fs::is_empty(target)))) {
+    fail(ErrorKind::kIo, "refusing to replace \"{}\": it exists and is not a sharded tensor folder",
+         target.string());
+  }
+  return create_staging(target);
+}
+
+fs::path stage_folder_of_folders(const fs::path& dir) {
+  const fs::path target = output_target(dir);
+  if (fs::exists(target)) {
+    bool ours = fs::is_directory(target);
+    if (ours) {
+      for (const auto& entry : fs::directory_iterator(target))
+        ours = ours && is_sharded_folder(entry.path());
+    }
+    if (!ours) {
+      fail(ErrorKind::kIo,
+           "refusing to replace \"{}\": it exists and is not a folder of sharded tensors",
+           target.string());
+    }
+  }
+  return create_staging(target);
 }
 
 void commit_folder(const fs::path& staged, const fs::path& dir) {

@@ -45,6 +45,9 @@ Tensor read_shard(const std::filesystem::path& dir, const Layout& layout, int me
 // folder (returned); files are written into it; commit_folder publishes it as `dir`, and
 // discard (core/file.h) removes it after a failure.
 std::filesystem::path stage_folder(const std::filesystem::path& dir);
+// As stage_folder, for a folder whose entries are sharded folders (`meshflow run --save DIR`):
+// an existing `dir` is replaced only when it is empty or holds nothing but sharded folders.
+std::filesystem::path stage_folder_of_folders(const std::filesystem::path& dir);
 void commit_folder(const std::filesystem::path& staged, const std::filesystem::path& dir);
 
 // Returns "rank<i>.npy".

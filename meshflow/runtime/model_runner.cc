@@ -90,35 +90,6 @@ double scalar_of(const Tensor& t) {
   return v;
 }
 
-// Refuses a save folder that holds anything but sharded folders (so a mistyped --save never
-// replaces unrelated data); returns its staging folder.
-fs::path stage_save(const fs::path& dir) {
-  const fs::path target = output_target(dir);
-  if (fs::exists(target)) {
-    bool ours = fs::is_directory(target);
-    if (ours) {
-      for (const auto& entry : fs::directory_iterator(target))
-        ours = ours && entry.is_directory() && fs::exists(entry.path() / "layout.json");
-    }
-    if (!ours) {
-      fail(ErrorKind::kIo,
-           "refusing to replace \"{}\": it exists and is not a folder of sharded tensors",
-           target.string());
-    }
-  }
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent)) {
-    fail(ErrorKind::kIo, "cannot write \"{}\": folder \"{}\" does not exist", target.string(),
-         parent.string());
-  }
-  clear_stale(target);
-  const fs::path staged = staging_path(target);
-  std::error_code ec;
-  if (!fs::create_directory(staged, ec))
-    fail(ErrorKind::kIo, "cannot create \"{}\": {}", staged.string(), ec.message());
-  return staged;
-}
-
 // Returns every device's trace events on every device (one all-gather of counts, one of data).
 std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<TraceEvent>& mine) {
   constexpr std::size_t kFields = 7;
@@ -186,7 +157,7 @@ struct Session {
     const bool leader = me == prepared->leader;
     std::string path;
     if (options->save && leader) {
-      path = stage_save(*options->save).string();
+      path = stage_folder_of_folders(*options->save).string();
       std::lock_guard lock(mu);
       staged = path;
     }
