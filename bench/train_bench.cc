@@ -1,3 +1,4 @@
+// The train benchmark: the MLP on each mesh, the PyTorch baseline, the deep MLP's compile.
 #include "bench/train_bench.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// The pass pipeline.
 #include "meshflow/graph/compile.h"
 
 namespace meshflow {

@@ -1,3 +1,4 @@
+// The explanation of a compiled graph, as data, JSON and text.
 #include "meshflow/graph/explain.h"
 
 #include <fmt/format.h>

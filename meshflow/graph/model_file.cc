@@ -1,3 +1,4 @@
+// Reading model files into the builder, field by field, every error naming its field.
 #include "meshflow/graph/model_file.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// Degrees of layouts and the parallel operators' degree checks.
 #include "meshflow/graph/parallel_op.h"
 
 #include <fmt/format.h>

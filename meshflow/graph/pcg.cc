@@ -1,3 +1,4 @@
+// The PCG builder, text form and verifier.
 #include "meshflow/graph/pcg.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// The whole-tensor, one-device interpreter of a built graph.
 #include "meshflow/graph/reference.h"
 
 #include "meshflow/core/error.h"

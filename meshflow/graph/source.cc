@@ -1,3 +1,4 @@
+// Loading sources: .npy files, sharded folders and DESIGN's Philox initialisers.
 #include "meshflow/graph/source.h"
 
 #include <cmath>

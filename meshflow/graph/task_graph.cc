@@ -1,3 +1,5 @@
+// Shard expansion: plans once per (from, to), programs once per (plan, device), then per device
+// its tasks, their dependencies and releases.
 #include "meshflow/graph/task_graph.h"
 
 #include <fmt/format.h>

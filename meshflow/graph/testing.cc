@@ -1,3 +1,4 @@
+// The models graph/ and runtime/ tests share.
 #include "meshflow/graph/testing.h"
 
 namespace meshflow::testing {

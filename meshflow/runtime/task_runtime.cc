@@ -1,3 +1,4 @@
+// One device's task loop and the trace JSON.
 #include "meshflow/runtime/task_runtime.h"
 
 #include <fmt/format.h>
