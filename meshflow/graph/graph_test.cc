@@ -116,6 +116,8 @@ TEST(ModelFile, EveryBadFileIsOneErrorNamingTheCulprit) {
        ""},  // builds; the degree is checked by layout inference (below)
       {model(x, R"j({"name": "h", "op": "relu", "inputs": ["x"]})j", R"j(, "loss": "h")j"),
        "m.json: the loss \"h\" is float32 4x3: a loss must be a floating-point scalar"},
+      {model(x, R"j({"name": "a/b", "op": "relu", "inputs": ["x"]})j"),
+       "m.json: name \"a/b\" cannot name a folder: use no '/', '.' or '..'"},
       {model(x, R"j({"name": "h", "op": "relu", "inputs": ["x"], "colour": 1})j"),
        "m.json: \"nodes[0]\" (a node) has unknown field \"colour\""},
   };

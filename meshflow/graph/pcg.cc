@@ -96,6 +96,11 @@ void check_new_name(const Pcg& pcg, const std::string& name) {
     fail(ErrorKind::kInvalidArgument,
          "name \"{}\" contains ':' (reserved for names meshflow makes, e.g. \"grad:w\")", name);
   }
+  // `--save DIR` writes a value as the folder DIR/<name>.
+  if (name.find('/') != std::string::npos || name == "." || name == "..") {
+    fail(ErrorKind::kInvalidArgument, "name \"{}\" cannot name a folder: use no '/', '.' or '..'",
+         name);
+  }
   if (pcg.names.count(name))
     fail(ErrorKind::kInvalidArgument, "name \"{}\" is given to two values", name);
 }
