@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 #include "meshflow/core/error.h"
 
@@ -12,6 +13,15 @@ namespace meshflow {
 Explanation explain(const Pcg& pcg, const PlanOptions& options) {
   verify(pcg, Stage::kCopied);
   Explanation e;
+  // Plans once per distinct (from, to): a deep model repeats a few moves many times.
+  std::map<std::pair<std::size_t, std::size_t>, std::vector<Plan>> plans;
+  auto plan_of = [&](const Layout& from, const Layout& to) -> const Plan& {
+    auto& bucket = plans[{hash_value(from), hash_value(to)}];
+    for (const Plan& p : bucket)
+      if (p.from == from && p.to == to) return p;
+    bucket.push_back(plan_redistribute(from, to, options));
+    return bucket.back();
+  };
   std::vector<std::pair<ValueId, std::string>> named;
   for (const auto& [name, id] : pcg.names) named.emplace_back(id, name);
   std::sort(named.begin(), named.end());
@@ -20,7 +30,7 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options) {
   for (const Node& n : pcg.nodes) {
     if (n.kind != NodeKind::kMove && n.kind != NodeKind::kParallel) continue;
     const Node& in = pcg.nodes[static_cast<std::size_t>(n.inputs[0])];
-    const Plan plan = plan_redistribute(*in.layout, *n.layout, options);
+    const Plan& plan = plan_of(*in.layout, *n.layout);
     MoveReport m{.value = n.kind == NodeKind::kMove ? n.moved_value : in.name,
                  .consumer = n.kind == NodeKind::kMove ? n.consumer : n.name,
                  .phase = n.phase,
