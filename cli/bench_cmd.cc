@@ -8,6 +8,7 @@
 #include "bench/copy_bench.h"
 #include "bench/io_bench.h"
 #include "bench/ops_bench.h"
+#include "bench/overlap_bench.h"
 #include "bench/redistribute_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
@@ -165,6 +166,19 @@ void add_bench(CLI::App& app) {
       "--quiet", [train](std::int64_t) { train->progress = false; }, "no progress lines");
   t->callback([train, train_json] { print_report(bench::run_train_bench(*train), *train_json); });
 
+  add_distributed(bench, "overlap",
+                  "all-gather + GEMM (permute, broadcast forms) and GEMM + reduce-scatter, "
+                  "decomposed against sequential; x is [bytes / 2 KiB, 512], w [512, 512]",
+                  "--cases", "subset, e.g. allgather_gemm_permute",
+                  [](const DistributedRun& r, bool* printer) {
+                    return bench::run_overlap_bench({.progress = r.progress,
+                                                     .backend = r.backend,
+                                                     .devices = r.devices,
+                                                     .sizes = r.sizes,
+                                                     .cases = r.subset,
+                                                     .reps = r.reps},
+                                                    printer);
+                  });
   add_distributed(bench, "collectives",
                   "every collective against its memcpy floor (threads) or raw MPI (mpi)",
                   "--collectives", "subset, e.g. all_gather,all_reduce",

@@ -1,8 +1,6 @@
 // The decomposed all-gather + GEMM and GEMM + reduce-scatter loops.
 #include "meshflow/runtime/overlap.h"
 
-#include <cstring>
-
 #include "meshflow/core/error.h"
 #include "meshflow/mesh/layout.h"
 #include "meshflow/ops/matmul.h"
@@ -79,12 +77,13 @@ Tensor matmul_reduce_scatter_typed(Communicator& g, const Tensor& x, const Tenso
   const std::size_t most = static_cast<std::size_t>(rows_of(rows, n, 0) * cols);
   std::vector<T> part[2] = {std::vector<T>(most), std::vector<T>(most)};
   std::vector<T> received(most);
+  // The last step (block r) accumulates straight into the result.
+  Tensor y = Tensor::uninitialized(x.dtype(), {rows_of(rows, n, r), cols});
   Event in_flight;
-  int last = 0;
   for (int step = 0; step < n; ++step) {
     const int block = (r + step + 1) % n;
     const std::int64_t m = rows_of(rows, n, block);
-    T* p = part[step % 2].data();
+    T* p = step == n - 1 ? y.data<T>().data() : part[step % 2].data();
     if (m > 0 && cols > 0) {
       if (k > 0) {
         gemm<T>(false, false, m, cols, k, x.data<T>().data() + offset_of(rows, n, block) * k, k,
@@ -108,10 +107,7 @@ Tensor matmul_reduce_scatter_typed(Communicator& g, const Tensor& x, const Tenso
                                        .dtype = x.dtype(),
                                        .shift = 1});
     }
-    last = step % 2;
   }
-  Tensor y = Tensor::uninitialized(x.dtype(), {rows_of(rows, n, r), cols});
-  std::memcpy(y.bytes(), part[last].data(), y.nbytes());
   return y;
 }
 

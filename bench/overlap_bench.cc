@@ -1,0 +1,144 @@
+// The overlap benchmark: every form and size, its sequential baseline and the collective and the
+// GEMM alone, interleaved rep by rep.
+#include "bench/overlap_bench.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "bench/collectives_bench.h"
+#include "meshflow/core/error.h"
+#include "meshflow/core/random.h"
+#include "meshflow/mesh/layout.h"
+#include "meshflow/ops/matmul.h"
+#include "meshflow/runtime/overlap.h"
+
+namespace meshflow::bench {
+
+namespace {
+
+constexpr std::int64_t kWidth = 512;  // K and N
+
+const std::vector<std::string>& case_names() {
+  static const std::vector<std::string> names = {"allgather_gemm_permute",
+                                                 "allgather_gemm_broadcast", "gemm_reduce_scatter"};
+  return names;
+}
+
+void gemm_into(const Tensor& a, const Tensor& b, Tensor& c) {
+  gemm<float>(false, false, a.shape()[0], b.shape()[1], a.shape()[1], a.data<float>().data(),
+              a.shape()[1], b.data<float>().data(), b.shape()[1], 0.0f, c.data<float>().data(),
+              b.shape()[1]);
+}
+
+// Times of one case on this device's communicator, rep by rep.
+struct Samples {
+  std::vector<double> overlapped, sequential, comm, gemm;
+};
+
+Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows, int reps) {
+  const int n = comm.size(), r = comm.rank();
+  Samples s;
+  std::vector<std::int64_t> counts;
+  auto timed = [&](const std::function<void()>& fn) { return time_between_barriers(comm, fn); };
+  if (name != "gemm_reduce_scatter") {
+    const GatherForm form =
+        name == "allgather_gemm_permute" ? GatherForm::kPermute : GatherForm::kBroadcast;
+    const Chunk mine = chunk(rows, n, r);
+    const Tensor x = random_tensor(DType::kFloat32, {mine.extent, kWidth}, 1 + r);
+    const Tensor w = random_tensor(DType::kFloat32, {kWidth, kWidth}, 99);
+    Tensor full = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
+    Tensor y = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
+    for (int i = 0; i < n; ++i) counts.push_back(chunk(rows, n, i).extent * kWidth);
+    auto gather = [&] {
+      all_gather(comm, {.send = x.bytes(), .recv = full.bytes(), .recv_counts = counts});
+    };
+    for (int rep = -1; rep < reps; ++rep) {
+      const double ov = timed([&] { allgather_matmul(comm, x, rows, w, form); });
+      const double seq = timed([&] {
+        gather();
+        gemm_into(full, w, y);
+      });
+      const double c = timed(gather);
+      const double g = timed([&] { gemm_into(full, w, y); });
+      if (rep < 0) continue;
+      s.overlapped.push_back(ov);
+      s.sequential.push_back(seq);
+      s.comm.push_back(c);
+      s.gemm.push_back(g);
+    }
+    return s;
+  }
+  const Chunk kc = chunk(kWidth, n, r);
+  const Tensor x = random_tensor(DType::kFloat32, {rows, kc.extent}, 1 + r);
+  const Tensor w = random_tensor(DType::kFloat32, {kc.extent, kWidth}, 50 + r);
+  Tensor partial = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
+  Tensor y = Tensor::uninitialized(DType::kFloat32, {chunk(rows, n, r).extent, kWidth});
+  for (int i = 0; i < n; ++i) counts.push_back(chunk(rows, n, i).extent * kWidth);
+  auto scatter = [&] {
+    reduce_scatter(comm, {.send = partial.bytes(), .recv = y.bytes(), .recv_counts = counts});
+  };
+  for (int rep = -1; rep < reps; ++rep) {
+    const double ov = timed([&] { matmul_reduce_scatter(comm, x, w); });
+    const double seq = timed([&] {
+      gemm_into(x, w, partial);
+      scatter();
+    });
+    const double c = timed(scatter);
+    const double g = timed([&] { gemm_into(x, w, partial); });
+    if (rep < 0) continue;
+    s.overlapped.push_back(ov);
+    s.sequential.push_back(seq);
+    s.comm.push_back(c);
+    s.gemm.push_back(g);
+  }
+  return s;
+}
+
+}  // namespace
+
+BenchReport run_overlap_bench(const OverlapBenchOptions& options, bool* printer) {
+  std::vector<std::string> names = options.cases.empty() ? case_names() : options.cases;
+  for (const std::string& name : names) {
+    if (std::find(case_names().begin(), case_names().end(), name) == case_names().end())
+      fail(ErrorKind::kInvalidArgument, "unknown case \"{}\"", name);
+  }
+  BenchReport report{.benchmark = "overlap", .progress = options.progress};
+  *printer = false;
+  std::mutex mu;
+  launch(bench_launch_options(options.backend, options.devices), [&](Communicator& comm) {
+    const int n = comm.size();
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mu);
+      report.memcpy_gbps = measured_memcpy_gbps();
+      *printer = true;
+    }
+    for (const std::string& name : names) {
+      for (std::int64_t bytes : options.sizes) {
+        const std::int64_t rows = std::max<std::int64_t>(1, bytes / 4 / kWidth);
+        Samples s = run_case(comm, name, rows, options.reps);
+        if (comm.rank() != 0) continue;
+        BenchResult result{.case_name = name,
+                           .backend = std::string(to_string(options.backend)),
+                           .mesh = std::to_string(n),
+                           .devices = n,
+                           .bytes = rows * kWidth * 4,
+                           .case_s = s.overlapped,
+                           .baseline = "sequential",
+                           .baseline_s = s.sequential};
+        const double t_comm = median(s.comm), t_gemm = median(s.gemm);
+        result.extra["comm_s"] = t_comm;
+        result.extra["gemm_s"] = t_gemm;
+        const double room = std::min(t_comm, t_gemm);
+        result.extra["overlap_efficiency"] =
+            room > 0 ? (median(s.sequential) - median(s.overlapped)) / room : 0.0;
+        result.extra["shape"] =
+            fmt::format("x [{}, {}] @ w [{}, {}]", rows, kWidth, kWidth, kWidth);
+        std::lock_guard lock(mu);
+        add_result(report, std::move(result));
+      }
+    }
+  });
+  return report;
+}
+
+}  // namespace meshflow::bench
