@@ -26,16 +26,19 @@ Tensor allgather_matmul_typed(Communicator& g, const Tensor& x, std::int64_t row
     gemm<T>(false, false, m, cols, k, data, k, w.data<T>().data(), cols, T(0),
             y.data<T>().data() + offset_of(rows, n, block) * cols, cols);
   };
-  const std::int64_t most = rows_of(rows, n, 0) * k;
-  std::vector<T> buf[2] = {std::vector<T>(static_cast<std::size_t>(most)),
-                           std::vector<T>(static_cast<std::size_t>(most))};
+  // Two receive buffers, uninitialised (the largest block is block 0); tensors, so a loop that
+  // repeats reuses cached memory instead of zeroing and faulting in fresh pages each call.
+  const Shape most{rows_of(rows, n, 0), k};
+  Tensor buf_t[2] = {Tensor::uninitialized(x.dtype(), most),
+                     Tensor::uninitialized(x.dtype(), most)};
+  T* buf[2] = {buf_t[0].data<T>().data(), buf_t[1].data<T>().data()};
   const T* own = x.data<T>().data();
   if (form == GatherForm::kPermute) {
     // Step k receives block (r + k) mod n while the block of step k - 1 is multiplied.
     const T* previous = own;
     for (int step = 1; step < n; ++step) {
       const int from = (r + step) % n;
-      T* incoming = buf[step % 2].data();
+      T* incoming = buf[step % 2];
       Event e = collective_permute_async(g, {.send = reinterpret_cast<const std::byte*>(own),
                                              .send_count = x.shape()[0] * k,
                                              .recv = reinterpret_cast<std::byte*>(incoming),
@@ -52,13 +55,13 @@ Tensor allgather_matmul_typed(Communicator& g, const Tensor& x, std::int64_t row
   // Broadcast form: block b arrives while block b - 1 is multiplied. The root's block is only
   // read by the broadcast, so its own buffer serves.
   auto start = [&](int block) {
-    T* data = block == r ? const_cast<T*>(own) : buf[block % 2].data();
+    T* data = block == r ? const_cast<T*>(own) : buf[block % 2];
     return broadcast_async(g, {.data = reinterpret_cast<std::byte*>(data),
                                .count = rows_of(rows, n, block) * k,
                                .dtype = x.dtype(),
                                .root = Rank{block}});
   };
-  auto data_of = [&](int block) -> const T* { return block == r ? own : buf[block % 2].data(); };
+  auto data_of = [&](int block) -> const T* { return block == r ? own : buf[block % 2]; };
   Event e = start(0);
   for (int block = 0; block < n; ++block) {
     e.wait(g.default_timeout());
@@ -74,16 +77,19 @@ Tensor matmul_reduce_scatter_typed(Communicator& g, const Tensor& x, const Tenso
   const int n = g.size(), r = g.rank();
   const std::int64_t rows = x.shape()[0], k = x.shape()[1], cols = w.shape()[1];
   MESHFLOW_CHECK(w.shape()[0] == k);
-  const std::size_t most = static_cast<std::size_t>(rows_of(rows, n, 0) * cols);
-  std::vector<T> part[2] = {std::vector<T>(most), std::vector<T>(most)};
-  std::vector<T> received(most);
+  const Shape most{rows_of(rows, n, 0), cols};
+  Tensor part_t[2] = {Tensor::uninitialized(x.dtype(), most),
+                      Tensor::uninitialized(x.dtype(), most)};
+  Tensor received_t = Tensor::uninitialized(x.dtype(), most);
+  T* part[2] = {part_t[0].data<T>().data(), part_t[1].data<T>().data()};
+  T* received = received_t.data<T>().data();
   // The last step (block r) accumulates straight into the result.
   Tensor y = Tensor::uninitialized(x.dtype(), {rows_of(rows, n, r), cols});
   Event in_flight;
   for (int step = 0; step < n; ++step) {
     const int block = (r + step + 1) % n;
     const std::int64_t m = rows_of(rows, n, block);
-    T* p = step == n - 1 ? y.data<T>().data() : part[step % 2].data();
+    T* p = step == n - 1 ? y.data<T>().data() : part[step % 2];
     if (m > 0 && cols > 0) {
       if (k > 0) {
         gemm<T>(false, false, m, cols, k, x.data<T>().data() + offset_of(rows, n, block) * k, k,
@@ -94,7 +100,7 @@ Tensor matmul_reduce_scatter_typed(Communicator& g, const Tensor& x, const Tenso
     }
     if (step > 0) {
       in_flight.wait(g.default_timeout());
-      for (std::int64_t i = 0; i < m * cols; ++i) p[i] += received[static_cast<std::size_t>(i)];
+      for (std::int64_t i = 0; i < m * cols; ++i) p[i] += received[i];
     }
     if (step + 1 < n) {
       // Pass this block's partial sum to r - 1; receive from r + 1 its partial sum of the block
@@ -102,7 +108,7 @@ Tensor matmul_reduce_scatter_typed(Communicator& g, const Tensor& x, const Tenso
       in_flight =
           collective_permute_async(g, {.send = reinterpret_cast<const std::byte*>(p),
                                        .send_count = m * cols,
-                                       .recv = reinterpret_cast<std::byte*>(received.data()),
+                                       .recv = reinterpret_cast<std::byte*>(received),
                                        .recv_count = rows_of(rows, n, (r + step + 2) % n) * cols,
                                        .dtype = x.dtype(),
                                        .shift = 1});
