@@ -4,24 +4,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 
 #include "meshflow/core/error.h"
+#include "meshflow/plan/plan_cache.h"
 
 namespace meshflow {
 
 Explanation explain(const Pcg& pcg, const PlanOptions& options) {
   verify(pcg, Stage::kCopied);
   Explanation e;
-  // Plans once per distinct (from, to): a deep model repeats a few moves many times.
-  std::map<std::pair<std::size_t, std::size_t>, std::vector<Plan>> plans;
-  auto plan_of = [&](const Layout& from, const Layout& to) -> const Plan& {
-    auto& bucket = plans[{hash_value(from), hash_value(to)}];
-    for (const Plan& p : bucket)
-      if (p.from == from && p.to == to) return p;
-    bucket.push_back(plan_redistribute(from, to, options));
-    return bucket.back();
-  };
+  PlanCache plans(options);  // a deep model repeats a few moves many times
   std::vector<std::pair<ValueId, std::string>> named;
   for (const auto& [name, id] : pcg.names) named.emplace_back(id, name);
   std::sort(named.begin(), named.end());
@@ -30,14 +22,14 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options) {
   for (const Node& n : pcg.nodes) {
     if (n.kind != NodeKind::kMove && n.kind != NodeKind::kParallel) continue;
     const Node& in = pcg.nodes[static_cast<std::size_t>(n.inputs[0])];
-    const Plan& plan = plan_of(*in.layout, *n.layout);
+    const std::shared_ptr<const Plan> plan = plans.get(*in.layout, *n.layout);
     MoveReport m{.value = n.kind == NodeKind::kMove ? n.moved_value : in.name,
                  .consumer = n.kind == NodeKind::kMove ? n.consumer : n.name,
                  .phase = n.phase,
                  .from = *in.layout,
                  .to = *n.layout,
-                 .est_s = plan.est_s};
-    for (const Step& s : plan.steps)
+                 .est_s = plan->est_s};
+    for (const Step& s : plan->steps)
       if (s.kind != StepKind::kLocal) m.steps.push_back(s.kind);
     if (!m.steps.empty()) e.moves.push_back(std::move(m));
   }

@@ -11,38 +11,11 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/ops/op.h"
+#include "meshflow/plan/plan_cache.h"
 
 namespace meshflow {
 
 namespace {
-
-// The plans of every move, planned once per distinct (from, to) pair, and their lowered
-// programs, once per (plan, device).
-class Plans {
- public:
-  explicit Plans(const PlanOptions& options) : options_(options) {}
-  struct Entry {
-    Plan plan;
-    std::vector<DeviceId> devices;
-    std::map<DeviceId, std::shared_ptr<const DeviceProgram>> programs;
-  };
-  Entry& get(const Layout& from, const Layout& to) {
-    auto& bucket = plans_[hash_value(from) * 31 + hash_value(to)];
-    for (const auto& e : bucket)
-      if (e->plan.from == from && e->plan.to == to) return *e;
-    auto e = std::make_unique<Entry>();
-    e->plan = plan_redistribute(from, to, options_);
-    e->devices = plan_devices(e->plan);
-    for (DeviceId d : e->devices)
-      e->programs[d] = std::make_shared<const DeviceProgram>(lower(e->plan, d));
-    bucket.push_back(std::move(e));
-    return *bucket.back();
-  }
-
- private:
-  PlanOptions options_;
-  std::unordered_map<std::size_t, std::vector<std::unique_ptr<Entry>>> plans_;
-};
 
 // Adds deps (producers of what a task reads, and for an in-place update the readers since)
 // and releases (after each value's last use on this device).
@@ -114,28 +87,28 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
     index[d] = g.devices.size();
     g.devices.push_back(DeviceTasks{.device = d});
   }
-  Plans plans(options);
-  // Which devices run each node (a move: its plan's), counted first so that every device's
-  // task list is allocated once.
-  std::vector<const std::vector<DeviceId>*> runs(pcg.nodes.size(), nullptr);
-  std::vector<const Plans::Entry*> entries(pcg.nodes.size(), nullptr);
+  PlanCache plans(options);
+  // Which devices run each node (a move: its plan's, with their programs), counted first so
+  // that every device's task list is allocated once.
+  using Programs = std::vector<std::pair<DeviceId, std::shared_ptr<const DeviceProgram>>>;
+  std::vector<Programs> moves(pcg.nodes.size());
   std::vector<std::size_t> count(g.devices.size(), 0);
   for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
     const Node& n = pcg.nodes[id];
-    if (n.kind == NodeKind::kMove || n.kind == NodeKind::kParallel) {
-      entries[id] = &plans.get(*pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout, *n.layout);
-      runs[id] = &entries[id]->devices;
-    } else {
-      runs[id] = &n.layout->mesh.devices;
-    }
     if (n.kind == NodeKind::kInput || n.kind == NodeKind::kWeight) continue;
-    for (DeviceId d : *runs[id]) ++count[index[d]];
+    if (n.kind == NodeKind::kMove || n.kind == NodeKind::kParallel) {
+      moves[id] =
+          plans.programs(*pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout, *n.layout);
+      for (const auto& [d, program] : moves[id]) ++count[index[d]];
+    } else {
+      for (DeviceId d : n.layout->mesh.devices) ++count[index[d]];
+    }
   }
   for (std::size_t i = 0; i < g.devices.size(); ++i) g.devices[i].tasks.reserve(count[i]);
   for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(id)];
     const Layout& layout = *n.layout;
-    const std::vector<DeviceId>& on = *runs[static_cast<std::size_t>(id)];
+    const std::vector<DeviceId>& on = layout.mesh.devices;
     switch (n.kind) {
       case NodeKind::kInput:
       case NodeKind::kWeight:
@@ -154,14 +127,12 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         break;
       }
       case NodeKind::kParallel:
-      case NodeKind::kMove: {
-        const Plans::Entry& e = *entries[static_cast<std::size_t>(id)];
-        for (DeviceId d : on) {
+      case NodeKind::kMove:
+        for (auto& [d, program] : moves[static_cast<std::size_t>(id)]) {
           g.devices[index[d]].tasks.push_back(
-              Task{.out = id, .phase = n.phase, .work = MoveTask{n.inputs[0], e.programs.at(d)}});
+              Task{.out = id, .phase = n.phase, .work = MoveTask{n.inputs[0], std::move(program)}});
         }
         break;
-      }
       case NodeKind::kUpdate:
         for (DeviceId d : on) {
           g.devices[index[d]].tasks.push_back(

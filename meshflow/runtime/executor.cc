@@ -143,32 +143,4 @@ Tensor execute(const DeviceProgram& program, Communicator& world, const Tensor& 
   return result;
 }
 
-std::shared_ptr<const Plan> PlanCache::get(const Layout& from, const Layout& to) {
-  Key key{from, to};
-  {
-    std::lock_guard lock(mu_);
-    auto it = entries_.find(key);
-    if (it != entries_.end()) return it->second.plan;
-  }
-  auto plan = std::make_shared<const Plan>(plan_redistribute(from, to, options_));
-  std::lock_guard lock(mu_);
-  Entry& e = entries_[std::move(key)];
-  if (!e.plan) e.plan = std::move(plan);
-  return e.plan;
-}
-
-std::shared_ptr<const DeviceProgram> PlanCache::program(const Layout& from, const Layout& to,
-                                                        DeviceId device) {
-  std::shared_ptr<const Plan> plan = get(from, to);
-  {
-    std::lock_guard lock(mu_);
-    auto& programs = entries_.at(Key{from, to}).programs;
-    auto it = programs.find(device);
-    if (it != programs.end()) return it->second;
-  }
-  auto program = std::make_shared<const DeviceProgram>(lower(*plan, device));
-  std::lock_guard lock(mu_);
-  return entries_.at(Key{from, to}).programs.emplace(device, std::move(program)).first->second;
-}
-
 }  // namespace meshflow

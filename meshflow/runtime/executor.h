@@ -4,13 +4,10 @@
 // exchanges the program names, so no data is padded, lost or invented.
 #pragma once
 
-#include <memory>
-#include <mutex>
-#include <unordered_map>
-
 #include "meshflow/comm/communicator.h"
 #include "meshflow/core/tensor.h"
 #include "meshflow/plan/lower.h"
+#include "meshflow/plan/plan_cache.h"
 #include "meshflow/plan/planner.h"
 
 namespace meshflow {
@@ -23,35 +20,5 @@ namespace meshflow {
 // `local` is not the shard the program expects.
 Tensor execute(const DeviceProgram& program, Communicator& world, const Tensor& local,
                Tensor recycled = Tensor());
-
-// Plans and programs cached by (from, to): plan_redistribute runs once per pair and lower once
-// per (pair, device). Thread-safe.
-class PlanCache {
- public:
-  explicit PlanCache(PlanOptions options = {}) : options_(options) {}
-  // Returns the plan for (from, to), planning it on first use.
-  std::shared_ptr<const Plan> get(const Layout& from, const Layout& to);
-  // Returns `device`'s program for (from, to), lowering it on first use.
-  std::shared_ptr<const DeviceProgram> program(const Layout& from, const Layout& to,
-                                               DeviceId device);
-
- private:
-  struct Key {
-    Layout from, to;
-    bool operator==(const Key&) const = default;
-  };
-  struct KeyHash {
-    std::size_t operator()(const Key& k) const {
-      return hash_value(k.from) * 31 + hash_value(k.to);
-    }
-  };
-  struct Entry {
-    std::shared_ptr<const Plan> plan;
-    std::unordered_map<DeviceId, std::shared_ptr<const DeviceProgram>> programs;
-  };
-  PlanOptions options_;
-  mutable std::mutex mu_;
-  std::unordered_map<Key, Entry, KeyHash> entries_;
-};
 
 }  // namespace meshflow
