@@ -35,56 +35,18 @@ struct Samples {
   std::vector<double> overlapped, sequential, comm, gemm;
 };
 
-Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows, int reps) {
-  const int n = comm.size(), r = comm.rank();
+// Times the decomposed form, the sequential one, and its collective and GEMM alone, rep by rep
+// and interleaved, after one untimed rep.
+Samples sample(Communicator& comm, int reps, const std::function<void()>& overlapped,
+               const std::function<void()>& sequential, const std::function<void()>& collective,
+               const std::function<void()>& gemm) {
   Samples s;
-  std::vector<std::int64_t> counts;
   auto timed = [&](const std::function<void()>& fn) { return time_between_barriers(comm, fn); };
-  if (name != "gemm_reduce_scatter") {
-    const GatherForm form =
-        name == "allgather_gemm_permute" ? GatherForm::kPermute : GatherForm::kBroadcast;
-    const Chunk mine = chunk(rows, n, r);
-    const Tensor x = random_tensor(DType::kFloat32, {mine.extent, kWidth}, 1 + r);
-    const Tensor w = random_tensor(DType::kFloat32, {kWidth, kWidth}, 99);
-    Tensor full = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
-    Tensor y = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
-    for (int i = 0; i < n; ++i) counts.push_back(chunk(rows, n, i).extent * kWidth);
-    auto gather = [&] {
-      all_gather(comm, {.send = x.bytes(), .recv = full.bytes(), .recv_counts = counts});
-    };
-    for (int rep = -1; rep < reps; ++rep) {
-      const double ov = timed([&] { allgather_matmul(comm, x, rows, w, form); });
-      const double seq = timed([&] {
-        gather();
-        gemm_into(full, w, y);
-      });
-      const double c = timed(gather);
-      const double g = timed([&] { gemm_into(full, w, y); });
-      if (rep < 0) continue;
-      s.overlapped.push_back(ov);
-      s.sequential.push_back(seq);
-      s.comm.push_back(c);
-      s.gemm.push_back(g);
-    }
-    return s;
-  }
-  const Chunk kc = chunk(kWidth, n, r);
-  const Tensor x = random_tensor(DType::kFloat32, {rows, kc.extent}, 1 + r);
-  const Tensor w = random_tensor(DType::kFloat32, {kc.extent, kWidth}, 50 + r);
-  Tensor partial = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
-  Tensor y = Tensor::uninitialized(DType::kFloat32, {chunk(rows, n, r).extent, kWidth});
-  for (int i = 0; i < n; ++i) counts.push_back(chunk(rows, n, i).extent * kWidth);
-  auto scatter = [&] {
-    reduce_scatter(comm, {.send = partial.bytes(), .recv = y.bytes(), .recv_counts = counts});
-  };
   for (int rep = -1; rep < reps; ++rep) {
-    const double ov = timed([&] { matmul_reduce_scatter(comm, x, w); });
-    const double seq = timed([&] {
-      gemm_into(x, w, partial);
-      scatter();
-    });
-    const double c = timed(scatter);
-    const double g = timed([&] { gemm_into(x, w, partial); });
+    const double ov = timed(overlapped);
+    const double seq = timed(sequential);
+    const double c = timed(collective);
+    const double g = timed(gemm);
     if (rep < 0) continue;
     s.overlapped.push_back(ov);
     s.sequential.push_back(seq);
@@ -92,6 +54,47 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
     s.gemm.push_back(g);
   }
   return s;
+}
+
+Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows, int reps) {
+  const int n = comm.size(), r = comm.rank();
+  std::vector<std::int64_t> counts;
+  for (int i = 0; i < n; ++i) counts.push_back(chunk(rows, n, i).extent * kWidth);
+  if (name != "gemm_reduce_scatter") {
+    const GatherForm form =
+        name == "allgather_gemm_permute" ? GatherForm::kPermute : GatherForm::kBroadcast;
+    const Tensor x = random_tensor(DType::kFloat32, {chunk(rows, n, r).extent, kWidth}, 1 + r);
+    const Tensor w = random_tensor(DType::kFloat32, {kWidth, kWidth}, 99);
+    Tensor full = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
+    Tensor y = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
+    auto gather = [&] {
+      all_gather(comm, {.send = x.bytes(), .recv = full.bytes(), .recv_counts = counts});
+    };
+    auto multiply = [&] { gemm_into(full, w, y); };
+    return sample(
+        comm, reps, [&] { allgather_matmul(comm, x, rows, w, form); },
+        [&] {
+          gather();
+          multiply();
+        },
+        gather, multiply);
+  }
+  const Chunk kc = chunk(kWidth, n, r);
+  const Tensor x = random_tensor(DType::kFloat32, {rows, kc.extent}, 1 + r);
+  const Tensor w = random_tensor(DType::kFloat32, {kc.extent, kWidth}, 50 + r);
+  Tensor partial = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
+  Tensor y = Tensor::uninitialized(DType::kFloat32, {chunk(rows, n, r).extent, kWidth});
+  auto scatter = [&] {
+    reduce_scatter(comm, {.send = partial.bytes(), .recv = y.bytes(), .recv_counts = counts});
+  };
+  auto multiply = [&] { gemm_into(x, w, partial); };
+  return sample(
+      comm, reps, [&] { matmul_reduce_scatter(comm, x, w); },
+      [&] {
+        multiply();
+        scatter();
+      },
+      scatter, multiply);
 }
 
 }  // namespace

@@ -57,29 +57,29 @@ Prepared prepare(const Model& model, Mode mode, bool check, const ModelRunOption
   p.pcg = compile(model.pcg, mode, options.plan);
   const std::vector<DeviceId> used = pcg_devices(p.pcg);
   p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
-  std::vector<ValueId> keep;
+  std::vector<ValueId> keep;  // fetched values stay until the step ends
+  auto fetch = [&](ValueId v) { return keep.emplace_back(add_fetch(p.pcg, v, p.leader)); };
   if (mode == Mode::kTrain) {
-    p.loss = add_fetch(p.pcg, *p.pcg.loss, p.leader);
+    p.loss = fetch(*p.pcg.loss);
     keep.push_back(*p.pcg.loss);
     for (const Node& n : model.pcg.nodes) {
       if (n.kind != NodeKind::kWeight) continue;
       p.saved.push_back(find_value(p.pcg, n.name));
       if (!check) continue;
       auto g = p.pcg.names.find("grad:" + n.name);
-      if (g != p.pcg.names.end())
-        p.grads.emplace_back(n.name, add_fetch(p.pcg, g->second, p.leader));
-      p.weights.emplace_back(n.name, add_fetch(p.pcg, find_value(p.pcg, n.name), p.leader));
+      if (g != p.pcg.names.end()) p.grads.emplace_back(n.name, fetch(g->second));
+      p.weights.emplace_back(n.name, fetch(find_value(p.pcg, n.name)));
     }
   } else {
     for (ValueId v : p.pcg.outputs) {
       p.saved.push_back(v);
       keep.push_back(v);
       const Node& n = p.pcg.nodes[static_cast<std::size_t>(v)];
-      if (n.spec.shape.empty()) p.scalars.emplace_back(n.name, add_fetch(p.pcg, v, p.leader));
+      if (!n.spec.shape.empty()) continue;
+      std::string name = n.name;  // a copy: fetch appends to the nodes n lives in
+      p.scalars.emplace_back(std::move(name), fetch(v));
     }
   }
-  for (std::size_t i = 0; i < p.pcg.nodes.size(); ++i)
-    if (p.pcg.nodes[i].name.starts_with("fetch:")) keep.push_back(static_cast<ValueId>(i));
   p.tasks = expand_shards(p.pcg, keep, options.plan);
   return p;
 }
