@@ -3,8 +3,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "meshflow/plan/cost_model.h"
 
 namespace meshflow::cli {
+
+// Returns the machine model named by --machine (the default when empty). The model must
+// outlive the plan options that point at it.
+std::shared_ptr<MachineModel> machine_option(const std::string& path);
 
 void add_shard(CLI::App& app);
 void add_gather(CLI::App& app);

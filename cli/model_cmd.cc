@@ -52,16 +52,6 @@ Model load(const std::string& path, Backend backend) {
   }
 }
 
-std::shared_ptr<MachineModel> machine_of(const std::string& path) {
-  return std::make_shared<MachineModel>(path.empty() ? default_machine() : load_machine(path));
-}
-
-nlohmann::json layout_json(const Layout& l) {
-  nlohmann::json placements = nlohmann::json::array();
-  for (const Placement& p : l.placements) placements.push_back(to_string(p));
-  return {{"mesh", explicit_text(l.mesh)}, {"placements", placements}, {"shape", l.shape}};
-}
-
 // Prints "step 3/10 [#####     ] loss 2.3012  4.1 steps/s" on standard error: redrawn in
 // place on a terminal, one line per step otherwise.
 void print_progress(const StepReport& r, int steps, double elapsed_s) {
@@ -83,14 +73,17 @@ void add_run(CLI::App& app) {
   add_common(cmd, *args, /*runs=*/true);
   cmd->add_option("--save", args->save, "write each output as a sharded folder DIR/<name>/");
   cmd->callback([args] {
-    auto machine = machine_of(args->machine);
+    auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
     const Model model = load(args->model, options.backend);
     const RunReport r = run_model(model, options);
     if (!r.reporter) return;
     if (args->json) {
       nlohmann::json outputs = nlohmann::json::object();
-      for (const auto& [name, layout] : r.outputs) outputs[name] = layout_json(layout);
+      for (const auto& [name, layout] : r.outputs) {
+        outputs[name] = layout_json(layout);
+        outputs[name]["shape"] = layout.shape;
+      }
       fmt::print("{}\n", nlohmann::json{{"outputs", outputs}}.dump(2));
       return;
     }
@@ -123,13 +116,10 @@ void add_train(CLI::App& app) {
                 "differences");
   cmd->add_option("--save", args->save, "write each weight after the last step to DIR/<name>/");
   cmd->callback([args] {
-    auto machine = machine_of(args->machine);
+    auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
     const Model model = load(args->model, options.backend);
-    TrainOptions o{.run = options,
-                   .steps = args->steps,
-                   .lr = args->lr,
-                   .check = args->check};
+    TrainOptions o{.run = options, .steps = args->steps, .lr = args->lr, .check = args->check};
     double elapsed = 0;
     o.progress = [&](const StepReport& r) {
       elapsed += r.seconds;
@@ -169,7 +159,7 @@ void add_explain(CLI::App& app) {
       "explain", "Show every value's layout and every data movement a model compiles into");
   add_common(cmd, *args, /*runs=*/false);
   cmd->callback([args] {
-    auto machine = machine_of(args->machine);
+    auto machine = machine_option(args->machine);
     const Model model = load_model(args->model);
     const PlanOptions plan{.machine = machine.get()};
     const Mode mode = model.pcg.loss ? Mode::kTrain : Mode::kRun;

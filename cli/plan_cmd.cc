@@ -10,15 +10,9 @@
 
 namespace meshflow::cli {
 
-namespace {
-
-// Returns the machine model named by --machine (the default when empty). The model must
-// outlive the plan options that point at it.
 std::shared_ptr<MachineModel> machine_option(const std::string& path) {
   return std::make_shared<MachineModel>(path.empty() ? default_machine() : load_machine(path));
 }
-
-}  // namespace
 
 void add_plan(CLI::App& app) {
   struct Args {

@@ -36,15 +36,11 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options) {
   return e;
 }
 
-namespace {
-
 nlohmann::json layout_json(const Layout& l) {
   nlohmann::json placements = nlohmann::json::array();
   for (const Placement& p : l.placements) placements.push_back(to_string(p));
   return {{"mesh", explicit_text(l.mesh)}, {"placements", placements}};
 }
-
-}  // namespace
 
 std::string explicit_text(const DeviceMesh& mesh) {
   return fmt::format("{}@{}", fmt::join(mesh.shape, "x"), fmt::join(mesh.devices, ","));

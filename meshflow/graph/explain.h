@@ -35,6 +35,9 @@ nlohmann::json to_json(const Explanation& e);
 // Returns the mesh's explicit text form, "2x2@0,1,2,3" (explain names meshes by it).
 std::string explicit_text(const DeviceMesh& mesh);
 
+// Returns {"mesh": explicit_text, "placements": [...]}, as explain and run's JSON give a layout.
+nlohmann::json layout_json(const Layout& layout);
+
 // Returns the text `meshflow explain` prints.
 std::string to_text(const Explanation& e);
 
