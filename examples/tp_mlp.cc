@@ -2,10 +2,10 @@
 // over dp; the first linear is column-parallel (w1 split by output columns over tp), the second
 // row-parallel (w2 split by input rows over tp), so the hidden activations never move and the
 // output needs exactly one reduction. Prints the largest difference to the same MLP on one device.
-#include <cmath>
 #include <cstdio>
 
 #include "meshflow/comm/launch.h"
+#include "meshflow/core/compare.h"
 #include "meshflow/core/random.h"
 #include "meshflow/dtensor/dtensor.h"
 
@@ -37,9 +37,7 @@ int main() {
     const Tensor got = full_tensor(dy);             // the one reduction (and the dp gather)
     if (comm.device() == 0) {
       placements = to_string(dh.layout.placements) + " then " + to_string(dy.layout.placements);
-      for (std::int64_t i = 0; i < got.numel(); ++i)
-        max_diff =
-            std::max<double>(max_diff, std::abs(got.data<float>()[i] - want.data<float>()[i]));
+      max_diff = max_abs_difference(got, want);
     }
   });
   std::printf("tensor-parallel MLP %lldx%lld -> %lld -> %lld on mesh 2x2 (dp, tp): hidden %s\n",

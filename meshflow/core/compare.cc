@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "meshflow/core/error.h"
+
 namespace meshflow {
 
 namespace {
@@ -56,6 +58,19 @@ std::optional<std::string> compare_close(const Tensor& a, const Tensor& b, doubl
     }
     return std::nullopt;
   });
+}
+
+double max_abs_difference(const Tensor& a, const Tensor& b) {
+  MESHFLOW_CHECK(!compare_meta(a, b), "max_abs_difference: {}", *compare_meta(a, b));
+  double m = 0;
+  visit_dtype(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    auto x = a.data<T>();
+    auto y = b.data<T>();
+    for (std::size_t i = 0; i < x.size(); ++i)
+      m = std::max(m, std::abs(static_cast<double>(x[i]) - static_cast<double>(y[i])));
+  });
+  return m;
 }
 
 }  // namespace meshflow

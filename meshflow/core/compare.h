@@ -17,4 +17,8 @@ std::optional<std::string> compare_exact(const Tensor& a, const Tensor& b);
 std::optional<std::string> compare_close(const Tensor& a, const Tensor& b, double rtol,
                                          double atol);
 
+// Returns the largest |a - b| over elements (0 for empty tensors); a and b must have one dtype
+// and shape (an internal check).
+double max_abs_difference(const Tensor& a, const Tensor& b);
+
 }  // namespace meshflow

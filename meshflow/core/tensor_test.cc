@@ -50,5 +50,15 @@ TEST(Compare, CloseAcceptsRoundingButNamesTheWorstElement) {
   EXPECT_NE(diff->find("element 9"), std::string::npos) << *diff;
 }
 
+TEST(Compare, MaxAbsDifferenceIsTheLargestElementwiseGap) {
+  Tensor a = random_tensor(DType::kFloat64, {3, 4}, 7);
+  Tensor b = a.clone();
+  EXPECT_EQ(max_abs_difference(a, b), 0.0);
+  b.data<double>()[2] -= 0.25;
+  b.data<double>()[10] += 0.75;
+  EXPECT_DOUBLE_EQ(max_abs_difference(a, b), 0.75);
+  EXPECT_THROW(max_abs_difference(a, random_tensor(DType::kFloat64, {4, 3}, 7)), Error);
+}
+
 }  // namespace
 }  // namespace meshflow

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
@@ -237,19 +238,6 @@ std::optional<Prepared> try_prepare(const Model& model, Mode mode, bool check,
   }
 }
 
-double max_diff(const Tensor& a, const Tensor& b) {
-  MESHFLOW_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype());
-  double m = 0;
-  visit_dtype(a.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    auto x = a.data<T>();
-    auto y = b.data<T>();
-    for (std::size_t i = 0; i < x.size(); ++i)
-      m = std::max(m, std::abs(static_cast<double>(x[i]) - static_cast<double>(y[i])));
-  });
-  return m;
-}
-
 bool reports(const ModelRunOptions& options) {
   return options.backend != Backend::kMpi || prints_shared_errors();
 }
@@ -316,16 +304,16 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
           c.max_loss_diff, std::abs(loss - report.steps[static_cast<std::size_t>(step)].loss));
       std::map<std::string, Tensor> g = reference_gradients(ref);
       for (std::size_t i = 0; i < p->grads.size(); ++i) {
-        c.max_grad_diff =
-            std::max(c.max_grad_diff,
-                     max_diff(grads[static_cast<std::size_t>(step)][i], g.at(p->grads[i].first)));
+        c.max_grad_diff = std::max(
+            c.max_grad_diff,
+            max_abs_difference(grads[static_cast<std::size_t>(step)][i], g.at(p->grads[i].first)));
       }
       reference_update(ref, g, options.lr);
       for (std::size_t i = 0; i < p->weights.size(); ++i) {
         const Tensor& w =
             ref.values[static_cast<std::size_t>(find_value(model.pcg, p->weights[i].first))];
-        c.max_weight_diff =
-            std::max(c.max_weight_diff, max_diff(weights[static_cast<std::size_t>(step)][i], w));
+        c.max_weight_diff = std::max(
+            c.max_weight_diff, max_abs_difference(weights[static_cast<std::size_t>(step)][i], w));
       }
     }
     report.check = c;
