@@ -21,10 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Source normal(double std, std::uint64_t seed) {
-  return Source{.kind = Source::Kind::kNormal, .a = std, .seed = seed};
-}
-
 // The MLP on `mesh_text`: one device or data parallel (x S(0), weights R) on a 1-d mesh, DP×TP
 // on a 2-d one (w1 column-, w2 row-parallel, then a reduction over tp).
 Model mlp(const TrainBenchOptions& o, const std::string& mesh_text, const fs::path& labels) {
@@ -35,15 +31,17 @@ Model mlp(const TrainBenchOptions& o, const std::string& mesh_text, const fs::pa
   auto P = [&](const char* one_d, const char* two_d) {
     return parse_placements(tp ? two_d : one_d);
   };
-  const ValueId x = add_input(g, "x", {{o.batch, o.in}}, mesh, P("S(0)", "S(0),R"), normal(1, 1));
+  const ValueId x =
+      add_input(g, "x", {{o.batch, o.in}}, mesh, P("S(0)", "S(0),R"), Source::normal(1, 1));
   const ValueId y = add_input(g, "y", {{o.batch}, DType::kInt64}, mesh, P("S(0)", "S(0),R"),
                               Source{.kind = Source::Kind::kNpy, .path = labels});
   const ValueId w1 =
-      add_weight(g, "w1", {{o.in, o.hidden}}, mesh, P("R", "R,S(1)"), normal(0.02, 2));
-  const ValueId b1 = add_weight(g, "b1", {{o.hidden}}, mesh, P("R", "R,S(0)"), normal(0.02, 3));
+      add_weight(g, "w1", {{o.in, o.hidden}}, mesh, P("R", "R,S(1)"), Source::normal(0.02, 2));
+  const ValueId b1 =
+      add_weight(g, "b1", {{o.hidden}}, mesh, P("R", "R,S(0)"), Source::normal(0.02, 3));
   const ValueId w2 =
-      add_weight(g, "w2", {{o.hidden, o.in}}, mesh, P("R", "R,S(0)"), normal(0.02, 4));
-  const ValueId b2 = add_weight(g, "b2", {{o.in}}, mesh, P("R", "R,R"), normal(0.02, 5));
+      add_weight(g, "w2", {{o.hidden, o.in}}, mesh, P("R", "R,S(0)"), Source::normal(0.02, 4));
+  const ValueId b2 = add_weight(g, "b2", {{o.in}}, mesh, P("R", "R,R"), Source::normal(0.02, 5));
   const ValueId h = add_compute(g, "h", Op{.type = OpType::kLinear}, {x, w1, b1});
   const ValueId a = add_compute(g, "a", Op{.type = OpType::kRelu}, {h});
   ValueId out = add_compute(g, "o", Op{.type = OpType::kLinear}, {a, w2, b2});
@@ -140,16 +138,17 @@ Pcg deep_mlp(int layers) {
   Pcg g;
   const DeviceMesh mesh = parse_mesh("8x8");
   constexpr std::int64_t kWidth = 64, kBatch = 256;
-  ValueId v = add_input(g, "x", {{kBatch, kWidth}}, mesh, parse_placements("S(0),R"), normal(1, 1));
+  ValueId v =
+      add_input(g, "x", {{kBatch, kWidth}}, mesh, parse_placements("S(0),R"), Source::normal(1, 1));
   for (int i = 0; i < layers; ++i) {
     const char* placements = i % 2 == 0 ? "R,S(1)" : "R,S(0)";
     const ValueId w = add_weight(g, fmt::format("w{}", i), {{kWidth, kWidth}}, mesh,
-                                 parse_placements(placements), normal(0.1, 10 + i));
+                                 parse_placements(placements), Source::normal(0.1, 10 + i));
     v = add_compute(g, fmt::format("h{}", i), Op{.type = OpType::kMatmul}, {v, w});
     v = add_compute(g, fmt::format("a{}", i), Op{.type = OpType::kTanh}, {v});
   }
   const ValueId t =
-      add_input(g, "t", {{kBatch, kWidth}}, mesh, parse_placements("S(0),R"), normal(1, 2));
+      add_input(g, "t", {{kBatch, kWidth}}, mesh, parse_placements("S(0),R"), Source::normal(1, 2));
   set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {v, t}));
   return g;
 }

@@ -49,6 +49,9 @@ struct Source {
   std::filesystem::path path;  // kNpy, kFolder
   double a = 0, b = 0;         // normal: (std, -); uniform: (lo, hi); fill: (value, -)
   std::uint64_t seed = 0;
+  static Source normal(double std, std::uint64_t seed) {
+    return {.kind = Kind::kNormal, .a = std, .seed = seed};
+  }
   bool operator==(const Source&) const = default;
 };
 

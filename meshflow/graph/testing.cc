@@ -3,25 +3,18 @@
 
 namespace meshflow::testing {
 
-namespace {
-
-Source normal(double std, std::uint64_t seed) {
-  return Source{.kind = Source::Kind::kNormal, .a = std, .seed = seed};
-}
-
-}  // namespace
-
 Pcg dp_tp_mlp(const std::filesystem::path& labels, std::int64_t batch, std::int64_t in,
               std::int64_t hidden, std::int64_t classes) {
   Pcg g;
   const DeviceMesh m = parse_mesh("2x2");
   auto P = parse_placements;
-  const ValueId x = add_input(g, "x", {{batch, in}}, m, P("S(0),R"), normal(1, 11));
+  const ValueId x = add_input(g, "x", {{batch, in}}, m, P("S(0),R"), Source::normal(1, 11));
   const ValueId y = add_input(g, "y", {{batch}, DType::kInt64}, m, P("S(0),R"),
                               Source{.kind = Source::Kind::kNpy, .path = labels});
-  const ValueId w1 = add_weight(g, "w1", {{in, hidden}}, m, P("R,S(1)"), normal(0.3, 1));
-  const ValueId w2 = add_weight(g, "w2", {{hidden, classes}}, m, P("R,S(0)"), normal(0.3, 2));
-  const ValueId b2 = add_weight(g, "b2", {{classes}}, m, P("R,R"), normal(0.1, 3));
+  const ValueId w1 = add_weight(g, "w1", {{in, hidden}}, m, P("R,S(1)"), Source::normal(0.3, 1));
+  const ValueId w2 =
+      add_weight(g, "w2", {{hidden, classes}}, m, P("R,S(0)"), Source::normal(0.3, 2));
+  const ValueId b2 = add_weight(g, "b2", {{classes}}, m, P("R,R"), Source::normal(0.1, 3));
   const ValueId h = add_compute(g, "h", Op{.type = OpType::kLinear}, {x, w1});
   const ValueId a = add_compute(g, "a", Op{.type = OpType::kRelu}, {h});
   const ValueId o = add_compute(g, "o", Op{.type = OpType::kLinear}, {a, w2, b2});
@@ -39,10 +32,10 @@ Pcg pipeline(std::int64_t batch, std::int64_t in, std::int64_t out) {
   const DeviceMesh s0 = parse_mesh("2@0,1");
   const DeviceMesh s1 = parse_mesh("2@2,3");
   auto P = parse_placements;
-  const ValueId x = add_input(g, "x", {{batch, in}}, s0, P("S(0)"), normal(1, 21));
-  const ValueId t = add_input(g, "t", {{batch, out}}, s1, P("S(0)"), normal(1, 22));
-  const ValueId w1 = add_weight(g, "w1", {{in, in}}, s0, P("R"), normal(0.4, 23));
-  const ValueId w2 = add_weight(g, "w2", {{in, out}}, s1, P("R"), normal(0.4, 24));
+  const ValueId x = add_input(g, "x", {{batch, in}}, s0, P("S(0)"), Source::normal(1, 21));
+  const ValueId t = add_input(g, "t", {{batch, out}}, s1, P("S(0)"), Source::normal(1, 22));
+  const ValueId w1 = add_weight(g, "w1", {{in, in}}, s0, P("R"), Source::normal(0.4, 23));
+  const ValueId w2 = add_weight(g, "w2", {{in, out}}, s1, P("R"), Source::normal(0.4, 24));
   const ValueId h0 = add_compute(g, "h0", Op{.type = OpType::kLinear}, {x, w1});
   const ValueId h = add_compute(g, "h", Op{.type = OpType::kTanh}, {h0});
   const ValueId o = add_compute(g, "o", Op{.type = OpType::kLinear}, {h, w2}, s1);

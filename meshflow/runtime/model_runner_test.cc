@@ -26,10 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Source normal(double std, std::uint64_t seed) {
-  return Source{.kind = Source::Kind::kNormal, .a = std, .seed = seed};
-}
-
 // A weight x on `from`, parallel ops `ops` (each with its output mesh and placements), then
 // relu and an mse against a target on the last op's layout: x's gradient flows back through
 // every parallel op's backward.
@@ -48,7 +44,7 @@ Model parallel_model(const ParallelCase& c) {
   Model m;
   Pcg& g = m.pcg;
   ValueId v = add_weight(g, "x", {c.shape}, parse_mesh(c.from), parse_placements(c.from_placements),
-                         normal(1, 5));
+                         Source::normal(1, 5));
   std::string mesh = c.from, placements = c.from_placements;
   for (std::size_t i = 0; i < c.steps.size(); ++i) {
     const auto& s = c.steps[i];
@@ -58,8 +54,8 @@ Model parallel_model(const ParallelCase& c) {
     placements = s.placements;
   }
   const ValueId a = add_compute(g, "a", Op{.type = OpType::kRelu}, {v});
-  const ValueId t =
-      add_input(g, "t", {c.shape}, parse_mesh(mesh), parse_placements(placements), normal(1, 6));
+  const ValueId t = add_input(g, "t", {c.shape}, parse_mesh(mesh), parse_placements(placements),
+                              Source::normal(1, 6));
   set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {a, t}));
   add_output(g, a);
   return m;
@@ -111,14 +107,16 @@ TEST(ParallelOps, ReductionSameMeshAndAcrossMeshes) {
     Model m;
     Pcg& g = m.pcg;
     const DeviceMesh two = parse_mesh("2");
-    const ValueId x = add_weight(g, "x", {{5, 6}}, two, parse_placements("S(1)"), normal(1, 1));
-    const ValueId w = add_weight(g, "w", {{6, 3}}, two, parse_placements("S(0)"), normal(1, 2));
+    const ValueId x =
+        add_weight(g, "x", {{5, 6}}, two, parse_placements("S(1)"), Source::normal(1, 1));
+    const ValueId w =
+        add_weight(g, "w", {{6, 3}}, two, parse_placements("S(0)"), Source::normal(1, 2));
     const ValueId l = add_compute(g, "l", Op{.type = OpType::kLinear}, {x, w});
     const ValueId r = add_parallel(g, "r", ParallelOp{.type = PT::kReduction, .degree = 2}, l,
                                    parse_mesh(to), parse_placements("R"));
     const ValueId a = add_compute(g, "a", Op{.type = OpType::kTanh}, {r});
     const ValueId t =
-        add_input(g, "t", {{5, 3}}, parse_mesh(to), parse_placements("R"), normal(1, 3));
+        add_input(g, "t", {{5, 3}}, parse_mesh(to), parse_placements("R"), Source::normal(1, 3));
     set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {a, t}));
     expect_matches_one_device(m, "reduction to mesh " + to);
   }
@@ -130,11 +128,11 @@ Model data_parallel() {
   Pcg& g = m.pcg;
   const DeviceMesh mesh = parse_mesh("4");
   auto P = parse_placements;
-  const ValueId x = add_input(g, "x", {{8, 6}}, mesh, P("S(0)"), normal(1, 1));
-  const ValueId t = add_input(g, "t", {{8, 3}}, mesh, P("S(0)"), normal(1, 2));
-  const ValueId w1 = add_weight(g, "w1", {{6, 8}}, mesh, P("R"), normal(0.3, 3));
-  const ValueId b1 = add_weight(g, "b1", {{8}}, mesh, P("R"), normal(0.1, 4));
-  const ValueId w2 = add_weight(g, "w2", {{8, 3}}, mesh, P("R"), normal(0.3, 5));
+  const ValueId x = add_input(g, "x", {{8, 6}}, mesh, P("S(0)"), Source::normal(1, 1));
+  const ValueId t = add_input(g, "t", {{8, 3}}, mesh, P("S(0)"), Source::normal(1, 2));
+  const ValueId w1 = add_weight(g, "w1", {{6, 8}}, mesh, P("R"), Source::normal(0.3, 3));
+  const ValueId b1 = add_weight(g, "b1", {{8}}, mesh, P("R"), Source::normal(0.1, 4));
+  const ValueId w2 = add_weight(g, "w2", {{8, 3}}, mesh, P("R"), Source::normal(0.3, 5));
   const ValueId h = add_compute(g, "h", Op{.type = OpType::kLinear}, {x, w1, b1});
   const ValueId a = add_compute(g, "a", Op{.type = OpType::kTanh}, {h});
   const ValueId o = add_compute(g, "o", Op{.type = OpType::kLinear}, {a, w2});
