@@ -65,6 +65,7 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
         name == "allgather_gemm_permute" ? GatherForm::kPermute : GatherForm::kBroadcast;
     const Tensor x = random_tensor(DType::kFloat32, {chunk(rows, n, r).extent, kWidth}, 1 + r);
     const Tensor w = random_tensor(DType::kFloat32, {kWidth, kWidth}, 99);
+    const Tensor* rest[] = {&w};
     Tensor full = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
     Tensor y = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
     auto gather = [&] {
@@ -72,7 +73,8 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
     };
     auto multiply = [&] { gemm_into(full, w, y); };
     return sample(
-        comm, reps, [&] { allgather_matmul(comm, x, rows, w, form); },
+        comm, reps,
+        [&] { allgather_product(comm, OpType::kMatmul, x, rows, rest, {.form = form}); },
         [&] {
           gather();
           multiply();
@@ -82,6 +84,7 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
   const Chunk kc = chunk(kWidth, n, r);
   const Tensor x = random_tensor(DType::kFloat32, {rows, kc.extent}, 1 + r);
   const Tensor w = random_tensor(DType::kFloat32, {kc.extent, kWidth}, 50 + r);
+  const Tensor* rest[] = {&w};
   Tensor partial = Tensor::uninitialized(DType::kFloat32, {rows, kWidth});
   Tensor y = Tensor::uninitialized(DType::kFloat32, {chunk(rows, n, r).extent, kWidth});
   auto scatter = [&] {
@@ -89,7 +92,7 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
   };
   auto multiply = [&] { gemm_into(x, w, partial); };
   return sample(
-      comm, reps, [&] { matmul_reduce_scatter(comm, x, w); },
+      comm, reps, [&] { product_reduce_scatter(comm, OpType::kMatmul, x, rest); },
       [&] {
         multiply();
         scatter();

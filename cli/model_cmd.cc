@@ -17,7 +17,7 @@ namespace {
 
 struct CommonArgs {
   std::string model, backend, machine, save, trace;
-  bool json = false;
+  bool json = false, overlap = false;
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
@@ -26,9 +26,12 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
     cmd->add_option("--backend", a.backend,
                     "threads or mpi (default: mpi under mpirun, else threads)");
     cmd->add_option("--trace", a.trace,
-                    "write a Chrome/Perfetto trace JSON (one track per device)");
+                    "write a Chrome/Perfetto trace JSON (a process per device: tasks, transfers)");
   }
   cmd->add_option("--machine", a.machine, "machine description JSON for the cost model");
+  cmd->add_flag("--overlap", a.overlap,
+                "run all-gathers into and reduce-scatters out of matrix products as loops that "
+                "overlap each block's transfer with the product");
   cmd->add_flag("--json", a.json, "print JSON");
 }
 
@@ -36,6 +39,7 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   ModelRunOptions o;
   o.backend = a.backend.empty() ? detect_backend() : parse_backend(a.backend);
   o.plan.machine = machine;
+  o.overlap = a.overlap;
   if (!a.save.empty()) o.save = a.save;
   if (!a.trace.empty()) o.trace = a.trace;
   return o;
@@ -163,7 +167,8 @@ void add_explain(CLI::App& app) {
     const Model model = load_model(args->model);
     const PlanOptions plan{.machine = machine.get()};
     const Mode mode = model.pcg.loss ? Mode::kTrain : Mode::kRun;
-    const Explanation e = explain(compile(model.pcg, mode, plan), plan);
+    const Explanation e =
+        explain(compile(model.pcg, mode, {.plan = plan, .overlap = args->overlap}), plan);
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

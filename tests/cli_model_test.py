@@ -61,11 +61,16 @@ def model(name):
     return os.path.join(examples, name + ".json")
 
 
-ALL = ["dp_mlp", "tp_mlp", "dp_tp_mlp", "pipeline_mlp", "ff_repartition_relu",
-       "ff_repartition_combine_relu", "ff_repartition_linear_reduction_relu"]
+ALL = ["dp_mlp", "tp_mlp", "dp_tp_mlp", "tp_sp_mlp", "dp_tp_sp_mlp", "pipeline_mlp",
+       "ff_repartition_relu", "ff_repartition_combine_relu", "ff_repartition_linear_reduction_relu"]
 trained = ["tp_mlp", "dp_tp_mlp", "pipeline_mlp"] if mpirun else ALL
-for name in trained:
-    r = run("train", model(name), "--steps", "3", "--check", "--json", ranks=4 if mpirun else None)
+# --overlap: the sequence-parallel TP and DP x TP examples with their all-gathers and
+# reduce-scatters decomposed around the products (and every example, where it changes nothing).
+runs = [(name, []) for name in trained] + [
+    (name, ["--overlap"]) for name in (["tp_sp_mlp", "dp_tp_sp_mlp"] if mpirun else ALL)]
+for name, extra in runs:
+    r = run("train", model(name), "--steps", "3", "--check", "--json", *extra,
+            ranks=4 if mpirun else None)
     check(r.returncode == 0, f"train {name}: {r.stderr}")
     if r.returncode != 0:
         continue
@@ -98,8 +103,30 @@ with tempfile.TemporaryDirectory() as tmp:
         o = np.load(f"{tmp}/o.npy")
         check(np.allclose(o, want, rtol=1e-4, atol=1e-5), f"saved o differs from NumPy by {np.abs(o - want).max()}")
         trace = json.load(open(f"{tmp}/t.json"))
-        tracks = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
+        tracks = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "M"}
         check(tracks == {0, 1, 2, 3}, f"trace tracks {tracks}")
+
+    # run --overlap --trace: each device's transfers (its second track) overlap its products.
+    r = run("run", model("tp_sp_mlp"), "--overlap", "--trace", f"{tmp}/o.json", ranks=ranks)
+    check(r.returncode == 0, f"run --overlap: {r.stderr}")
+    if r.returncode == 0:
+        events = [e for e in json.load(open(f"{tmp}/o.json"))["traceEvents"] if e["ph"] == "X"]
+        for d in range(4):
+            transfers = [e for e in events if e["pid"] == d and e["cat"] == "transfer"]
+            products = [e for e in events if e["pid"] == d and e["cat"] == "product"]
+            check(len(transfers) == 6 and {e["tid"] for e in transfers} == {1},
+                  f"device {d}: transfers {transfers}")
+            hidden = [p for p in products for t in transfers
+                      if t["ts"] <= p["ts"] and p["ts"] + p["dur"] <= t["ts"] + t["dur"]]
+            check(len(hidden) >= 4, f"device {d}: products inside transfers {hidden}")
+
+    # explain --overlap --json: a decomposed all-gather is n - 1 permutes beside its product.
+    r = run("explain", model("tp_sp_mlp"), "--overlap", "--json")
+    check(r.returncode == 0, r.stderr)
+    decomposed = [m for m in json.loads(r.stdout)["moves"] if "overlapped_with" in m]
+    check([(m["value"], m["overlapped_with"], m["steps"]) for m in decomposed] ==
+          [("t", "h", ["permute"] * 3), ("o", "o:kernel", ["permute"] * 3),
+           ("grad:o", "bwd:o/0", ["permute"] * 3)], f"{decomposed}")
 
     # explain --json: DESIGN's form; the DP×TP MLP's moves are the reduction and the gradients.
     r = run("explain", model("dp_tp_mlp"), "--json")

@@ -1,5 +1,5 @@
-// The decomposed collective matmuls against the single-device GEMM, shared by the threads suite
-// (meshflow/runtime/overlap_test.cc) and the mpi one (tests/overlap_mpi_test.cc).
+// The decomposed collective products against single-device products, shared by the threads
+// suite (meshflow/runtime/overlap_test.cc) and the mpi one (tests/overlap_mpi_test.cc).
 #include "tests/overlap_check.h"
 
 #include <gtest/gtest.h>
@@ -18,62 +18,99 @@ namespace meshflow::testing {
 
 namespace {
 
+using Calls = std::map<std::string, int>;
+
 // Runs fn(group) on devices 0..n-1 of `backend`, each through a recording communicator, and
 // checks on each device that it made exactly `want` calls (collective -> count).
-void on_devices(Backend backend, int n, const std::map<std::string, int>& want,
+void on_devices(Backend backend, int n, const Calls& want,
                 const std::function<void(Communicator&)>& fn) {
   launch({.backend = backend, .devices = first_devices(n)}, [&](Communicator& comm) {
     auto log = std::make_shared<CallLog>();
     RecordingCommunicator recording(comm.devices(), comm.device(), log, comm.group(comm.devices()));
     fn(recording);
-    std::map<std::string, int> calls;
+    Calls calls;
     for (const RecordedCall& call : *log) ++calls[call.collective];
     EXPECT_EQ(calls, want) << "device " << comm.device() << " of " << n;
   });
 }
 
-Tensor rows(const Tensor& t, std::int64_t from, std::int64_t count) {
-  return slice(t, Box{{from, 0}, {count, t.shape()[1]}});
+Calls calls_of(GatherForm form, int n) {
+  return form == GatherForm::kPermute ? Calls{{"collective_permute", n - 1}}
+                                      : Calls{{"broadcast", n}};
 }
-Tensor cols(const Tensor& t, std::int64_t from, std::int64_t count) {
-  return slice(t, Box{{0, from}, {t.shape()[0], count}});
+
+// Returns `count` elements of t's dim `dim` from `from`.
+Tensor part(const Tensor& t, int dim, std::int64_t from, std::int64_t count) {
+  Box box{std::vector<std::int64_t>(t.shape().size(), 0), t.shape()};
+  box.offset[static_cast<std::size_t>(dim)] = from;
+  box.extent[static_cast<std::size_t>(dim)] = count;
+  return slice(t, box);
+}
+Tensor chunk_of(const Tensor& t, int dim, int n, int rank) {
+  const Chunk c = chunk(t.shape()[static_cast<std::size_t>(dim)], n, rank);
+  return part(t, dim, c.offset, c.extent);
+}
+
+void expect_close(const Tensor& got, const Tensor& want, int n, const char* what) {
+  const double tol = got.dtype() == DType::kFloat64 ? 1e-12 : 1e-5;
+  EXPECT_EQ(compare_close(got, want, tol, tol), std::nullopt) << what << ", " << n << " ranks";
 }
 
 }  // namespace
 
-void check_allgather_matmul(Backend backend, const std::vector<int>& ranks) {
+void check_allgather_product(Backend backend, const std::vector<int>& ranks) {
   for (int n : ranks) {
-    const std::int64_t m = 2 * n + 1, k = 5, cols_n = 7;  // uneven row blocks
-    const Tensor x = random_tensor(DType::kFloat32, {m, k}, 100 + n);
-    const Tensor w = random_tensor(DType::kFloat32, {k, cols_n}, 200 + n);
-    const Tensor want = compute(Op{.type = OpType::kMatmul}, {&x, &w});
+    const std::int64_t m = 2 * n + 1, k = 5, out = 3 * n + 1;  // uneven row and column blocks
+    const Tensor x = random_tensor(DType::kFloat32, {m, 2, k}, 100 + n);
+    const Tensor w = random_tensor(DType::kFloat32, {k, out}, 200 + n);
+    const Tensor b = random_tensor(DType::kFloat32, {out}, 250 + n);
+    const Tensor dy = random_tensor(DType::kFloat32, {m, 2, out}, 260 + n);
+    const Tensor y = compute(Op{.type = OpType::kLinear}, {&x, &w, &b});
+    const Tensor dx = compute(Op{.type = OpType::kMatmulGradA}, {&dy, &w});
     for (GatherForm form : {GatherForm::kPermute, GatherForm::kBroadcast}) {
-      const std::map<std::string, int> calls =
-          form == GatherForm::kPermute ? std::map<std::string, int>{{"collective_permute", n - 1}}
-                                       : std::map<std::string, int>{{"broadcast", n}};
+      Calls calls = calls_of(form, n);
+      calls["collective_permute"] += n - 1;  // the backward reduce-scatter
       on_devices(backend, n, calls, [&](Communicator& g) {
-        const Chunk mine = chunk(m, n, g.rank());
-        const Tensor y = allgather_matmul(g, rows(x, mine.offset, mine.extent), m, w, form);
-        EXPECT_EQ(compare_close(y, want, 1e-5, 1e-6), std::nullopt) << n << " ranks";
+        const int r = g.rank();
+        const Tensor w_local = chunk_of(w, 1, n, r), b_local = chunk_of(b, 0, n, r);
+        const Tensor* rest[] = {&w_local, &b_local};
+        Tensor gathered;
+        const Tensor y_local = allgather_product(g, OpType::kLinear, chunk_of(x, 0, n, r), m, rest,
+                                                 {.form = form, .gathered = &gathered});
+        expect_close(y_local, chunk_of(y, 2, n, r), n, "forward");
+        EXPECT_EQ(compare_close(gathered, x, 0, 0), std::nullopt) << "gathered x, " << n;
+        const Tensor* w_only[] = {&w_local};
+        const Tensor dx_local =
+            product_reduce_scatter(g, OpType::kMatmulGradA, chunk_of(dy, 2, n, r), w_only);
+        expect_close(dx_local, chunk_of(dx, 0, n, r), n, "backward");
       });
     }
   }
 }
 
-void check_matmul_reduce_scatter(Backend backend, const std::vector<int>& ranks) {
+void check_product_reduce_scatter(Backend backend, const std::vector<int>& ranks) {
   for (int n : ranks) {
-    const std::int64_t m = 3 * n - 1, k = 2 * n + 3, cols_n = 6;  // uneven rows and k blocks
+    const std::int64_t m = 3 * n - 1, k = 2 * n + 3, out = 6;  // uneven rows and k blocks
     const Tensor x = random_tensor(DType::kFloat64, {m, k}, 300 + n);
-    const Tensor w = random_tensor(DType::kFloat64, {k, cols_n}, 400 + n);
-    const Tensor want = compute(Op{.type = OpType::kMatmul}, {&x, &w});
-    on_devices(backend, n, {{"collective_permute", n - 1}}, [&](Communicator& g) {
-      const Chunk kc = chunk(k, n, g.rank());
-      const Tensor y =
-          matmul_reduce_scatter(g, cols(x, kc.offset, kc.extent), rows(w, kc.offset, kc.extent));
-      const Chunk mine = chunk(m, n, g.rank());
-      EXPECT_EQ(compare_close(y, rows(want, mine.offset, mine.extent), 1e-12, 1e-12), std::nullopt)
-          << n << " ranks";
-    });
+    const Tensor w = random_tensor(DType::kFloat64, {k, out}, 400 + n);
+    const Tensor dy = random_tensor(DType::kFloat64, {m, out}, 450 + n);
+    const Tensor y = compute(Op{.type = OpType::kMatmul}, {&x, &w});
+    const Tensor dx = compute(Op{.type = OpType::kMatmulGradA}, {&dy, &w});
+    for (GatherForm form : {GatherForm::kPermute, GatherForm::kBroadcast}) {
+      Calls calls = calls_of(form, n);  // the backward gather
+      calls["collective_permute"] += n - 1;
+      on_devices(backend, n, calls, [&](Communicator& g) {
+        const int r = g.rank();
+        const Tensor w_local = chunk_of(w, 0, n, r);
+        const Tensor* rest[] = {&w_local};
+        const Tensor y_local =
+            product_reduce_scatter(g, OpType::kMatmul, chunk_of(x, 1, n, r), rest);
+        expect_close(y_local, chunk_of(y, 0, n, r), n, "forward");
+        const Tensor dx_local = allgather_product(g, OpType::kMatmulGradA, chunk_of(dy, 0, n, r), m,
+                                                  rest, {.form = form});
+        expect_close(dx_local, chunk_of(dx, 1, n, r), n, "backward");
+      });
+    }
   }
 }
 

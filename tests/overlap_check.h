@@ -1,6 +1,6 @@
-// The decomposed collective matmuls (runtime/overlap.h) checked on a backend: results against
-// the single-device GEMM for uneven blocks, and each device's calls counted by the recording
-// communicator (n - 1 permutes, or n broadcasts).
+// The decomposed collective products (runtime/overlap.h) checked on a backend: forward and
+// backward results against single-device products for uneven blocks, and each device's calls
+// counted by the recording communicator (n - 1 permutes, or n broadcasts).
 #pragma once
 
 #include <vector>
@@ -9,7 +9,13 @@
 
 namespace meshflow::testing {
 
-void check_allgather_matmul(Backend backend, const std::vector<int>& ranks);
-void check_matmul_reduce_scatter(Backend backend, const std::vector<int>& ranks);
+// Column-parallel linear with a row-sharded input: y = gather(x) @ w_local + b_local in both
+// forms (x 3-D, so rows fold), with the gathered x; backward dx = reduce-scatter of
+// dy @ w_localᵀ.
+void check_allgather_product(Backend backend, const std::vector<int>& ranks);
+
+// Row-parallel matmul: y's row block = reduce-scatter of x_local @ w_local; backward
+// dx_local = gather(dy) @ w_localᵀ in both forms.
+void check_product_reduce_scatter(Backend backend, const std::vector<int>& ranks);
 
 }  // namespace meshflow::testing

@@ -1,4 +1,5 @@
-// The decomposed collective matmuls under mpirun -n 4, for 2, 3 and 4 ranks.
+// The decomposed collective products (forward and backward) under mpirun -n 4, for 2, 3 and 4
+// ranks.
 #include <gtest/gtest.h>
 
 #include "tests/overlap_check.h"
@@ -6,12 +7,12 @@
 namespace meshflow {
 namespace {
 
-TEST(MpiOverlap, AllGatherMatmulEqualsTheGemmInBothForms) {
-  testing::check_allgather_matmul(Backend::kMpi, {2, 3, 4});
+TEST(MpiOverlap, ColumnParallelLinearForwardAndBackward) {
+  testing::check_allgather_product(Backend::kMpi, {2, 3, 4});
 }
 
-TEST(MpiOverlap, MatmulReduceScatterEqualsTheGemmsRowBlocks) {
-  testing::check_matmul_reduce_scatter(Backend::kMpi, {2, 3, 4});
+TEST(MpiOverlap, RowParallelMatmulForwardAndBackward) {
+  testing::check_product_reduce_scatter(Backend::kMpi, {2, 3, 4});
 }
 
 }  // namespace

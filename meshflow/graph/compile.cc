@@ -3,13 +3,14 @@
 
 namespace meshflow {
 
-Pcg compile(const Pcg& pcg, Mode mode, const PlanOptions& options) {
-  Pcg g = infer_layouts(pcg, options);
+Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options) {
+  Pcg g = infer_layouts(pcg, options.plan);
   if (mode == Mode::kTrain) {
-    g = infer_layouts(expand_backward(std::move(g)), options);
-    g = infer_layouts(add_update(std::move(g)), options);
+    g = infer_layouts(expand_backward(std::move(g)), options.plan);
+    g = infer_layouts(add_update(std::move(g)), options.plan);
   }
-  return insert_copies(std::move(g));
+  g = insert_copies(std::move(g));
+  return options.overlap ? decompose_collectives(std::move(g), options.plan) : g;
 }
 
 }  // namespace meshflow

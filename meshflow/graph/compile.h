@@ -1,6 +1,7 @@
 // The pass pipeline a model goes through before it runs, with the verifier between passes:
 // infer_layouts, then (to train) expand_backward, infer_layouts, add_update, infer_layouts,
-// then insert_copies. The result is Stage::kCopied, ready for expand_shards.
+// then insert_copies, and with `overlap` decompose_collectives. The result is Stage::kCopied,
+// ready for expand_shards.
 #pragma once
 
 #include "meshflow/graph/passes.h"
@@ -9,7 +10,14 @@ namespace meshflow {
 
 enum class Mode { kRun, kTrain };
 
+struct CompileOptions {
+  PlanOptions plan;
+  // Decompose the all-gathers into and reduce-scatters out of matrix products into loops that
+  // overlap each block's transfer with the product (decompose_collectives; --overlap).
+  bool overlap = false;
+};
+
 // Returns the compiled graph of `pcg` (Stage::kBuilt). kTrain needs a loss.
-Pcg compile(const Pcg& pcg, Mode mode, const PlanOptions& options = {});
+Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options = {});
 
 }  // namespace meshflow

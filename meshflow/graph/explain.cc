@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "meshflow/core/error.h"
+#include "meshflow/graph/passes.h"
 #include "meshflow/plan/plan_cache.h"
 
 namespace meshflow {
@@ -19,16 +20,39 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options) {
   std::sort(named.begin(), named.end());
   for (const auto& [id, name] : named)
     e.values.emplace_back(name, *pcg.nodes[static_cast<std::size_t>(id)].layout);
-  for (const Node& n : pcg.nodes) {
+  const MachineModel& machine = options.machine ? *options.machine : default_machine();
+  std::vector<ValueId> decomposed_by(pcg.nodes.size(), -1);  // movement -> its product
+  for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
+    if (const auto& d = pcg.nodes[static_cast<std::size_t>(id)].decomposed)
+      decomposed_by[static_cast<std::size_t>(d->move)] = id;
+  }
+  for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
+    const Node& n = pcg.nodes[id];
     if (n.kind != NodeKind::kMove && n.kind != NodeKind::kParallel) continue;
     const Node& in = pcg.nodes[static_cast<std::size_t>(n.inputs[0])];
-    const std::shared_ptr<const Plan> plan = plans.get(*in.layout, *n.layout);
     MoveReport m{.value = n.kind == NodeKind::kMove ? n.moved_value : in.name,
                  .consumer = n.kind == NodeKind::kMove ? n.consumer : n.name,
                  .phase = n.phase,
                  .from = *in.layout,
-                 .to = *n.layout,
-                 .est_s = plan->est_s};
+                 .to = *n.layout};
+    if (const ValueId c = decomposed_by[id]; c >= 0) {
+      const Node& product = pcg.nodes[static_cast<std::size_t>(c)];
+      const Decomposition& d = *product.decomposed;
+      const OverlapCostInput cost = overlap_cost_input(pcg, product, d);
+      const int group = static_cast<int>(cost.block_bytes.size());
+      const bool gather = d.kind == Decomposition::Kind::kGatherOperand;
+      const bool broadcast = gather && d.form == GatherForm::kBroadcast;
+      m.steps.assign(static_cast<std::size_t>(broadcast ? group : group - 1),
+                     broadcast ? StepKind::kBroadcast : StepKind::kPermute);
+      const OverlapEstimate t =
+          gather ? gather_overlap(machine, cost, d.form) : reduce_scatter_overlap(machine, cost);
+      m.overlapped_with = product.name;
+      m.est_s = std::max(0.0, t.overlapped_s - t.product_s);
+      e.moves.push_back(std::move(m));
+      continue;
+    }
+    const std::shared_ptr<const Plan> plan = plans.get(*in.layout, *n.layout);
+    m.est_s = plan->est_s;
     for (const Step& s : plan->steps)
       if (s.kind != StepKind::kLocal) m.steps.push_back(s.kind);
     if (!m.steps.empty()) e.moves.push_back(std::move(m));
@@ -60,6 +84,7 @@ nlohmann::json to_json(const Explanation& e) {
                      {"to", layout_json(m.to)},
                      {"steps", steps},
                      {"est_s", m.est_s}});
+    if (!m.overlapped_with.empty()) moves.back()["overlapped_with"] = m.overlapped_with;
   }
   return {{"values", values}, {"moves", moves}};
 }
@@ -87,6 +112,7 @@ std::string to_text(const Explanation& e) {
       const std::string to = m.from.mesh == m.to.mesh
                                  ? to_string(m.to.placements)
                                  : explicit_text(m.to.mesh) + " " + to_string(m.to.placements);
+      if (!m.overlapped_with.empty()) steps += "; overlapped with " + m.overlapped_with;
       out += fmt::format("  {} for {}: {} -> {}  [{}]  est {:.3g} s\n", m.value, m.consumer, from,
                          to, steps, m.est_s);
     }

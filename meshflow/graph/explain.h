@@ -1,6 +1,7 @@
 // What a compiled model does, for `meshflow explain`: every named value's layout, and every
 // change of layout that moves data between devices (explicit parallel ops, copies between
-// meshes, strategy changes, reductions of gradients) with its plan's step kinds. A change each
+// meshes, strategy changes, reductions of gradients) with its plan's step kinds, or for a
+// collective decomposed around a product (--overlap) its permutes or broadcasts. A change each
 // device makes alone (a plan of local steps only) is no move.
 #pragma once
 
@@ -18,6 +19,9 @@ struct MoveReport {
   Phase phase = Phase::kForward;
   Layout from, to;
   std::vector<StepKind> steps;  // local steps omitted
+  // A decomposed collective (--overlap): steps are its n - 1 permutes or n broadcasts, the
+  // product it overlaps is named, and est_s is the communication the timeline leaves exposed.
+  std::string overlapped_with;
   double est_s = 0;
 };
 

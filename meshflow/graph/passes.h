@@ -5,6 +5,8 @@
 //   expand_backward  adds the backward pass from the loss (ops/gradient.h's programs)
 //   add_update       adds an SGD update per weight that has a gradient
 //   insert_copies    inserts a move wherever a value is needed in another layout or mesh
+//   decompose_collectives  (--overlap) runs all-gathers into and reduce-scatters out of matrix
+//                    products as loops overlapped with the product's blocks
 //
 // then graph/task_graph.h expands the result into per-device tasks.
 #pragma once
@@ -43,5 +45,25 @@ Pcg add_update(Pcg pcg);
 // its pin (the node becomes "<name>:kernel" and the move takes its name); names, loss and
 // outputs follow.
 Pcg insert_copies(Pcg pcg);
+
+// Collective decomposition (--overlap). Before and after: Stage::kCopied. Sets `decomposed` on
+// every row product (ops/matmul.h) of a floating-point operand 0 of rank >= 2 that
+//   - is the first consumer of a movement of its operand 0 that is an all-gather of a dim-0
+//     shard over one mesh dim j (S(0) -> R on j, every other placement the same, and no mesh
+//     dim after j sharding dim 0, so j's chunks are each device's row blocks), with the form
+//     (permute or broadcast) whose cost-model timeline (plan/cost_model.h) is shorter; or
+//   - has a Partial(sum) result whose only consumer is a reduce-scatter of it to dim 0 over one
+//     mesh dim j (P(sum) -> S(0) on j, the same conditions), unless the result is an output,
+//     the loss or a weight's gradient (which reports read).
+// Nothing else changes: expand_shards gives the product and its movement one task.
+Pcg decompose_collectives(Pcg pcg, const PlanOptions& options = {});
+
+// Returns, per node, the decomposition decompose_collectives' patterns allow it (form unset:
+// permute); verify checks every decomposition against it.
+std::vector<std::optional<Decomposition>> decomposable(const Pcg& pcg);
+
+// Returns the cost model's view of compute node `c`'s decomposition `d`: per block, the bytes
+// that travel and the product's flops on one device.
+OverlapCostInput overlap_cost_input(const Pcg& pcg, const Node& c, const Decomposition& d);
 
 }  // namespace meshflow

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "meshflow/core/error.h"
+#include "meshflow/graph/passes.h"
 
 namespace meshflow {
 
@@ -259,6 +260,13 @@ std::string to_text(const Pcg& pcg) {
       }
       out += fmt::format("  needs {}", ops);
     }
+    if (const auto& d = n.decomposed) {
+      const bool gather = d->kind == Decomposition::Kind::kGatherOperand;
+      out += fmt::format("  overlaps {} of {} on mesh dim {}{}",
+                         gather ? "all_gather" : "reduce_scatter",
+                         pcg.nodes[static_cast<std::size_t>(d->move)].name, d->mesh_dim,
+                         gather ? fmt::format(" ({})", to_string(d->form)) : "");
+    }
     out += "\n";
   }
   if (pcg.loss) out += fmt::format("loss: {}\n", pcg.nodes[*pcg.loss].name);
@@ -337,6 +345,21 @@ void verify(const Pcg& pcg, Stage stage) {
   if (pcg.loss) {
     const Node& l = pcg.nodes[static_cast<std::size_t>(*pcg.loss)];
     MESHFLOW_CHECK(l.spec.shape.empty(), "graph invariant broken: the loss is not a scalar");
+  }
+  const bool decomposed = std::any_of(pcg.nodes.begin(), pcg.nodes.end(),
+                                      [](const Node& n) { return n.decomposed.has_value(); });
+  if (!decomposed) return;
+  MESHFLOW_CHECK(stage == Stage::kCopied, "graph invariant broken: decomposed before copying");
+  const std::vector<std::optional<Decomposition>> allowed = decomposable(pcg);
+  for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
+    const std::optional<Decomposition>& d = pcg.nodes[id].decomposed;
+    if (!d) continue;
+    Decomposition want = *d;
+    want.form = GatherForm::kPermute;
+    MESHFLOW_CHECK(allowed[id] == want,
+                   "graph invariant broken at node \"{}\": a decomposition its pattern no longer "
+                   "allows",
+                   pcg.nodes[id].name);
   }
 }
 

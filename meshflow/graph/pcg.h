@@ -14,6 +14,7 @@
 
 #include "meshflow/mesh/layout.h"
 #include "meshflow/ops/op.h"
+#include "meshflow/plan/cost_model.h"
 
 namespace meshflow {
 
@@ -55,6 +56,20 @@ struct Source {
   bool operator==(const Source&) const = default;
 };
 
+// Set by decompose_collectives (--overlap) on a row product (ops/matmul.h) that runs the
+// collective beside it as a decomposed loop overlapped with its blocks (runtime/overlap.h): the
+// all-gather over mesh dim `mesh_dim` that moves its operand 0 to it (a kMove or kParallel node,
+// whose value the loop makes too), or the reduce-scatter over it that its result alone feeds
+// (the product's own Partial value is never made).
+struct Decomposition {
+  enum class Kind { kGatherOperand, kScatterResult };
+  Kind kind = Kind::kGatherOperand;
+  int mesh_dim = 0;
+  GatherForm form = GatherForm::kPermute;  // kGatherOperand (a reduce-scatter is a ring)
+  ValueId move = 0;                        // the movement node it runs
+  bool operator==(const Decomposition&) const = default;
+};
+
 struct Node {
   std::string name;  // unique in the graph
   NodeKind kind = NodeKind::kCompute;
@@ -76,6 +91,7 @@ struct Node {
   std::optional<Layout> layout;
   std::vector<Layout> operand_layouts;
   std::optional<Layout> result_layout;  // compute: what its kernel makes (not the pin's)
+  std::optional<Decomposition> decomposed;
   bool operator==(const Node&) const = default;
 };
 
@@ -121,7 +137,8 @@ void add_output(Pcg& pcg, ValueId value);
 enum class Stage {
   kBuilt,    // specs and pins only
   kLaidOut,  // every node has a layout
-  kCopied,   // and every operand's layout is what its consumer needs
+  kCopied,   // and every operand's layout is what its consumer needs (and every
+             // decomposition is one decompose_collectives would make)
 };
 
 // Checks the graph's invariants for `stage` (topological order, arity, unique names, specs

@@ -28,12 +28,25 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
   for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
     Task& task = dt.tasks[t];
     std::vector<ValueId> reads;
+    // An update writes its weight in place; every other task writes its own value, and a
+    // decomposed gather also its operand 0 as gathered.
+    std::vector<ValueId> writes = {task.out};
     std::visit(
         [&](const auto& w) {
           using W = std::decay_t<decltype(w)>;
           if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
           if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
-          if constexpr (std::is_same_v<W, UpdateTask>) reads = {w.weight, w.grad};
+          if constexpr (std::is_same_v<W, UpdateTask>) {
+            reads = {w.weight, w.grad};
+            writes = {w.weight};
+          }
+          if constexpr (std::is_same_v<W, OverlapTask>) {
+            reads = w.call->args;
+            if (w.decomposition.kind == Decomposition::Kind::kGatherOperand) {
+              reads[0] = w.source;
+              writes.push_back(w.call->args[0]);
+            }
+          }
         },
         task.work);
     std::set<int> deps;
@@ -48,12 +61,12 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
         if (r != static_cast<int>(t)) deps.insert(r);
     }
     task.deps.assign(deps.begin(), deps.end());
-    // An update writes its weight in place; every other task writes its own value.
-    const auto* update = std::get_if<UpdateTask>(&task.work);
-    const auto written = static_cast<std::size_t>(update ? update->weight : task.out);
-    writer[written] = static_cast<int>(t);
-    if (auto r = readers.find(static_cast<ValueId>(written)); r != readers.end()) r->second.clear();
-    if (last_use[written] < static_cast<int>(t)) last_use[written] = static_cast<int>(t);
+    for (ValueId v : writes) {
+      const auto written = static_cast<std::size_t>(v);
+      writer[written] = static_cast<int>(t);
+      if (auto r = readers.find(v); r != readers.end()) r->second.clear();
+      if (last_use[written] < static_cast<int>(t)) last_use[written] = static_cast<int>(t);
+    }
   }
   for (std::size_t v = 0; v < values; ++v) {
     if (last_use[v] < 0 || keep.count(static_cast<ValueId>(v))) continue;
@@ -88,6 +101,20 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
     g.devices.push_back(DeviceTasks{.device = d});
   }
   PlanCache plans(options);
+  // Decomposed collectives: a gather's movement runs inside its product's task; a scatter's
+  // product runs inside its movement's task.
+  std::vector<bool> absorbed(pcg.nodes.size(), false);
+  std::vector<ValueId> scatter_of(pcg.nodes.size(), -1);  // movement -> its product
+  for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
+    const auto& d = pcg.nodes[static_cast<std::size_t>(id)].decomposed;
+    if (!d) continue;
+    if (d->kind == Decomposition::Kind::kGatherOperand) {
+      absorbed[static_cast<std::size_t>(d->move)] = true;
+    } else {
+      absorbed[static_cast<std::size_t>(id)] = true;
+      scatter_of[static_cast<std::size_t>(d->move)] = id;
+    }
+  }
   // Which devices run each node (a move: its plan's, with their programs), counted first so
   // that every device's task list is allocated once.
   using Programs = std::vector<std::pair<DeviceId, std::shared_ptr<const DeviceProgram>>>;
@@ -95,8 +122,8 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
   std::vector<std::size_t> count(g.devices.size(), 0);
   for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
     const Node& n = pcg.nodes[id];
-    if (n.kind == NodeKind::kInput || n.kind == NodeKind::kWeight) continue;
-    if (n.kind == NodeKind::kMove || n.kind == NodeKind::kParallel) {
+    if (n.kind == NodeKind::kInput || n.kind == NodeKind::kWeight || absorbed[id]) continue;
+    if ((n.kind == NodeKind::kMove || n.kind == NodeKind::kParallel) && scatter_of[id] < 0) {
       moves[id] =
           plans.programs(*pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout, *n.layout);
       for (const auto& [d, program] : moves[id]) ++count[index[d]];
@@ -105,10 +132,33 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
     }
   }
   for (std::size_t i = 0; i < g.devices.size(); ++i) g.devices[i].tasks.reserve(count[i]);
+  auto kernel_call = [&](const Node& n) {
+    std::vector<TensorSpec> globals;
+    for (ValueId v : n.inputs) globals.push_back(pcg.nodes[static_cast<std::size_t>(v)].spec);
+    const Op op = normalize(n.op, globals);
+    return std::make_shared<const KernelCall>(KernelCall{op, globals, n.inputs});
+  };
+  // The overlapped loop of product `c` on each of `layout`'s devices, making value `out`.
+  auto add_overlap = [&](ValueId out, const Node& c, const Layout& layout) {
+    const Decomposition& d = *c.decomposed;
+    auto call = kernel_call(c);
+    const Node& a = pcg.nodes[static_cast<std::size_t>(c.inputs[0])];
+    for (DeviceId dev : layout.mesh.devices) {
+      OverlapTask o{.call = call,
+                    .decomposition = d,
+                    .source = d.kind == Decomposition::Kind::kGatherOperand ? a.inputs[0] : 0,
+                    .group = group_along(layout.mesh, dev, {d.mesh_dim}),
+                    .rows = local_shape(*a.layout, dev)[0],
+                    .local_out = local_shape(layout, dev)};
+      g.devices[index[dev]].tasks.push_back(
+          Task{.out = out, .phase = c.phase, .work = std::move(o)});
+    }
+  };
   for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(id)];
     const Layout& layout = *n.layout;
     const std::vector<DeviceId>& on = layout.mesh.devices;
+    if (absorbed[static_cast<std::size_t>(id)]) continue;
     switch (n.kind) {
       case NodeKind::kInput:
       case NodeKind::kWeight:
@@ -116,10 +166,11 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         for (DeviceId d : on) g.devices[index[d]].sources.push_back(id);
         break;
       case NodeKind::kCompute: {
-        std::vector<TensorSpec> globals;
-        for (ValueId v : n.inputs) globals.push_back(pcg.nodes[static_cast<std::size_t>(v)].spec);
-        const Op op = normalize(n.op, globals);
-        auto call = std::make_shared<const KernelCall>(KernelCall{op, globals, n.inputs});
+        if (n.decomposed) {
+          add_overlap(id, n, layout);
+          break;
+        }
+        auto call = kernel_call(n);
         for (DeviceId d : on) {
           g.devices[index[d]].tasks.push_back(
               Task{.out = id, .phase = n.phase, .work = ComputeTask{call, local_shape(layout, d)}});
@@ -128,6 +179,10 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
       }
       case NodeKind::kParallel:
       case NodeKind::kMove:
+        if (const ValueId c = scatter_of[static_cast<std::size_t>(id)]; c >= 0) {
+          add_overlap(id, pcg.nodes[static_cast<std::size_t>(c)], layout);
+          break;
+        }
         for (auto& [d, program] : moves[static_cast<std::size_t>(id)]) {
           g.devices[index[d]].tasks.push_back(
               Task{.out = id, .phase = n.phase, .work = MoveTask{n.inputs[0], std::move(program)}});
@@ -168,6 +223,15 @@ std::string to_text(const TaskGraph& graph) {
                 steps += (steps.empty() ? "" : " ") + std::string(to_string(s.kind));
               return fmt::format("move({}) [{}] -> {}", name(w.input), steps,
                                  to_string(w.program->out_shape));
+            } else if constexpr (std::is_same_v<W, OverlapTask>) {
+              std::string args;
+              for (ValueId v : w.call->args) args += (args.empty() ? "" : ", ") + name(v);
+              const bool gather = w.decomposition.kind == Decomposition::Kind::kGatherOperand;
+              return fmt::format("{}({}) {} over [{}] -> {}", to_string(w.call->op), args,
+                                 gather ? fmt::format("gathering {} by {}", name(w.source),
+                                                      to_string(w.decomposition.form))
+                                        : std::string("reduce-scattered by permute"),
+                                 fmt::join(w.group, ","), to_string(w.local_out));
             } else {
               return fmt::format("sgd({}, {})", name(w.weight), name(w.grad));
             }

@@ -42,6 +42,25 @@ struct MoveTask {
   bool operator==(const MoveTask& o) const { return input == o.input && *program == *o.program; }
 };
 
+// A row product and the collective beside it, run as one overlapped loop (Node::decomposed,
+// runtime/overlap.h) over `group`, this device's devices along the decomposition's mesh dim in
+// coordinate order (its ranks). kGatherOperand: reads `source`'s shard (the value the movement
+// gathers) and the call's other operands; makes the product (the task's value, local_out) and
+// call->args[0], operand 0 gathered. kScatterResult: reads the call's operands; makes the
+// movement's value (the task's, local_out); the product's own Partial value is never made.
+struct OverlapTask {
+  std::shared_ptr<const KernelCall> call;  // the product
+  Decomposition decomposition;
+  ValueId source = 0;  // kGatherOperand
+  std::vector<DeviceId> group;
+  std::int64_t rows = 0;  // kGatherOperand: dim 0 of operand 0 gathered on this device
+  Shape local_out;
+  bool operator==(const OverlapTask& o) const {
+    return *call == *o.call && decomposition == o.decomposition && source == o.source &&
+           group == o.group && rows == o.rows && local_out == o.local_out;
+  }
+};
+
 // weight -= lr * grad, in place on the weight's shard (the output value is the weight).
 struct UpdateTask {
   ValueId weight = 0, grad = 0;
@@ -51,7 +70,7 @@ struct UpdateTask {
 struct Task {
   ValueId out = 0;  // the node this task runs (its value)
   Phase phase = Phase::kForward;
-  std::variant<ComputeTask, MoveTask, UpdateTask> work;
+  std::variant<ComputeTask, MoveTask, UpdateTask, OverlapTask> work;
   std::vector<int> deps;         // indices of earlier tasks of this device
   std::vector<ValueId> release;  // values this device drops after the task
   bool operator==(const Task&) const = default;

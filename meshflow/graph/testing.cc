@@ -1,6 +1,8 @@
 // The models graph/ and runtime/ tests share.
 #include "meshflow/graph/testing.h"
 
+#include <fmt/format.h>
+
 namespace meshflow::testing {
 
 Pcg dp_tp_mlp(const std::filesystem::path& labels, std::int64_t batch, std::int64_t in,
@@ -41,6 +43,37 @@ Pcg pipeline(std::int64_t batch, std::int64_t in, std::int64_t out) {
   const ValueId o = add_compute(g, "o", Op{.type = OpType::kLinear}, {h, w2}, s1);
   const ValueId loss = add_compute(g, "loss", Op{.type = OpType::kMse}, {o, t});
   set_loss(g, loss);
+  add_output(g, loss);
+  return g;
+}
+
+Pcg sp_mlp(int dp, int tp, std::int64_t batch, std::int64_t in, std::int64_t hidden,
+           std::int64_t out) {
+  Pcg g;
+  const DeviceMesh m = dp == 1 ? make_mesh({tp}) : make_mesh({dp, tp});
+  // Placements on the mesh: `on_tp` on the tp dim, `on_dp` on the dp dim (when there is one).
+  auto P = [&](const char* on_dp, const char* on_tp) {
+    return parse_placements(dp == 1 ? std::string(on_tp) : fmt::format("{},{}", on_dp, on_tp));
+  };
+  const ValueId x = add_input(g, "x", {{batch, in}}, m, P("S(0)", "S(0)"), Source::normal(1, 31));
+  const ValueId t = add_input(g, "t", {{batch, out}}, m, P("S(0)", "S(0)"), Source::normal(1, 32));
+  const ValueId w0 = add_weight(g, "w0", {{in, in}}, m, P("R", "R"), Source::normal(0.4, 33));
+  const ValueId w1 =
+      add_weight(g, "w1", {{in, hidden}}, m, P("R", "S(1)"), Source::normal(0.4, 34));
+  const ValueId b1 = add_weight(g, "b1", {{hidden}}, m, P("R", "S(0)"), Source::normal(0.1, 35));
+  const ValueId w2 =
+      add_weight(g, "w2", {{hidden, out}}, m, P("R", "S(0)"), Source::normal(0.4, 36));
+  const ValueId e =
+      add_compute(g, "e", Op{.type = OpType::kMatmul}, {x, w0}, std::nullopt, P("S(0)", "S(0)"));
+  const ValueId th = add_compute(g, "th", Op{.type = OpType::kTanh}, {e});
+  const ValueId h = add_compute(g, "h", Op{.type = OpType::kLinear}, {th, w1, b1}, std::nullopt,
+                                P("S(0)", "S(1)"));
+  const ValueId a = add_compute(g, "a", Op{.type = OpType::kGelu}, {h});
+  const ValueId o =
+      add_compute(g, "o", Op{.type = OpType::kMatmul}, {a, w2}, std::nullopt, P("S(0)", "S(0)"));
+  const ValueId loss = add_compute(g, "loss", Op{.type = OpType::kMse}, {o, t});
+  set_loss(g, loss);
+  add_output(g, o);
   add_output(g, loss);
   return g;
 }

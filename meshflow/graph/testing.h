@@ -18,4 +18,13 @@ Pcg dp_tp_mlp(const std::filesystem::path& labels, std::int64_t batch = 8, std::
 // loss = mse(o, t). Both stages shard the batch.
 Pcg pipeline(std::int64_t batch = 6, std::int64_t in = 5, std::int64_t out = 3);
 
+// Megatron's sequence-parallel MLP on a dp x tp mesh (a 1-D mesh of tp devices when dp is 1):
+// x[batch, in] and target t[batch, out] row-sharded over both dims; e = matmul(x, w0) pinned
+// row-sharded, h = linear(tanh(e), w1 (column-parallel), b1) pinned S(1) on tp, so tanh(e) is
+// all-gathered over tp into it; o = matmul(gelu(h), w2 (row-parallel)) pinned row-sharded, so
+// its Partial result is reduce-scattered over tp; loss = mse(o, t). --overlap decomposes both
+// collectives and, in training, the gather of o's gradient into its product.
+Pcg sp_mlp(int dp, int tp, std::int64_t batch = 9, std::int64_t in = 5, std::int64_t hidden = 7,
+           std::int64_t out = 3);
+
 }  // namespace meshflow::testing

@@ -108,6 +108,38 @@ TensorSpec infer_matmul(const Op& op, const std::vector<TensorSpec>& in) {
   }
 }
 
+bool is_row_product(OpType type) {
+  return type == OpType::kMatmul || type == OpType::kLinear || type == OpType::kMatmulGradA;
+}
+
+std::int64_t row_product_width(OpType type, const Shape& b) {
+  MESHFLOW_CHECK(is_row_product(type) && b.size() == 2);
+  return type == OpType::kMatmulGradA ? b[0] : b[1];
+}
+
+template <typename T>
+void row_product(OpType type, const T* a, std::int64_t m, std::int64_t a_width, const Tensor& b,
+                 const Tensor* bias, T* out) {
+  const T* pb = reinterpret_cast<const T*>(b.bytes());
+  const std::int64_t n = row_product_width(type, b.shape());
+  if (type == OpType::kMatmulGradA) {  // g[m, a_width] @ b[n, a_width]ᵀ
+    gemm<T>(false, true, m, n, a_width, a, a_width, pb, a_width, T(0), out, n);
+    return;
+  }
+  T beta = 0;
+  if (bias != nullptr) {  // start from the bias in every row, then add the product
+    for (std::int64_t i = 0; i < m; ++i)
+      std::memcpy(out + i * n, bias->bytes(), static_cast<std::size_t>(n) * sizeof(T));
+    beta = 1;
+  }
+  gemm<T>(false, false, m, n, a_width, a, a_width, pb, n, beta, out, n);
+}
+
+template void row_product<float>(OpType, const float*, std::int64_t, std::int64_t, const Tensor&,
+                                 const Tensor*, float*);
+template void row_product<double>(OpType, const double*, std::int64_t, std::int64_t, const Tensor&,
+                                  const Tensor*, double*);
+
 Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
   const Tensor& a = *in[0];
   const Tensor& b = *in[1];
@@ -125,23 +157,11 @@ Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
       const Shape& bs = b.shape();
       switch (op.type) {
         case OpType::kMatmul:
-        case OpType::kLinear: {
-          const std::int64_t m = leading(as, 1), k = as.back(), n = bs[1];
-          T beta = 0;
-          if (in.size() == 3) {  // start from the bias in every row, then add the product
-            const std::byte* bias = in[2]->bytes();
-            for (std::int64_t i = 0; i < m; ++i)
-              std::memcpy(pc + i * n, bias, static_cast<std::size_t>(n) * sizeof(T));
-            beta = 1;
-          }
-          gemm<T>(false, false, m, n, k, pa, k, pb, n, beta, pc, n);
+        case OpType::kLinear:
+        case OpType::kMatmulGradA:
+          row_product<T>(op.type, pa, leading(as, 1), as.back(), b,
+                         in.size() == 3 ? in[2] : nullptr, pc);
           break;
-        }
-        case OpType::kMatmulGradA: {
-          const std::int64_t m = leading(as, 1), n = as.back(), k = bs[0];
-          gemm<T>(false, true, m, k, n, pa, n, pb, n, T(0), pc, k);
-          break;
-        }
         case OpType::kMatmulGradB: {
           const std::int64_t rows = leading(as, 1), k = as.back(), n = bs.back();
           gemm<T>(true, false, k, n, rows, pa, k, pb, n, T(0), pc, n);

@@ -23,6 +23,21 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
           std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
 
+// The products whose every result row comes from the same row of operand 0 alone (matmul,
+// linear, matmul_grad_a; leading dims fold into rows): any m rows of operand 0 give those m rows
+// of the result. The decomposed collectives (runtime/overlap.h) run them a block at a time.
+bool is_row_product(OpType type);
+
+// Returns the width of a row product's result row, given operand 1's shape b.
+std::int64_t row_product_width(OpType type, const Shape& b);
+
+// Writes m rows of row product `type`'s result to `out` (row_product_width wide), from m rows of
+// operand 0 at `a` (a_width wide), operand 1 `b` whole and linear's `bias` (or nullptr).
+// float32 and float64.
+template <typename T>
+void row_product(OpType type, const T* a, std::int64_t m, std::int64_t a_width, const Tensor& b,
+                 const Tensor* bias, T* out);
+
 // The family's sharding rule (op.h's DimLabels) for a result of shape `out`.
 DimLabels matmul_labels(const Op& op, const std::vector<TensorSpec>& inputs, const Shape& out);
 

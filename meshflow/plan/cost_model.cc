@@ -24,6 +24,7 @@ const MachineModel& default_machine() {
       .memcpy_gbps = 18.0,
       .collective_overhead_us = 40.0,
       .local_step_us = 0.001,
+      .gemm_gflops = 40.0,
   };
   return model;
 }
@@ -66,6 +67,11 @@ MachineModel machine_from_json(const nlohmann::json& json, std::string_view sour
   m.collective_overhead_us = root.member("collective_overhead_us").as_number(0, kMax);
   m.local_step_us = default_machine().local_step_us;
   if (auto local = root.find("local_step_us")) m.local_step_us = local->as_number(0, kMax);
+  m.gemm_gflops = default_machine().gemm_gflops;
+  if (auto gemm = root.find("gemm_gflops")) {
+    m.gemm_gflops = gemm->as_number(0, kMax);
+    if (!(m.gemm_gflops > 0)) gemm->reject("must be > 0");
+  }
   return m;
 }
 
@@ -112,11 +118,109 @@ double step_seconds(const MachineModel& machine, const StepCostInput& step) {
     case StepKind::kLocal:
       return (out != in ? out / mem : 0) + (step.scales ? out / mem : 0) +
              seconds_from_us(machine.local_step_us);
+    case StepKind::kPermute:  // one message to one peer, every device at once
+      return overhead + alpha + received / beta;
+    case StepKind::kBroadcast:  // a tree from the root, pipelined
+      return overhead + rounds * alpha + received / beta;
     case StepKind::kPointToPoint:
       return overhead + static_cast<double>(step.peers) * alpha + received / beta +
              static_cast<double>(step.terms) * out / mem;
   }
   return 0;
+}
+
+std::string_view to_string(GatherForm form) {
+  return form == GatherForm::kPermute ? "permute" : "broadcast";
+}
+
+double product_seconds(const MachineModel& machine, double flops) {
+  return flops / (machine.gemm_gflops * 1e9);
+}
+
+namespace {
+
+// The step of one block's transfer in a decomposed collective over `input`'s mesh dim.
+double transfer_seconds(const MachineModel& machine, const OverlapCostInput& input, StepKind kind,
+                        std::int64_t bytes) {
+  return step_seconds(machine, {.kind = kind,
+                                .mesh_dims = {input.mesh_dim},
+                                .group_size = static_cast<std::int64_t>(input.block_bytes.size()),
+                                .bytes_received = bytes});
+}
+
+std::int64_t total(const std::vector<std::int64_t>& v) {
+  std::int64_t s = 0;
+  for (std::int64_t x : v) s += x;
+  return s;
+}
+
+}  // namespace
+
+OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInput& input,
+                               GatherForm form) {
+  const int n = static_cast<int>(input.block_bytes.size());
+  MESHFLOW_CHECK(n > 0 && input.block_flops.size() == input.block_bytes.size());
+  auto product = [&](int b) { return product_seconds(machine, input.block_flops[b]); };
+  auto send = [&](StepKind kind, int b) {
+    return transfer_seconds(machine, input, kind, input.block_bytes[b]);
+  };
+  OverlapEstimate e;
+  for (int r = 0; r < n; ++r) {
+    double seq = 0;
+    for (int b = 0; b < n; ++b) seq += product(b);
+    e.product_s = std::max(e.product_s, seq);
+    const double comm =
+        step_seconds(machine, {.kind = StepKind::kAllGather,
+                               .mesh_dims = {input.mesh_dim},
+                               .group_size = n,
+                               .bytes_received = total(input.block_bytes) - input.block_bytes[r]});
+    e.comm_s = std::max(e.comm_s, comm);
+    e.sequential_s = std::max(e.sequential_s, comm + seq);
+    double t = 0;
+    if (form == GatherForm::kPermute) {  // step k brings (r + k) mod n, hides (r + k - 1) mod n
+      for (int k = 1; k < n; ++k)
+        t += std::max(send(StepKind::kPermute, (r + k) % n), product((r + k - 1) % n));
+      t += product((r + n - 1) % n);
+    } else {  // block b + 1 travels while block b is multiplied
+      t = send(StepKind::kBroadcast, 0);
+      for (int b = 0; b < n; ++b)
+        t += std::max(b + 1 < n ? send(StepKind::kBroadcast, b + 1) : 0.0, product(b));
+    }
+    e.overlapped_s = std::max(e.overlapped_s, t);
+  }
+  return e;
+}
+
+OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input) {
+  const int n = static_cast<int>(input.block_bytes.size());
+  MESHFLOW_CHECK(n > 0 && input.block_flops.size() == input.block_bytes.size());
+  const double mem = machine.memcpy_gbps * 1e9;
+  auto product = [&](int b) { return product_seconds(machine, input.block_flops[b]); };
+  OverlapEstimate e;
+  for (int r = 0; r < n; ++r) {
+    double seq = 0;
+    for (int b = 0; b < n; ++b) seq += product(b);
+    e.product_s = std::max(e.product_s, seq);
+    const double comm =
+        step_seconds(machine, {.kind = StepKind::kReduceScatter,
+                               .mesh_dims = {input.mesh_dim},
+                               .group_size = n,
+                               .bytes_received = total(input.block_bytes) - input.block_bytes[r],
+                               .out_bytes = input.block_bytes[r]});
+    e.comm_s = std::max(e.comm_s, comm);
+    e.sequential_s = std::max(e.sequential_s, comm + seq);
+    // Step k computes block (r + k + 1) mod n while the partial sum of step k - 1 travels,
+    // then adds the partial sum received for it (read twice, written once).
+    double t = product((r + 1) % n);
+    for (int k = 1; k < n; ++k) {
+      const int block = (r + k + 1) % n, sent = (r + k) % n;
+      t += std::max(transfer_seconds(machine, input, StepKind::kPermute, input.block_bytes[sent]),
+                    product(block)) +
+           3.0 * static_cast<double>(input.block_bytes[block]) / mem;
+    }
+    e.overlapped_s = std::max(e.overlapped_s, t);
+  }
+  return e;
 }
 
 }  // namespace meshflow

@@ -28,6 +28,7 @@ struct MachineModel {
   double memcpy_gbps = 0;              // local copies, chunking and reductions
   double collective_overhead_us = 0;   // fixed cost of starting and finishing one collective
   double local_step_us = 0;  // fixed cost of a step done on each device alone (a tie-breaker)
+  double gemm_gflops = 0;    // one device's matrix-product rate (decomposed collectives)
   bool operator==(const MachineModel&) const = default;
 };
 
@@ -40,7 +41,7 @@ const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 
 // Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us"}},
 // "default_link", "dim_links" (optional), "memcpy_gbps", "collective_overhead_us",
-// "local_step_us" (optional)}; throws Error naming the file and the bad field.
+// "local_step_us" and "gemm_gflops" (optional)}; throws Error naming the file and the bad field.
 MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
 MachineModel load_machine(const std::filesystem::path& path);
 
@@ -65,5 +66,37 @@ struct StepCostInput {
 // all-to-all, one per peer for point-to-point), received bytes over the slowest link crossed,
 // and local memory traffic (reductions, chunking) at memcpy speed.
 double step_seconds(const MachineModel& machine, const StepCostInput& step);
+
+// The two decomposed forms of an all-gather around a row product (runtime/overlap.h): n - 1
+// collective permutes, or n broadcasts.
+enum class GatherForm { kPermute, kBroadcast };
+
+// Returns "permute", "broadcast".
+std::string_view to_string(GatherForm form);
+
+// A collective decomposed around the product it feeds (all-gather) or that feeds it
+// (reduce-scatter), as a timeline on a machine whose links and compute run independently.
+// Blocks are in rank order: block_bytes[b] is what travels for block b (operand 0's rows for a
+// gather, the result's partial rows for a reduce-scatter), block_flops[b] the floating-point
+// operations of block b's product on one device.
+struct OverlapCostInput {
+  int mesh_dim = 0;
+  std::vector<std::int64_t> block_bytes;
+  std::vector<double> block_flops;
+};
+
+// Seconds of the slowest device: sequential (the collective, then the whole product) and
+// overlapped (each step waits for the longer of its transfer and the product it hides), with
+// the collective's and the product's parts of the sequential time.
+struct OverlapEstimate {
+  double sequential_s = 0, overlapped_s = 0, comm_s = 0, product_s = 0;
+};
+
+OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInput& input,
+                               GatherForm form);
+OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input);
+
+// Returns the seconds of `flops` of matrix product on one device.
+double product_seconds(const MachineModel& machine, double flops);
 
 }  // namespace meshflow

@@ -204,6 +204,9 @@ DeviceProgram lower(const Plan& plan, DeviceId device) {
         break;
       case StepKind::kPointToPoint:
         break;
+      case StepKind::kPermute:
+      case StepKind::kBroadcast:
+        MESHFLOW_CHECK(false, "a plan has no {} step", to_string(s.kind));
     }
   }
   const Shape& last = p.steps.empty() ? p.in_shape : p.steps.back().out_shape;

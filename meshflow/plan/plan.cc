@@ -21,6 +21,10 @@ std::string_view to_string(StepKind kind) {
       return "point_to_point";
     case StepKind::kLocal:
       return "local";
+    case StepKind::kPermute:
+      return "permute";
+    case StepKind::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }

@@ -13,9 +13,20 @@
 
 namespace meshflow {
 
-enum class StepKind { kAllGather, kAllReduce, kReduceScatter, kAllToAll, kPointToPoint, kLocal };
+// kPermute and kBroadcast are the steps of a decomposed collective (graph/decompose.cc); the
+// planner never chooses them.
+enum class StepKind {
+  kAllGather,
+  kAllReduce,
+  kReduceScatter,
+  kAllToAll,
+  kPointToPoint,
+  kLocal,
+  kPermute,
+  kBroadcast
+};
 
-// Returns "all_gather", ..., "point_to_point", "local".
+// Returns "all_gather", ..., "point_to_point", "local", "permute", "broadcast".
 std::string_view to_string(StepKind kind);
 
 // One region a point-to-point step moves: box (global coordinates) of partial term `term` (0

@@ -195,6 +195,8 @@ std::optional<StepKind> classify_move(const Layout& before, const std::vector<Pl
       valid = valid_local(before, after, dims);
       break;
     case StepKind::kPointToPoint:
+    case StepKind::kPermute:  // decomposed collectives are not plan steps
+    case StepKind::kBroadcast:
       break;
   }
   return valid ? kind : std::nullopt;

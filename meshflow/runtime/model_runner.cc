@@ -55,7 +55,7 @@ ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
 
 Prepared prepare(const Model& model, Mode mode, bool check, const ModelRunOptions& options) {
   Prepared p;
-  p.pcg = compile(model.pcg, mode, options.plan);
+  p.pcg = compile(model.pcg, mode, {.plan = options.plan, .overlap = options.overlap});
   const std::vector<DeviceId> used = pcg_devices(p.pcg);
   p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
   std::vector<ValueId> keep;  // fetched values stay until the step ends
@@ -93,13 +93,13 @@ double scalar_of(const Tensor& t) {
 
 // Returns every device's trace events on every device (one all-gather of counts, one of data).
 std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<TraceEvent>& mine) {
-  constexpr std::size_t kFields = 7;
+  constexpr std::size_t kFields = 8;
   std::vector<double> packed;
   for (const TraceEvent& e : mine) {
-    const double kind = e.kind == "compute" ? 0 : e.kind == "move" ? 1 : 2;
     packed.insert(packed.end(),
-                  {static_cast<double>(e.device), static_cast<double>(e.value), kind,
-                   static_cast<double>(e.phase), static_cast<double>(e.step), e.start_s, e.end_s});
+                  {static_cast<double>(e.device), static_cast<double>(e.value),
+                   static_cast<double>(e.kind), static_cast<double>(e.phase),
+                   static_cast<double>(e.step), static_cast<double>(e.block), e.start_s, e.end_s});
   }
   const auto n = static_cast<std::size_t>(world.size());
   std::vector<std::int64_t> counts(n);
@@ -116,15 +116,15 @@ std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<Tra
                      .recv_counts = counts,
                      .dtype = DType::kFloat64});
   std::vector<TraceEvent> out;
-  static constexpr const char* kKinds[] = {"compute", "move", "update"};
   for (std::size_t i = 0; i + kFields <= all.size(); i += kFields) {
     out.push_back(TraceEvent{.device = static_cast<DeviceId>(all[i]),
                              .value = static_cast<ValueId>(all[i + 1]),
-                             .kind = kKinds[static_cast<int>(all[i + 2])],
+                             .kind = static_cast<TraceKind>(static_cast<int>(all[i + 2])),
                              .phase = static_cast<Phase>(static_cast<int>(all[i + 3])),
                              .step = static_cast<int>(all[i + 4]),
-                             .start_s = all[i + 5],
-                             .end_s = all[i + 6]});
+                             .block = static_cast<int>(all[i + 5]),
+                             .start_s = all[i + 6],
+                             .end_s = all[i + 7]});
   }
   return out;
 }

@@ -21,6 +21,9 @@ struct ModelRunOptions {
   Backend backend = Backend::kThreads;
   Timeout timeout = kDefaultTimeout;
   PlanOptions plan;
+  // Runs all-gathers into and reduce-scatters out of matrix products as overlapped loops
+  // (graph/compile.h's CompileOptions::overlap).
+  bool overlap = false;
   // Each value of "outputs" (run) or each weight after the last step (train) as a sharded
   // folder <save>/<name>/ in its layout; the folder appears complete or not at all.
   std::optional<std::filesystem::path> save;

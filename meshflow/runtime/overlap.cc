@@ -1,5 +1,9 @@
-// The decomposed all-gather + GEMM and GEMM + reduce-scatter loops.
+// The decomposed all-gather + product and product + reduce-scatter loops.
 #include "meshflow/runtime/overlap.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
 
 #include "meshflow/core/error.h"
 #include "meshflow/mesh/layout.h"
@@ -9,135 +13,195 @@ namespace meshflow {
 
 namespace {
 
-std::int64_t rows_of(std::int64_t rows, int n, int block) { return chunk(rows, n, block).extent; }
-std::int64_t offset_of(std::int64_t rows, int n, int block) { return chunk(rows, n, block).offset; }
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Operand 0 as row blocks: dim 0 split by the chunk rule over n ranks, the dims between dim 0
+// and the last folded into rows (`inner` rows per index of dim 0), `width` elements a row.
+struct Blocks {
+  int n = 1;
+  std::int64_t dim0 = 0, inner = 1, width = 0;
+  Blocks(int ranks, std::int64_t global_dim0, const Shape& shape)
+      : n(ranks), dim0(global_dim0), width(shape.back()) {
+    for (std::size_t i = 1; i + 1 < shape.size(); ++i) inner *= shape[i];
+  }
+  std::int64_t rows(int block) const { return chunk(dim0, n, block).extent * inner; }
+  std::int64_t first_row(int block) const { return chunk(dim0, n, block).offset * inner; }
+};
+
+// Times products and transfers into OverlapOptions::events when asked.
+class Recorder {
+ public:
+  explicit Recorder(std::vector<OverlapEvent>* events) : events_(events) {}
+  double start() const { return events_ ? now_s() : 0; }
+  void add(OverlapEvent::Kind kind, int block, double start_s) {
+    if (events_)
+      events_->push_back({.kind = kind, .block = block, .start_s = start_s, .end_s = now_s()});
+  }
+
+ private:
+  std::vector<OverlapEvent>* events_;
+};
 
 template <typename T>
-Tensor allgather_matmul_typed(Communicator& g, const Tensor& x, std::int64_t rows, const Tensor& w,
-                              GatherForm form) {
+T* rows_at(Tensor& t, std::int64_t row, std::int64_t width) {
+  return t.data<T>().data() + row * width;
+}
+
+template <typename T>
+Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64_t dim0,
+                       const Tensor& b, const Tensor* bias, const OverlapOptions& o) {
   const int n = g.size(), r = g.rank();
-  const std::int64_t k = x.shape()[1], cols = w.shape()[1];
-  MESHFLOW_CHECK(x.shape()[0] == rows_of(rows, n, r) && w.shape()[0] == k);
-  Tensor y = Tensor::uninitialized(x.dtype(), {rows, cols});
-  // The GEMM of `block`'s rows of x (at `data`) into y's rows of that block.
+  const Blocks blocks(n, dim0, a.shape());
+  MESHFLOW_CHECK(a.shape()[0] == chunk(dim0, n, r).extent);
+  const std::int64_t width = row_product_width(type, b.shape());
+  Shape out_shape = a.shape(), gathered_shape = a.shape();
+  out_shape[0] = gathered_shape[0] = dim0;
+  out_shape.back() = width;
+  Tensor y = Tensor::uninitialized(a.dtype(), out_shape);
+  Recorder rec(o.events);
   auto multiply = [&](int block, const T* data) {
-    const std::int64_t m = rows_of(rows, n, block);
-    if (m == 0 || cols == 0) return;
-    gemm<T>(false, false, m, cols, k, data, k, w.data<T>().data(), cols, T(0),
-            y.data<T>().data() + offset_of(rows, n, block) * cols, cols);
+    const double start = rec.start();
+    row_product<T>(type, data, blocks.rows(block), blocks.width, b, bias,
+                   rows_at<T>(y, blocks.first_row(block), width));
+    rec.add(OverlapEvent::Kind::kProduct, block, start);
   };
-  // Two receive buffers, uninitialised (the largest block is block 0); tensors, so a loop that
-  // repeats reuses cached memory instead of zeroing and faulting in fresh pages each call.
-  const Shape most{rows_of(rows, n, 0), k};
-  Tensor buf_t[2] = {Tensor::uninitialized(x.dtype(), most),
-                     Tensor::uninitialized(x.dtype(), most)};
-  T* buf[2] = {buf_t[0].data<T>().data(), buf_t[1].data<T>().data()};
-  const T* own = x.data<T>().data();
-  if (form == GatherForm::kPermute) {
+  // Blocks arrive in their place in the gathered operand when it is asked for, otherwise in
+  // two scratch buffers taken uninitialised (a loop that repeats reuses cached memory instead of
+  // zeroing fresh pages each call; the largest block is block 0).
+  Tensor scratch[2];
+  if (o.gathered != nullptr) {
+    *o.gathered = Tensor::uninitialized(a.dtype(), gathered_shape);
+    std::memcpy(rows_at<T>(*o.gathered, blocks.first_row(r), blocks.width), a.bytes(),
+                static_cast<std::size_t>(a.numel()) * sizeof(T));
+  } else {
+    for (Tensor& s : scratch) s = Tensor::uninitialized(a.dtype(), {blocks.rows(0), blocks.width});
+  }
+  auto slot = [&](int block, int parity) -> T* {
+    return o.gathered ? rows_at<T>(*o.gathered, blocks.first_row(block), blocks.width)
+                      : scratch[parity].data<T>().data();
+  };
+  const T* own = a.data<T>().data();
+  if (o.form == GatherForm::kPermute) {
     // Step k receives block (r + k) mod n while the block of step k - 1 is multiplied.
     const T* previous = own;
     for (int step = 1; step < n; ++step) {
       const int from = (r + step) % n;
-      T* incoming = buf[step % 2];
+      T* incoming = slot(from, step % 2);
+      const double start = rec.start();
       Event e = collective_permute_async(g, {.send = reinterpret_cast<const std::byte*>(own),
-                                             .send_count = x.shape()[0] * k,
+                                             .send_count = a.numel(),
                                              .recv = reinterpret_cast<std::byte*>(incoming),
-                                             .recv_count = rows_of(rows, n, from) * k,
-                                             .dtype = x.dtype(),
+                                             .recv_count = blocks.rows(from) * blocks.width,
+                                             .dtype = a.dtype(),
                                              .shift = step});
       multiply((r + step - 1) % n, previous);
       e.wait(g.default_timeout());
+      rec.add(OverlapEvent::Kind::kTransfer, from, start);
       previous = incoming;
     }
     multiply((r + n - 1) % n, previous);
     return y;
   }
-  // Broadcast form: block b arrives while block b - 1 is multiplied. The root's block is only
-  // read by the broadcast, so its own buffer serves.
+  // Broadcast form: block b arrives while block b - 1 is multiplied. The root only reads its
+  // block, so its own tensor serves as the root's buffer.
+  auto data_of = [&](int block) -> T* {
+    return block == r && !o.gathered ? const_cast<T*>(own) : slot(block, block % 2);
+  };
+  double started = 0;
   auto start = [&](int block) {
-    T* data = block == r ? const_cast<T*>(own) : buf[block % 2];
-    return broadcast_async(g, {.data = reinterpret_cast<std::byte*>(data),
-                               .count = rows_of(rows, n, block) * k,
-                               .dtype = x.dtype(),
+    started = rec.start();
+    return broadcast_async(g, {.data = reinterpret_cast<std::byte*>(data_of(block)),
+                               .count = blocks.rows(block) * blocks.width,
+                               .dtype = a.dtype(),
                                .root = Rank{block}});
   };
-  auto data_of = [&](int block) -> const T* { return block == r ? own : buf[block % 2]; };
   Event e = start(0);
   for (int block = 0; block < n; ++block) {
     e.wait(g.default_timeout());
+    rec.add(OverlapEvent::Kind::kTransfer, block, started);
     if (block + 1 < n) e = start(block + 1);
     multiply(block, data_of(block));
   }
-  e.wait(g.default_timeout());
   return y;
 }
 
 template <typename T>
-Tensor matmul_reduce_scatter_typed(Communicator& g, const Tensor& x, const Tensor& w) {
+Tensor reduce_scatter_typed(Communicator& g, OpType type, const Tensor& a, const Tensor& b,
+                            const Tensor* bias, const OverlapOptions& o) {
   const int n = g.size(), r = g.rank();
-  const std::int64_t rows = x.shape()[0], k = x.shape()[1], cols = w.shape()[1];
-  MESHFLOW_CHECK(w.shape()[0] == k);
-  const Shape most{rows_of(rows, n, 0), cols};
-  Tensor part_t[2] = {Tensor::uninitialized(x.dtype(), most),
-                      Tensor::uninitialized(x.dtype(), most)};
-  Tensor received_t = Tensor::uninitialized(x.dtype(), most);
-  T* part[2] = {part_t[0].data<T>().data(), part_t[1].data<T>().data()};
-  T* received = received_t.data<T>().data();
+  const Blocks blocks(n, a.shape()[0], a.shape());
+  const std::int64_t width = row_product_width(type, b.shape());
+  Tensor part[2] = {Tensor::uninitialized(a.dtype(), {blocks.rows(0), width}),
+                    Tensor::uninitialized(a.dtype(), {blocks.rows(0), width})};
+  Tensor received = Tensor::uninitialized(a.dtype(), {blocks.rows(0), width});
   // The last step (block r) accumulates straight into the result.
-  Tensor y = Tensor::uninitialized(x.dtype(), {rows_of(rows, n, r), cols});
+  Shape out_shape = a.shape();
+  out_shape[0] = chunk(a.shape()[0], n, r).extent;
+  out_shape.back() = width;
+  Tensor y = Tensor::uninitialized(a.dtype(), out_shape);
+  Recorder rec(o.events);
   Event in_flight;
+  double sent = 0;
   for (int step = 0; step < n; ++step) {
     const int block = (r + step + 1) % n;
-    const std::int64_t m = rows_of(rows, n, block);
-    T* p = step == n - 1 ? y.data<T>().data() : part[step % 2];
-    if (m > 0 && cols > 0) {
-      if (k > 0) {
-        gemm<T>(false, false, m, cols, k, x.data<T>().data() + offset_of(rows, n, block) * k, k,
-                w.data<T>().data(), cols, T(0), p, cols);
-      } else {
-        std::fill(p, p + m * cols, T(0));
-      }
-    }
+    const std::int64_t count = blocks.rows(block) * width;
+    T* p = step == n - 1 ? y.data<T>().data() : part[step % 2].data<T>().data();
+    const double start = rec.start();
+    row_product<T>(type, a.data<T>().data() + blocks.first_row(block) * blocks.width,
+                   blocks.rows(block), blocks.width, b, bias, p);
+    rec.add(OverlapEvent::Kind::kProduct, block, start);
     if (step > 0) {
       in_flight.wait(g.default_timeout());
-      for (std::int64_t i = 0; i < m * cols; ++i) p[i] += received[i];
+      rec.add(OverlapEvent::Kind::kTransfer, block, sent);
+      const T* in = received.data<T>().data();
+      for (std::int64_t i = 0; i < count; ++i) p[i] += in[i];
     }
     if (step + 1 < n) {
       // Pass this block's partial sum to r - 1; receive from r + 1 its partial sum of the block
-      // this rank multiplies next.
+      // this rank computes next.
+      sent = rec.start();
       in_flight =
           collective_permute_async(g, {.send = reinterpret_cast<const std::byte*>(p),
-                                       .send_count = m * cols,
-                                       .recv = reinterpret_cast<std::byte*>(received),
-                                       .recv_count = rows_of(rows, n, (r + step + 2) % n) * cols,
-                                       .dtype = x.dtype(),
+                                       .send_count = count,
+                                       .recv = received.bytes(),
+                                       .recv_count = blocks.rows((r + step + 2) % n) * width,
+                                       .dtype = a.dtype(),
                                        .shift = 1});
     }
   }
   return y;
 }
 
-}  // namespace
-
-Tensor allgather_matmul(Communicator& group, const Tensor& x_local, std::int64_t rows,
-                        const Tensor& w, GatherForm form) {
-  MESHFLOW_CHECK(x_local.shape().size() == 2 && w.shape().size() == 2 &&
-                 x_local.dtype() == w.dtype());
-  if (x_local.dtype() == DType::kFloat64)
-    return allgather_matmul_typed<double>(group, x_local, rows, w, form);
-  MESHFLOW_CHECK(x_local.dtype() == DType::kFloat32, "allgather_matmul on {}",
-                 to_string(x_local.dtype()));
-  return allgather_matmul_typed<float>(group, x_local, rows, w, form);
+// Checks the operands of a decomposed row product; returns {b, bias}.
+std::pair<const Tensor*, const Tensor*> operands(OpType type, const Tensor& a,
+                                                 std::span<const Tensor* const> rest) {
+  MESHFLOW_CHECK(is_row_product(type) && !rest.empty() && rest.size() <= 2 &&
+                     a.shape().size() >= 2 && rest[0]->shape().size() == 2,
+                 "{} is not a row product the decomposed collectives take", to_string(type));
+  for (const Tensor* t : rest) MESHFLOW_CHECK(t->dtype() == a.dtype());
+  MESHFLOW_CHECK(a.dtype() == DType::kFloat32 || a.dtype() == DType::kFloat64,
+                 "decomposed {} on {}", to_string(type), to_string(a.dtype()));
+  return {rest[0], rest.size() == 2 ? rest[1] : nullptr};
 }
 
-Tensor matmul_reduce_scatter(Communicator& group, const Tensor& x_local, const Tensor& w_local) {
-  MESHFLOW_CHECK(x_local.shape().size() == 2 && w_local.shape().size() == 2 &&
-                 x_local.dtype() == w_local.dtype());
-  if (x_local.dtype() == DType::kFloat64)
-    return matmul_reduce_scatter_typed<double>(group, x_local, w_local);
-  MESHFLOW_CHECK(x_local.dtype() == DType::kFloat32, "matmul_reduce_scatter on {}",
-                 to_string(x_local.dtype()));
-  return matmul_reduce_scatter_typed<float>(group, x_local, w_local);
+}  // namespace
+
+Tensor allgather_product(Communicator& group, OpType type, const Tensor& a_local, std::int64_t rows,
+                         std::span<const Tensor* const> rest, const OverlapOptions& options) {
+  const auto [b, bias] = operands(type, a_local, rest);
+  if (a_local.dtype() == DType::kFloat64)
+    return allgather_typed<double>(group, type, a_local, rows, *b, bias, options);
+  return allgather_typed<float>(group, type, a_local, rows, *b, bias, options);
+}
+
+Tensor product_reduce_scatter(Communicator& group, OpType type, const Tensor& a_local,
+                              std::span<const Tensor* const> rest, const OverlapOptions& options) {
+  const auto [b, bias] = operands(type, a_local, rest);
+  if (a_local.dtype() == DType::kFloat64)
+    return reduce_scatter_typed<double>(group, type, a_local, *b, bias, options);
+  return reduce_scatter_typed<float>(group, type, a_local, *b, bias, options);
 }
 
 }  // namespace meshflow

@@ -12,6 +12,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/runtime/executor.h"
+#include "meshflow/runtime/overlap.h"
 
 namespace meshflow {
 
@@ -21,9 +22,32 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Runs an overlapped loop; appends its blocks' events to `blocks` when set.
+void run_overlap(const OverlapTask& o, ValueId out, Communicator& world,
+                 std::vector<Tensor>& values, std::vector<OverlapEvent>* blocks) {
+  auto value = [&](ValueId v) -> Tensor& { return values[static_cast<std::size_t>(v)]; };
+  const std::shared_ptr<Communicator> group = world.group(o.group);
+  std::vector<const Tensor*> rest;
+  for (std::size_t i = 1; i < o.call->args.size(); ++i) rest.push_back(&value(o.call->args[i]));
+  const OpType type = o.call->op.type;
+  OverlapOptions options{.form = o.decomposition.form, .events = blocks};
+  Tensor result;
+  if (o.decomposition.kind == Decomposition::Kind::kGatherOperand) {
+    Tensor gathered;
+    options.gathered = &gathered;
+    result = allgather_product(*group, type, value(o.source), o.rows, rest, options);
+    value(o.call->args[0]) = std::move(gathered);
+  } else {
+    result = product_reduce_scatter(*group, type, value(o.call->args[0]), rest, options);
+  }
+  MESHFLOW_CHECK(result.shape() == o.local_out, "overlapped loop gave {}, expected {}",
+                 to_string(result.shape()), to_string(o.local_out));
+  value(out) = std::move(result);
+}
+
 // Runs one task's work; returns its kind for traces.
-const char* run_work(const TaskGraph& graph, const Task& task, Communicator& world,
-                     std::vector<Tensor>& values, double lr) {
+TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world,
+                   std::vector<Tensor>& values, double lr, std::vector<OverlapEvent>* blocks) {
   auto value = [&](ValueId v) -> Tensor& { return values[static_cast<std::size_t>(v)]; };
   if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
     std::vector<const Tensor*> locals;
@@ -34,18 +58,22 @@ const char* run_work(const TaskGraph& graph, const Task& task, Communicator& wor
                    graph.names[static_cast<std::size_t>(task.out)], to_string(out.shape()),
                    to_string(c->local_out));
     value(task.out) = std::move(out);
-    return "compute";
+    return TraceKind::kCompute;
   }
   if (const auto* m = std::get_if<MoveTask>(&task.work)) {
     const DeviceProgram& p = *m->program;
     Tensor none(p.dtype, Shape{0});
     Tensor out = execute(p, world, p.in_from ? value(m->input) : none);
     if (p.in_to) value(task.out) = std::move(out);
-    return "move";
+    return TraceKind::kMove;
+  }
+  if (const auto* o = std::get_if<OverlapTask>(&task.work)) {
+    run_overlap(*o, task.out, world, values, blocks);
+    return TraceKind::kOverlap;
   }
   const auto& u = std::get<UpdateTask>(task.work);
   sgd_update(value(u.weight), value(u.grad), lr);
-  return "update";
+  return TraceKind::kUpdate;
 }
 
 }  // namespace
@@ -63,9 +91,10 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     auto state = std::make_shared<EventState>(graph.names[static_cast<std::size_t>(task.out)]);
     const bool timed = options.trace || options.times;
     const double start = timed ? now_s() : 0;
-    const char* kind = nullptr;
+    std::vector<OverlapEvent> blocks;
+    TraceKind kind = TraceKind::kCompute;
     try {
-      kind = run_work(graph, task, world, values, options.lr);
+      kind = run_work(graph, task, world, values, options.lr, timed ? &blocks : nullptr);
     } catch (...) {
       state->fail(std::current_exception());
       throw;
@@ -74,18 +103,31 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     done[t] = Event(std::move(state));
     if (timed) {
       const double end = now_s();
+      auto event = [&](TraceKind k, int block, double from, double to) {
+        return TraceEvent{.device = tasks.device,
+                          .value = task.out,
+                          .kind = k,
+                          .phase = task.phase,
+                          .step = options.step,
+                          .block = block,
+                          .start_s = from,
+                          .end_s = to};
+      };
       if (options.trace) {
-        options.trace->push_back(TraceEvent{.device = tasks.device,
-                                            .value = task.out,
-                                            .kind = kind,
-                                            .phase = task.phase,
-                                            .step = options.step,
-                                            .start_s = start,
-                                            .end_s = end});
+        options.trace->push_back(event(kind, -1, start, end));
+        for (const OverlapEvent& b : blocks) {
+          const bool transfer = b.kind == OverlapEvent::Kind::kTransfer;
+          options.trace->push_back(event(transfer ? TraceKind::kTransfer : TraceKind::kProduct,
+                                         b.block, b.start_s, b.end_s));
+        }
       }
       if (options.times) {
-        (std::string_view(kind) == "move" ? options.times->move_s : options.times->compute_s) +=
-            end - start;
+        double products = 0;
+        for (const OverlapEvent& b : blocks)
+          if (b.kind == OverlapEvent::Kind::kProduct) products += b.end_s - b.start_s;
+        const bool moves = kind == TraceKind::kMove || kind == TraceKind::kOverlap;
+        (moves ? options.times->move_s : options.times->compute_s) += end - start - products;
+        options.times->compute_s += products;
       }
     }
     for (ValueId v : task.release) values[static_cast<std::size_t>(v)] = Tensor();
@@ -93,28 +135,51 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
   if (options.times) options.times->total_s += now_s() - run_start;
 }
 
+std::string_view to_string(TraceKind kind) {
+  switch (kind) {
+    case TraceKind::kCompute:
+      return "compute";
+    case TraceKind::kMove:
+      return "move";
+    case TraceKind::kUpdate:
+      return "update";
+    case TraceKind::kOverlap:
+      return "overlap";
+    case TraceKind::kTransfer:
+      return "transfer";
+    case TraceKind::kProduct:
+      return "product";
+  }
+  return "?";
+}
+
 std::string trace_json(const TaskGraph& graph, const std::vector<TraceEvent>& events) {
+  constexpr int kTasks = 0, kTransfers = 1;  // each device's tracks
   double origin = events.empty() ? 0 : events.front().start_s;
   for (const TraceEvent& e : events) origin = std::min(origin, e.start_s);
   nlohmann::json out = nlohmann::json::array();
   std::set<DeviceId> devices;
   for (const TraceEvent& e : events) devices.insert(e.device);
+  auto meta = [](const char* what, DeviceId d, int tid, std::string name) {
+    return nlohmann::json{
+        {"name", what}, {"ph", "M"}, {"pid", d}, {"tid", tid}, {"args", {{"name", name}}}};
+  };
   for (DeviceId d : devices) {
-    out.push_back({{"name", "thread_name"},
-                   {"ph", "M"},
-                   {"pid", 0},
-                   {"tid", d},
-                   {"args", {{"name", fmt::format("device {}", d)}}}});
+    out.push_back(meta("process_name", d, kTasks, fmt::format("device {}", d)));
+    out.push_back(meta("thread_name", d, kTasks, "tasks"));
+    out.push_back(meta("thread_name", d, kTransfers, "transfers"));
   }
   for (const TraceEvent& e : events) {
+    nlohmann::json args = {{"phase", std::string(to_string(e.phase))}, {"step", e.step}};
+    if (e.block >= 0) args["block"] = e.block;
     out.push_back({{"name", graph.names[static_cast<std::size_t>(e.value)]},
-                   {"cat", e.kind},
+                   {"cat", std::string(to_string(e.kind))},
                    {"ph", "X"},
-                   {"pid", 0},
-                   {"tid", e.device},
+                   {"pid", e.device},
+                   {"tid", e.kind == TraceKind::kTransfer ? kTransfers : kTasks},
                    {"ts", (e.start_s - origin) * 1e6},
                    {"dur", (e.end_s - e.start_s) * 1e6},
-                   {"args", {{"phase", std::string(to_string(e.phase))}, {"step", e.step}}}});
+                   {"args", args}});
   }
   return nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}}.dump() + "\n";
 }

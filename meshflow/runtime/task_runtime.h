@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
@@ -13,18 +14,26 @@
 
 namespace meshflow {
 
-// One task as it ran, for traces (seconds on the steady clock).
+// What a trace event is: a task (a kernel, a move, an update, an overlapped loop), or inside an
+// overlapped loop one block's transfer or product.
+enum class TraceKind { kCompute, kMove, kUpdate, kOverlap, kTransfer, kProduct };
+
+// Returns "compute", "move", "update", "overlap", "transfer", "product".
+std::string_view to_string(TraceKind kind);
+
+// One task (or block of an overlapped loop) as it ran, for traces (steady-clock seconds).
 struct TraceEvent {
   DeviceId device = 0;
   ValueId value = 0;
-  std::string kind;  // "compute", "move", "update"
+  TraceKind kind = TraceKind::kCompute;
   Phase phase = Phase::kForward;
   int step = 0;
+  int block = -1;  // kTransfer, kProduct
   double start_s = 0, end_s = 0;
 };
 
-// Where a device's run accounts its time (for the train benchmark): kernels and updates,
-// moves, and the whole run.
+// Where a device's run accounts its time (for the train benchmark): kernels and updates (and
+// the products of overlapped loops), moves (and the rest of those loops), and the whole run.
 struct TaskTimes {
   double compute_s = 0, move_s = 0, total_s = 0;
 };
@@ -41,8 +50,10 @@ struct TaskRunOptions {
 void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
                std::vector<Tensor>& values, const TaskRunOptions& options);
 
-// Returns the Chrome / Perfetto trace JSON of `events`: one track (thread) per device, one
-// complete event per task with its phase and step, times relative to the earliest event.
+// Returns the Chrome / Perfetto trace JSON of `events`: a process per device with two tracks,
+// "tasks" (every task, an overlapped loop's products nested in it) and "transfers" (the loops'
+// block transfers), one complete event each with its phase and step, times relative to the
+// earliest event.
 std::string trace_json(const TaskGraph& graph, const std::vector<TraceEvent>& events);
 
 }  // namespace meshflow

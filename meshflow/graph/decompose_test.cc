@@ -1,0 +1,139 @@
+// decompose_collectives (--overlap): which products it decomposes and which it leaves, the
+// invariants verify keeps, the task graph it expands into (golden text) and what explain lists.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "meshflow/core/error.h"
+#include "meshflow/graph/compile.h"
+#include "meshflow/graph/explain.h"
+#include "meshflow/graph/task_graph.h"
+#include "meshflow/graph/testing.h"
+
+namespace meshflow {
+namespace {
+
+Pcg compiled(const Pcg& built, bool overlap) {
+  return compile(built, Mode::kTrain, {.overlap = overlap});
+}
+
+// Returns "node: kind on mesh dim d (form)" for every decomposed node.
+std::vector<std::string> decompositions(const Pcg& g) {
+  std::vector<std::string> out;
+  for (const Node& n : g.nodes) {
+    if (!n.decomposed) continue;
+    const bool gather = n.decomposed->kind == Decomposition::Kind::kGatherOperand;
+    out.push_back(
+        n.name + (gather ? ": gather " : ": scatter ") +
+        g.nodes[static_cast<std::size_t>(n.decomposed->move)].name + " on dim " +
+        std::to_string(n.decomposed->mesh_dim) +
+        (gather ? std::string(" (") + std::string(to_string(n.decomposed->form)) + ")" : ""));
+  }
+  return out;
+}
+
+TEST(Decompose, GathersIntoAndScattersOutOfTheSequenceParallelProducts) {
+  for (int dp : {1, 2}) {
+    for (int tp : {2, 3, 4, 8}) {
+      const Pcg g = compiled(testing::sp_mlp(dp, tp, 2 * tp + 1, 5, 4 * tp), /*overlap=*/true);
+      const std::string on = " on dim " + std::to_string(dp == 1 ? 0 : 1);
+      // Forward: the column-parallel linear's gather and the row-parallel matmul's scatter;
+      // backward: the gather of o's gradient into the row-parallel product's gradient.
+      EXPECT_EQ(decompositions(g), (std::vector<std::string>{
+                                       "h: gather move:th@h" + on + " (permute)",
+                                       "o:kernel: scatter o" + on,
+                                       "bwd:o/0: gather move:grad:o@bwd:o/0" + on + " (permute)",
+                                   }))
+          << "dp " << dp << ", tp " << tp;
+    }
+  }
+}
+
+TEST(Decompose, WithoutOverlapNothingIsDecomposedAndTheRestIsTheSame) {
+  Pcg plain = compiled(testing::sp_mlp(1, 4), false);
+  Pcg overlapped = compiled(testing::sp_mlp(1, 4), true);
+  EXPECT_TRUE(decompositions(plain).empty());
+  for (Node& n : overlapped.nodes) n.decomposed = std::nullopt;
+  EXPECT_EQ(plain, overlapped);
+}
+
+TEST(Decompose, LeavesWhatItCannotRunAsALoop) {
+  // DESIGN's DP x TP MLP replicates x over tp (no gather) and all-reduces o (no scatter); its
+  // gradients' reductions are all-reduces of products that are weights' gradients.
+  EXPECT_TRUE(decompositions(compiled(testing::dp_tp_mlp("labels.npy"), true)).empty());
+  // A reported value is never left unmade: pinning o's kernel result as an output keeps it.
+  Pcg g = testing::sp_mlp(1, 4);
+  g.nodes[static_cast<std::size_t>(find_value(g, "o"))].placements = std::nullopt;
+  const Pcg c = compiled(g, true);
+  for (const std::string& d : decompositions(c)) EXPECT_EQ(d.find("scatter"), std::string::npos);
+}
+
+TEST(Decompose, VerifyRejectsADecompositionItsPatternDoesNotAllow) {
+  Pcg g = compiled(testing::sp_mlp(1, 4), true);
+  // Mark the first matmul (e: x is already row-sharded, nothing gathered) as a gather.
+  Node& e = g.nodes[static_cast<std::size_t>(find_value(g, "e"))];
+  e.decomposed = Decomposition{.kind = Decomposition::Kind::kGatherOperand, .move = e.inputs[0]};
+  EXPECT_THROW(verify(g, Stage::kCopied), Error);
+}
+
+TEST(Decompose, ExplainListsNMinus1PermutesPerGatherAndNamesTheProduct) {
+  for (int tp : {2, 3, 4, 8}) {
+    const Explanation e = explain(compiled(testing::sp_mlp(1, tp, 2 * tp + 1, 5, 4 * tp), true));
+    int decomposed = 0;
+    for (const MoveReport& m : e.moves) {
+      if (m.overlapped_with.empty()) continue;
+      ++decomposed;
+      EXPECT_EQ(m.steps,
+                std::vector<StepKind>(static_cast<std::size_t>(tp - 1), StepKind::kPermute))
+          << m.value << " for " << m.consumer;
+    }
+    EXPECT_EQ(decomposed, 3) << tp << " devices";
+  }
+}
+
+TEST(Decompose, TaskGraphGolden) {
+  const Pcg g = compiled(testing::sp_mlp(1, 2, 5), true);
+  const std::string got = "== decompose_collectives\n" + to_text(g) + "== expand_shards\n" +
+                          to_text(expand_shards(g, {})) + "== explain\n" + to_text(explain(g));
+  const std::string path = std::string(MESHFLOW_GRAPH_TESTDATA) + "/decompose_golden.txt";
+  std::ifstream in(path);
+  std::stringstream want;
+  want << in.rdbuf();
+  if (got != want.str()) {
+    std::ofstream("decompose_golden.actual.txt") << got;
+    FAIL() << "the decomposed graph's text differs from " << path
+           << "; the new text is in decompose_golden.actual.txt in the test's working directory";
+  }
+}
+
+TEST(Decompose, TheLoopMakesTheGatheredOperandAndEveryValueIsReleased) {
+  const Pcg g = compiled(testing::sp_mlp(2, 2), true);
+  const TaskGraph t = expand_shards(g, {});
+  ValueId gathered = -1;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i)
+    if (g.nodes[i].name == "move:th@h") gathered = static_cast<ValueId>(i);
+  ASSERT_GE(gathered, 0);
+  for (const DeviceTasks& dt : t.devices) {
+    std::set<ValueId> made, released;
+    for (const Task& task : dt.tasks) {
+      made.insert(task.out);
+      EXPECT_NE(task.out, gathered) << "the gather has no task of its own";
+      if (const auto* o = std::get_if<OverlapTask>(&task.work)) {
+        if (o->decomposition.kind == Decomposition::Kind::kGatherOperand)
+          made.insert(o->call->args[0]);
+        EXPECT_EQ(o->group.size(), 2u);
+      }
+      released.insert(task.release.begin(), task.release.end());
+    }
+    EXPECT_TRUE(made.count(gathered));
+    for (ValueId v : made) {
+      const Node& n = g.nodes[static_cast<std::size_t>(v)];
+      if (n.kind == NodeKind::kUpdate) continue;
+      EXPECT_TRUE(released.count(v)) << "device " << dt.device << " keeps " << n.name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshflow
