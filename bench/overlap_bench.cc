@@ -100,6 +100,39 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
       scatter, multiply);
 }
 
+// The cost model's timeline of one case on n devices of `machine`: x's rows in chunk-rule blocks.
+BenchResult simulate_case(const MachineModel& machine, const std::string& name, std::int64_t rows,
+                          int n) {
+  const bool gather = name != "gemm_reduce_scatter";
+  // The reduce-scatter case multiplies every row by this device's K block (the largest).
+  const std::int64_t k = gather ? kWidth : chunk(kWidth, n, 0).extent;
+  OverlapCostInput in{.mesh_dim = 0};
+  for (int b = 0; b < n; ++b) {
+    const std::int64_t r = chunk(rows, n, b).extent;
+    in.block_bytes.push_back(r * kWidth * 4);
+    in.block_flops.push_back(2.0 * static_cast<double>(r * k * kWidth));
+  }
+  const OverlapEstimate e =
+      gather ? gather_overlap(
+                   machine, in,
+                   name == "allgather_gemm_permute" ? GatherForm::kPermute : GatherForm::kBroadcast)
+             : reduce_scatter_overlap(machine, in);
+  BenchResult r{.case_name = name,
+                .backend = "simulated",
+                .mesh = std::to_string(n),
+                .devices = n,
+                .bytes = rows * kWidth * 4,
+                .case_s = {e.overlapped_s},
+                .baseline = "sequential",
+                .baseline_s = {e.sequential_s}};
+  r.extra["comm_s"] = e.comm_s;
+  r.extra["gemm_s"] = e.product_s;
+  const double room = std::min(e.comm_s, e.product_s);
+  r.extra["overlap_efficiency"] = room > 0 ? (e.sequential_s - e.overlapped_s) / room : 0.0;
+  r.extra["shape"] = fmt::format("x [{}, {}] @ w [{}, {}]", rows, kWidth, kWidth, kWidth);
+  return r;
+}
+
 }  // namespace
 
 BenchReport run_overlap_bench(const OverlapBenchOptions& options, bool* printer) {
@@ -109,6 +142,18 @@ BenchReport run_overlap_bench(const OverlapBenchOptions& options, bool* printer)
       fail(ErrorKind::kInvalidArgument, "unknown case \"{}\"", name);
   }
   BenchReport report{.benchmark = "overlap", .progress = options.progress};
+  if (options.simulate) {
+    *printer = true;
+    report.memcpy_gbps = options.simulate->memcpy_gbps;
+    const int n = options.devices > 0 ? options.devices : 4;
+    for (const std::string& name : names) {
+      for (std::int64_t bytes : options.sizes) {
+        const std::int64_t rows = std::max<std::int64_t>(1, bytes / 4 / kWidth);
+        add_result(report, simulate_case(*options.simulate, name, rows, n));
+      }
+    }
+    return report;
+  }
   *printer = false;
   std::mutex mu;
   launch(bench_launch_options(options.backend, options.devices), [&](Communicator& comm) {

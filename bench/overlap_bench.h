@@ -5,13 +5,16 @@
 //   allgather_gemm_broadcast  the same as n broadcasts
 //   gemm_reduce_scatter       x and w sharded on K, the sum reduce-scattered by rows as a ring
 // with comm_s and gemm_s (the collective and the GEMM timed alone) and overlap_efficiency =
-// (t_sequential - t_overlapped) / min(t_comm, t_gemm).
+// (t_sequential - t_overlapped) / min(t_comm, t_gemm). With `simulate` nothing runs: each case
+// is the cost model's timeline (plan/cost_model.h) on that machine, links and compute
+// independent, for a group of `devices` (backend "simulated").
 #pragma once
 
 #include <vector>
 
 #include "bench/report.h"
 #include "meshflow/comm/launch.h"
+#include "meshflow/plan/cost_model.h"
 
 namespace meshflow::bench {
 
@@ -23,6 +26,7 @@ struct OverlapBenchOptions {
   std::vector<std::string> cases;   // empty = all
   int reps = 7;
   int warmup = 1;
+  const MachineModel* simulate = nullptr;
 };
 
 // Runs the benchmark; the report is complete on device 0 only (`printer` is true there).

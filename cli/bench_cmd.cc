@@ -37,9 +37,9 @@ struct DistributedRun {
 
 // Registers `meshflow bench NAME` with the options both distributed benchmarks share; `run`
 // returns the report and sets `printer` where it should be printed (device 0 under mpi).
-void add_distributed(CLI::App* bench, const char* name, const char* help, const char* subset_flag,
-                     const char* subset_help,
-                     std::function<bench::BenchReport(const DistributedRun&, bool*)> run) {
+CLI::App* add_distributed(CLI::App* bench, const char* name, const char* help,
+                          const char* subset_flag, const char* subset_help,
+                          std::function<bench::BenchReport(const DistributedRun&, bool*)> run) {
   struct Args {
     std::string backend;
     std::optional<int> devices;
@@ -84,6 +84,7 @@ void add_distributed(CLI::App* bench, const char* name, const char* help, const 
     bench::BenchReport report = run(r, &printer);
     if (printer) print_report(report, args->json);
   });
+  return cmd;
 }
 
 }  // namespace
@@ -166,19 +167,33 @@ void add_bench(CLI::App& app) {
       "--quiet", [train](std::int64_t) { train->progress = false; }, "no progress lines");
   t->callback([train, train_json] { print_report(bench::run_train_bench(*train), *train_json); });
 
-  add_distributed(bench, "overlap",
-                  "all-gather + GEMM (permute, broadcast forms) and GEMM + reduce-scatter, "
-                  "decomposed against sequential; x is [bytes / 2 KiB, 512], w [512, 512]",
-                  "--cases", "subset, e.g. allgather_gemm_permute",
-                  [](const DistributedRun& r, bool* printer) {
-                    return bench::run_overlap_bench({.progress = r.progress,
-                                                     .backend = r.backend,
-                                                     .devices = r.devices,
-                                                     .sizes = r.sizes,
-                                                     .cases = r.subset,
-                                                     .reps = r.reps},
-                                                    printer);
-                  });
+  struct Simulate {
+    bool on = false;
+    std::string machine;
+  };
+  auto simulate = std::make_shared<Simulate>();
+  CLI::App* overlap = add_distributed(
+      bench, "overlap",
+      "all-gather + GEMM (permute, broadcast forms) and GEMM + reduce-scatter, decomposed "
+      "against sequential; x is [bytes / 2 KiB, 512], w [512, 512]",
+      "--cases", "subset, e.g. allgather_gemm_permute",
+      [simulate](const DistributedRun& r, bool* printer) {
+        const std::shared_ptr<MachineModel> machine =
+            simulate->on ? machine_option(simulate->machine) : nullptr;
+        return bench::run_overlap_bench({.progress = r.progress,
+                                         .backend = r.backend,
+                                         .devices = r.devices,
+                                         .sizes = r.sizes,
+                                         .cases = r.subset,
+                                         .reps = r.reps,
+                                         .simulate = machine.get()},
+                                        printer);
+      });
+  overlap->add_flag("--simulate", simulate->on,
+                    "run nothing: the cost model's timeline of each case on --machine, links and "
+                    "compute independent");
+  overlap->add_option("--machine", simulate->machine,
+                      "machine description JSON for --simulate (default: the built-in one)");
   add_distributed(bench, "collectives",
                   "every collective against its memcpy floor (threads) or raw MPI (mpi)",
                   "--collectives", "subset, e.g. all_gather,all_reduce",

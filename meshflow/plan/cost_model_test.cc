@@ -1,0 +1,64 @@
+// The cost model's overlap timelines (decomposed collectives) against hand-computed times, and
+// gemm_gflops in machine files.
+#include "meshflow/plan/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include "meshflow/core/error.h"
+#include "meshflow/plan/plan.h"
+
+namespace meshflow {
+namespace {
+
+// One link of 1 GB/s with no latency or overhead, and 1 GFLOP/s products: 1 byte = 1 ns,
+// 1 flop = 1 ns.
+MachineModel unit_machine() {
+  return MachineModel{.links = {{"l", LinkClass{.bandwidth_gbps = 1, .latency_us = 0}}},
+                      .default_link = "l",
+                      .memcpy_gbps = 1e6,  // adds cost nothing to speak of
+                      .collective_overhead_us = 0,
+                      .local_step_us = 0,
+                      .gemm_gflops = 1};
+}
+
+TEST(OverlapTimeline, PermuteHidesEveryTransferButTheLastProductsOwn) {
+  const MachineModel m = unit_machine();
+  // Three equal blocks: transfers of 100 ns, products of 300 ns.
+  const OverlapCostInput in{.block_bytes = {100, 100, 100}, .block_flops = {300, 300, 300}};
+  const OverlapEstimate e = gather_overlap(m, in, GatherForm::kPermute);
+  EXPECT_NEAR(e.product_s, 900e-9, 1e-15);
+  EXPECT_NEAR(e.comm_s, 200e-9, 1e-15);  // all-gather: the two blocks this device lacks
+  EXPECT_NEAR(e.sequential_s, 1100e-9, 1e-15);
+  EXPECT_NEAR(e.overlapped_s, 900e-9, 1e-15);  // max(100, 300) twice, then 300
+  // The broadcast form waits for block 0 before its first product.
+  EXPECT_NEAR(gather_overlap(m, in, GatherForm::kBroadcast).overlapped_s, 1000e-9, 1e-15);
+}
+
+TEST(OverlapTimeline, TransferBoundLoopsAreAsLongAsTheirTransfers) {
+  const MachineModel m = unit_machine();
+  const OverlapCostInput in{.block_bytes = {500, 400}, .block_flops = {10, 10}};
+  // Device 0 receives block 1 (400) while multiplying block 0, device 1 block 0 (500).
+  EXPECT_NEAR(gather_overlap(m, in, GatherForm::kPermute).overlapped_s, 510e-9, 1e-15);
+  // The ring: device 1 computes block 0 (10), sends it (500) while computing block 1 (10).
+  EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, 510e-9, 1e-12);
+}
+
+TEST(OverlapTimeline, MachineFilesMayStateTheGemmRate) {
+  nlohmann::json j = {{"links", {{"l", {{"bandwidth_gbps", 1}, {"latency_us", 0}}}}},
+                      {"default_link", "l"},
+                      {"memcpy_gbps", 1},
+                      {"collective_overhead_us", 0}};
+  EXPECT_EQ(machine_from_json(j, "m.json").gemm_gflops, default_machine().gemm_gflops);
+  j["gemm_gflops"] = 250;
+  EXPECT_EQ(machine_from_json(j, "m.json").gemm_gflops, 250);
+  j["gemm_gflops"] = 0;
+  try {
+    machine_from_json(j, "m.json");
+    ADD_FAILURE() << "a zero GEMM rate was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_gflops"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshflow
