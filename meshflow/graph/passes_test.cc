@@ -1,5 +1,6 @@
 // Each pass on small graphs, as golden text: the graph after every pass and the task graph of
-// DESIGN.md's DP×TP MLP and of a two-stage pipeline. A change to any pass shows here as a diff.
+// DESIGN.md's DP×TP MLP and of a two-stage pipeline, and the sequence-parallel MLP decomposed
+// for --overlap. A change to any pass shows here as a diff.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -29,19 +30,32 @@ std::string passes_text(const std::string& title, const Pcg& built) {
   return out;
 }
 
-TEST(PassesGolden, EveryPassOnTheDpTpMlpAndAPipeline) {
-  const std::string got = passes_text("dp_tp_mlp", testing::dp_tp_mlp("labels.npy")) +
-                          passes_text("pipeline", testing::pipeline());
-  const std::string path = std::string(MESHFLOW_GRAPH_TESTDATA) + "/passes_golden.txt";
+// Compares `got` with testdata/<file>; on a difference writes <file>.actual.txt in the test's
+// working directory and fails.
+void expect_golden(const std::string& got, const std::string& file) {
+  const std::string path = std::string(MESHFLOW_GRAPH_TESTDATA) + "/" + file;
   std::ifstream in(path);
   std::stringstream want;
   want << in.rdbuf();
-  if (got != want.str()) {
-    std::ofstream("passes_golden.actual.txt") << got;
-    FAIL() << "the passes' text differs from " << path
-           << "; the new text is in passes_golden.actual.txt in the test's working directory "
-              "(copy it over the golden file once every change in it is intended)";
-  }
+  if (got == want.str()) return;
+  const std::string actual = file.substr(0, file.rfind('.')) + ".actual.txt";
+  std::ofstream(actual) << got;
+  FAIL() << "the text differs from " << path << "; the new text is in " << actual
+         << " in the test's working directory (copy it over the golden file once every change "
+            "in it is intended)";
+}
+
+TEST(PassesGolden, EveryPassOnTheDpTpMlpAndAPipeline) {
+  expect_golden(passes_text("dp_tp_mlp", testing::dp_tp_mlp("labels.npy")) +
+                    passes_text("pipeline", testing::pipeline()),
+                "passes_golden.txt");
+}
+
+TEST(PassesGolden, DecomposeCollectivesOnTheSequenceParallelMlp) {
+  const Pcg g = compile(testing::sp_mlp(1, 2, 5), Mode::kTrain, {.overlap = true});
+  expect_golden("== decompose_collectives\n" + to_text(g) + "== expand_shards\n" +
+                    to_text(expand_shards(g, {})) + "== explain\n" + to_text(explain(g)),
+                "decompose_golden.txt");
 }
 
 TEST(Passes, BackwardAddsOnlyWhatTheWeightsNeed) {

@@ -156,6 +156,24 @@ std::int64_t total(const std::vector<std::int64_t>& v) {
   return s;
 }
 
+// Takes rank r's sequential time into `e`: `collective` (all-gather or reduce-scatter of the
+// blocks, r's own staying put), then every block's product.
+void add_sequential(const MachineModel& machine, const OverlapCostInput& input, StepKind collective,
+                    int r, OverlapEstimate& e) {
+  double products = 0;
+  for (double flops : input.block_flops) products += product_seconds(machine, flops);
+  const std::int64_t own = input.block_bytes[static_cast<std::size_t>(r)];
+  const double comm =
+      step_seconds(machine, {.kind = collective,
+                             .mesh_dims = {input.mesh_dim},
+                             .group_size = static_cast<std::int64_t>(input.block_bytes.size()),
+                             .bytes_received = total(input.block_bytes) - own,
+                             .out_bytes = collective == StepKind::kReduceScatter ? own : 0});
+  e.product_s = std::max(e.product_s, products);
+  e.comm_s = std::max(e.comm_s, comm);
+  e.sequential_s = std::max(e.sequential_s, comm + products);
+}
+
 }  // namespace
 
 OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInput& input,
@@ -168,16 +186,7 @@ OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInp
   };
   OverlapEstimate e;
   for (int r = 0; r < n; ++r) {
-    double seq = 0;
-    for (int b = 0; b < n; ++b) seq += product(b);
-    e.product_s = std::max(e.product_s, seq);
-    const double comm =
-        step_seconds(machine, {.kind = StepKind::kAllGather,
-                               .mesh_dims = {input.mesh_dim},
-                               .group_size = n,
-                               .bytes_received = total(input.block_bytes) - input.block_bytes[r]});
-    e.comm_s = std::max(e.comm_s, comm);
-    e.sequential_s = std::max(e.sequential_s, comm + seq);
+    add_sequential(machine, input, StepKind::kAllGather, r, e);
     double t = 0;
     if (form == GatherForm::kPermute) {  // step k brings (r + k) mod n, hides (r + k - 1) mod n
       for (int k = 1; k < n; ++k)
@@ -196,21 +205,11 @@ OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInp
 OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input) {
   const int n = static_cast<int>(input.block_bytes.size());
   MESHFLOW_CHECK(n > 0 && input.block_flops.size() == input.block_bytes.size());
-  const double mem = machine.memcpy_gbps * 1e9;
+  const double mem = bytes_per_second(machine.memcpy_gbps);
   auto product = [&](int b) { return product_seconds(machine, input.block_flops[b]); };
   OverlapEstimate e;
   for (int r = 0; r < n; ++r) {
-    double seq = 0;
-    for (int b = 0; b < n; ++b) seq += product(b);
-    e.product_s = std::max(e.product_s, seq);
-    const double comm =
-        step_seconds(machine, {.kind = StepKind::kReduceScatter,
-                               .mesh_dims = {input.mesh_dim},
-                               .group_size = n,
-                               .bytes_received = total(input.block_bytes) - input.block_bytes[r],
-                               .out_bytes = input.block_bytes[r]});
-    e.comm_s = std::max(e.comm_s, comm);
-    e.sequential_s = std::max(e.sequential_s, comm + seq);
+    add_sequential(machine, input, StepKind::kReduceScatter, r, e);
     // Step k computes block (r + k + 1) mod n while the partial sum of step k - 1 travels,
     // then adds the partial sum received for it (each received term read once, as the
     // reduce-scatter step counts its terms).
