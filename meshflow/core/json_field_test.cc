@@ -2,17 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/error_of.h"
+
 namespace meshflow {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 TEST(JsonField, IntegersAreStrictAboutTypeAndRange) {
   const nlohmann::json j = nlohmann::json::parse(

@@ -1,11 +1,11 @@
 #include "meshflow/dtensor/dtensor.h"
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 
+#include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
 #include "meshflow/mesh/sharding.h"
 #include "meshflow/ops/gradient.h"
@@ -86,10 +86,6 @@ void check_member(const DeviceMesh& mesh, Communicator& comm, std::string_view w
 }
 
 thread_local OpProfile* profile = nullptr;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -180,7 +176,7 @@ DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Place
 
 DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
   MESHFLOW_CHECK(!operands.empty());
-  const double start = profile ? now_s() : 0;
+  const double start = profile ? steady_seconds() : 0;
   std::vector<Layout> layouts;
   layouts.reserve(operands.size());
   for (const DTensor* t : operands) layouts.push_back(t->layout);
@@ -192,22 +188,22 @@ DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
   std::vector<const Tensor*> locals(operands.size());
   for (std::size_t i = 0; i < operands.size(); ++i) {
     if (d->programs[i]) {
-      const double t0 = profile ? now_s() : 0;
+      const double t0 = profile ? steady_seconds() : 0;
       moved.push_back(execute(*d->programs[i], comm, operands[i]->local));
-      if (profile) profile->movement_s += now_s() - t0;
+      if (profile) profile->movement_s += steady_seconds() - t0;
       locals[i] = &moved.back();
     } else {
       locals[i] = &operands[i]->local;
     }
   }
-  const double k0 = profile ? now_s() : 0;
+  const double k0 = profile ? steady_seconds() : 0;
   Tensor out = run_kernel(d->op, locals, d->globals);
-  if (profile) profile->kernel_s += now_s() - k0;
+  if (profile) profile->kernel_s += steady_seconds() - k0;
   MESHFLOW_CHECK(out.shape() == d->local_out, "{}: kernel gave {} where {} expects {}",
                  to_string(d->op), to_string(out.shape()), to_string(d->strategy->output),
                  to_string(d->local_out));
   if (profile) {
-    profile->total_s += now_s() - start;
+    profile->total_s += steady_seconds() - start;
     ++profile->calls;
   }
   return {std::move(out), d->strategy->output, &comm};

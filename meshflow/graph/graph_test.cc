@@ -10,18 +10,12 @@
 #include "meshflow/graph/passes.h"
 #include "meshflow/graph/source.h"
 #include "meshflow/graph/testing.h"
+#include "tests/error_of.h"
 
 namespace meshflow {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 constexpr std::string_view kDpTp = R"j({
   "meshes": {"m": "2x2"},

@@ -3,18 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "meshflow/core/error.h"
+#include "tests/error_of.h"
 
 namespace meshflow {
 namespace {
 
-std::string error_of(auto fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 TEST(DeviceMesh, ParsesBothFormsAndPrintsCanonically) {
   DeviceMesh m = parse_mesh("2x2");

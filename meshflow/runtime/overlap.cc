@@ -2,9 +2,9 @@
 #include "meshflow/runtime/overlap.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
+#include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
 #include "meshflow/mesh/layout.h"
 #include "meshflow/ops/matmul.h"
@@ -12,10 +12,6 @@
 namespace meshflow {
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Operand 0 as row blocks: dim 0 split by the chunk rule over n ranks, the dims between dim 0
 // and the last folded into rows (`inner` rows per index of dim 0), `width` elements a row.
@@ -34,10 +30,11 @@ struct Blocks {
 class Recorder {
  public:
   explicit Recorder(std::vector<OverlapEvent>* events) : events_(events) {}
-  double start() const { return events_ ? now_s() : 0; }
+  double start() const { return events_ ? steady_seconds() : 0; }
   void add(OverlapEvent::Kind kind, int block, double start_s) {
     if (events_)
-      events_->push_back({.kind = kind, .block = block, .start_s = start_s, .end_s = now_s()});
+      events_->push_back(
+          {.kind = kind, .block = block, .start_s = start_s, .end_s = steady_seconds()});
   }
 
  private:

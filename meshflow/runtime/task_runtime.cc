@@ -4,11 +4,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/runtime/executor.h"
@@ -17,10 +17,6 @@
 namespace meshflow {
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Runs an overlapped loop; appends its blocks' events to `blocks` when set.
 void run_overlap(const OverlapTask& o, ValueId out, Communicator& world,
@@ -81,7 +77,7 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
 void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
                std::vector<Tensor>& values, const TaskRunOptions& options) {
   MESHFLOW_CHECK(values.size() == graph.names.size());
-  const double run_start = options.times ? now_s() : 0;
+  const double run_start = options.times ? steady_seconds() : 0;
   std::vector<Event> done(tasks.tasks.size());
   for (std::size_t t = 0; t < tasks.tasks.size(); ++t) {
     const Task& task = tasks.tasks[t];
@@ -90,7 +86,7 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     when_all(deps).wait(world.default_timeout());
     auto state = std::make_shared<EventState>(graph.names[static_cast<std::size_t>(task.out)]);
     const bool timed = options.trace || options.times;
-    const double start = timed ? now_s() : 0;
+    const double start = timed ? steady_seconds() : 0;
     std::vector<OverlapEvent> blocks;
     TraceKind kind = TraceKind::kCompute;
     try {
@@ -102,7 +98,7 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     state->complete();
     done[t] = Event(std::move(state));
     if (timed) {
-      const double end = now_s();
+      const double end = steady_seconds();
       auto event = [&](TraceKind k, int block, double from, double to) {
         return TraceEvent{.device = tasks.device,
                           .value = task.out,
@@ -132,7 +128,7 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     }
     for (ValueId v : task.release) values[static_cast<std::size_t>(v)] = Tensor();
   }
-  if (options.times) options.times->total_s += now_s() - run_start;
+  if (options.times) options.times->total_s += steady_seconds() - run_start;
 }
 
 std::string_view to_string(TraceKind kind) {
