@@ -6,13 +6,12 @@ Usage: cli_model_test.py MESHFLOW EXAMPLES_DIR [--mpi MPIRUN]"""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-from checks import check, finish
+from checks import check, finish, run_meshflow
 
 meshflow, examples = sys.argv[1], sys.argv[2]
 mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
@@ -20,10 +19,7 @@ TOLERANCE = 1e-5  # float32 rounding of sums in another order
 
 
 def run(*args, ranks=None):
-    cmd = [meshflow, *args]
-    if ranks:
-        cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "-n", str(ranks), *cmd, "--backend", "mpi"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return run_meshflow(meshflow, args, mpirun, ranks, timeout=300)
 
 
 def philox(counter0, key0):

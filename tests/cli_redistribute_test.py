@@ -4,29 +4,19 @@ every error path is checked for its exit code and one-line message.
 Usage: cli_redistribute_test.py MESHFLOW [--mpi MPIRUN]"""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+from checks import check, finish, run_meshflow
+
 meshflow = sys.argv[1]
 mpirun = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--mpi" else None
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAILED:", what)
 
 
 def run(*args, ranks=None):
-    cmd = [meshflow, *args]
-    if ranks:
-        cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "-n", str(ranks), *cmd, "--backend", "mpi"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return run_meshflow(meshflow, args, mpirun, ranks)
 
 
 def gather(folder, out):
@@ -110,5 +100,4 @@ with tempfile.TemporaryDirectory() as tmp:
     leftovers = [n for n in os.listdir(tmp) if ".tmp-" in n]
     check(not leftovers, f"temporary folders left behind: {leftovers}")
 
-print(f"{'0 failed' if failures == 0 else str(failures) + ' failed'}")
-sys.exit(1 if failures else 0)
+finish()
