@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <mutex>
 
+#include "meshflow/core/clock.h"
 #include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
@@ -166,15 +166,14 @@ struct Session {
     std::vector<TraceEvent> events;
     for (int step = 1; step <= steps; ++step) {
       TaskTimes times;
-      const auto start = std::chrono::steady_clock::now();
+      const double start = steady_seconds();
       if (mine) {
         run_tasks(
             g, *mine, world, values,
             {.lr = lr, .step = step, .trace = options->trace ? &events : nullptr, .times = &times});
       }
       barrier(world);
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double seconds = steady_seconds() - start;
       if (leader && on_step) on_step(step, seconds, times, values);
     }
     if (options->save) save(world, fs::path(path), values);
