@@ -15,9 +15,11 @@ namespace {
 // Buffers of at least kCacheMinBytes freed on a thread are kept for that thread's next
 // allocation of the same rounded size, up to kCacheBuffers buffers and kCacheBytes in all. A loop
 // that allocates and frees same-sized tensors (an operator's result every step) then reuses
-// memory already faulted in: malloc maps buffers this large afresh on every allocation, and
-// faulting in 16 MiB costs more than adding two 16 MiB tensors.
-constexpr std::size_t kCacheMinBytes = std::size_t{1} << 20;
+// memory already faulted in: malloc maps buffers from glibc's mmap threshold (128 KiB) up afresh
+// on every allocation, and faulting in 16 MiB costs more than adding two 16 MiB tensors. Smaller
+// buffers pay it too: `bench overlap` at 1 MiB on 2 devices (512 KiB blocks) ran 1.5-4x its
+// sequential baseline when only buffers of 1 MiB and up were kept, 1.00-1.04x now.
+constexpr std::size_t kCacheMinBytes = std::size_t{128} << 10;
 constexpr std::size_t kCacheBytes = std::size_t{512} << 20;
 constexpr std::size_t kCacheBuffers = 16;
 
