@@ -20,8 +20,21 @@ constexpr std::int64_t kWidth = 512;  // K and N
 
 const std::vector<std::string>& case_names() {
   static const std::vector<std::string> names = {"allgather_gemm_permute",
-                                                 "allgather_gemm_broadcast", "gemm_reduce_scatter"};
+                                                 "allgather_gemm_broadcast",
+                                                 "allgather_gemm_in_place", "gemm_reduce_scatter"};
   return names;
+}
+
+// The gather form of an all-gather case.
+GatherForm form_of(const std::string& name) {
+  if (name == "allgather_gemm_broadcast") return GatherForm::kBroadcast;
+  if (name == "allgather_gemm_in_place") return GatherForm::kInPlace;
+  return GatherForm::kPermute;
+}
+
+// The in-place case runs only where devices share memory.
+bool runs_on(const std::string& name, bool shared_memory) {
+  return shared_memory || name != "allgather_gemm_in_place";
 }
 
 void gemm_into(const Tensor& a, const Tensor& b, Tensor& c) {
@@ -61,8 +74,7 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
   std::vector<std::int64_t> counts;
   for (int i = 0; i < n; ++i) counts.push_back(chunk(rows, n, i).extent * kWidth);
   if (name != "gemm_reduce_scatter") {
-    const GatherForm form =
-        name == "allgather_gemm_permute" ? GatherForm::kPermute : GatherForm::kBroadcast;
+    const GatherForm form = form_of(name);
     const Tensor x = random_tensor(DType::kFloat32, {chunk(rows, n, r).extent, kWidth}, 1 + r);
     const Tensor w = random_tensor(DType::kFloat32, {kWidth, kWidth}, 99);
     const Tensor* rest[] = {&w};
@@ -113,10 +125,7 @@ BenchResult simulate_case(const MachineModel& machine, const std::string& name, 
     in.block_flops.push_back(2.0 * static_cast<double>(r * k * kWidth));
   }
   const OverlapEstimate e =
-      gather ? gather_overlap(
-                   machine, in,
-                   name == "allgather_gemm_permute" ? GatherForm::kPermute : GatherForm::kBroadcast)
-             : reduce_scatter_overlap(machine, in);
+      gather ? gather_overlap(machine, in, form_of(name)) : reduce_scatter_overlap(machine, in);
   BenchResult r{.case_name = name,
                 .backend = "simulated",
                 .mesh = std::to_string(n),
@@ -136,10 +145,22 @@ BenchResult simulate_case(const MachineModel& machine, const std::string& name, 
 }  // namespace
 
 BenchReport run_overlap_bench(const OverlapBenchOptions& options, bool* printer) {
-  std::vector<std::string> names = options.cases.empty() ? case_names() : options.cases;
+  // Simulated devices and mpi processes do not share memory; threads do.
+  const bool shared_memory = !options.simulate && options.backend == Backend::kThreads;
+  std::vector<std::string> names;
+  for (const std::string& name : case_names()) {
+    if (runs_on(name, shared_memory)) names.push_back(name);
+  }
+  if (!options.cases.empty()) names = options.cases;
   for (const std::string& name : names) {
     if (std::find(case_names().begin(), case_names().end(), name) == case_names().end())
       fail(ErrorKind::kInvalidArgument, "unknown case \"{}\"", name);
+    if (!runs_on(name, shared_memory)) {
+      fail(ErrorKind::kInvalidArgument,
+           "case \"{}\" reads peers' blocks in place and needs devices that share memory (the "
+           "threads backend)",
+           name);
+    }
   }
   BenchReport report{.benchmark = "overlap", .progress = options.progress};
   if (options.simulate) {

@@ -174,8 +174,8 @@ void add_bench(CLI::App& app) {
   auto simulate = std::make_shared<Simulate>();
   CLI::App* overlap = add_distributed(
       bench, "overlap",
-      "all-gather + GEMM (permute, broadcast forms) and GEMM + reduce-scatter, decomposed "
-      "against sequential; x is [bytes / 2 KiB, 512], w [512, 512]",
+      "all-gather + GEMM (permute, broadcast and, on threads, in-place forms) and GEMM + "
+      "reduce-scatter, decomposed against sequential; x is [bytes / 2 KiB, 512], w [512, 512]",
       "--cases", "subset, e.g. allgather_gemm_permute",
       [simulate](const DistributedRun& r, bool* printer) {
         const std::shared_ptr<MachineModel> machine =

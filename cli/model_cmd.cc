@@ -16,15 +16,17 @@ namespace meshflow::cli {
 namespace {
 
 struct CommonArgs {
-  std::string model, backend, machine, save, trace;
+  std::string model, backend, machine, save, trace, gather_form;
   bool json = false, overlap = false;
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
   cmd->add_option("model", a.model, "the model file (JSON)")->required();
+  cmd->add_option("--backend", a.backend,
+                  runs ? "threads or mpi (default: mpi under mpirun, else threads)"
+                       : "explain the run on threads or mpi (default: mpi under mpirun, else "
+                         "threads)");
   if (runs) {
-    cmd->add_option("--backend", a.backend,
-                    "threads or mpi (default: mpi under mpirun, else threads)");
     cmd->add_option("--trace", a.trace,
                     "write a Chrome/Perfetto trace JSON (a process per device: tasks, transfers)");
   }
@@ -32,14 +34,30 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
   cmd->add_flag("--overlap", a.overlap,
                 "run all-gathers into and reduce-scatters out of matrix products as loops that "
                 "overlap each block's transfer with the product");
+  cmd->add_option("--gather-form", a.gather_form,
+                  "with --overlap, the form of every decomposed all-gather: permute, broadcast or "
+                  "in_place (threads) (default: the cost model's choice)")
+      ->check(CLI::IsMember({"permute", "broadcast", "in_place"}));
   cmd->add_flag("--json", a.json, "print JSON");
+}
+
+// Returns the form --gather-form names (checked by CLI11), or none.
+std::optional<GatherForm> gather_form(const CommonArgs& a) {
+  for (GatherForm f : {GatherForm::kPermute, GatherForm::kBroadcast, GatherForm::kInPlace})
+    if (a.gather_form == to_string(f)) return f;
+  return std::nullopt;
+}
+
+Backend backend(const CommonArgs& a) {
+  return a.backend.empty() ? detect_backend() : parse_backend(a.backend);
 }
 
 ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   ModelRunOptions o;
-  o.backend = a.backend.empty() ? detect_backend() : parse_backend(a.backend);
+  o.backend = backend(a);
   o.plan.machine = machine;
   o.overlap = a.overlap;
+  o.gather_form = gather_form(a);
   if (!a.save.empty()) o.save = a.save;
   if (!a.trace.empty()) o.trace = a.trace;
   return o;
@@ -168,7 +186,12 @@ void add_explain(CLI::App& app) {
     const PlanOptions plan{.machine = machine.get()};
     const Mode mode = model.pcg.loss ? Mode::kTrain : Mode::kRun;
     const Explanation e =
-        explain(compile(model.pcg, mode, {.plan = plan, .overlap = args->overlap}), plan);
+        explain(compile(model.pcg, mode,
+                        {.plan = plan,
+                         .overlap = args->overlap,
+                         .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
+                                       .gather_form = gather_form(*args)}}),
+                plan);
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

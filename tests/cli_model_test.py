@@ -61,9 +61,13 @@ ALL = ["dp_mlp", "tp_mlp", "dp_tp_mlp", "tp_sp_mlp", "dp_tp_sp_mlp", "pipeline_m
        "ff_repartition_relu", "ff_repartition_combine_relu", "ff_repartition_linear_reduction_relu"]
 trained = ["tp_mlp", "dp_tp_mlp", "pipeline_mlp"] if mpirun else ALL
 # --overlap: the sequence-parallel TP and DP x TP examples with their all-gathers and
-# reduce-scatters decomposed around the products (and every example, where it changes nothing).
+# reduce-scatters decomposed around the products (and every example, where it changes nothing);
+# on threads the cost model reads gathered blocks in place, so the permute and broadcast forms
+# are asked for by name too.
 runs = [(name, []) for name in trained] + [
-    (name, ["--overlap"]) for name in (["tp_sp_mlp", "dp_tp_sp_mlp"] if mpirun else ALL)]
+    (name, ["--overlap"]) for name in (["tp_sp_mlp", "dp_tp_sp_mlp"] if mpirun else ALL)] + [
+    (name, ["--overlap", "--gather-form", form]) for name in ["tp_sp_mlp", "dp_tp_sp_mlp"]
+    for form in ["permute", "broadcast"]]
 for name, extra in runs:
     r = run("train", model(name), "--steps", "3", "--check", "--json", *extra,
             ranks=4 if mpirun else None)
@@ -102,8 +106,10 @@ with tempfile.TemporaryDirectory() as tmp:
         tracks = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "M"}
         check(tracks == {0, 1, 2, 3}, f"trace tracks {tracks}")
 
-    # run --overlap --trace: each device's transfers (its second track) overlap its products.
-    r = run("run", model("tp_sp_mlp"), "--overlap", "--trace", f"{tmp}/o.json", ranks=ranks)
+    # run --overlap --trace: each device's transfers (its second track) overlap its products
+    # (3 permutes of the gather into h, 3 of the reduce-scatter of o).
+    r = run("run", model("tp_sp_mlp"), "--overlap", "--gather-form", "permute", "--trace",
+            f"{tmp}/o.json", ranks=ranks)
     check(r.returncode == 0, f"run --overlap: {r.stderr}")
     if r.returncode == 0:
         events = [e for e in json.load(open(f"{tmp}/o.json"))["traceEvents"] if e["ph"] == "X"]
@@ -116,13 +122,20 @@ with tempfile.TemporaryDirectory() as tmp:
                       if t["ts"] <= p["ts"] and p["ts"] + p["dur"] <= t["ts"] + t["dur"]]
             check(len(hidden) >= 4, f"device {d}: products inside transfers {hidden}")
 
-    # explain --overlap --json: a decomposed all-gather is n - 1 permutes beside its product.
-    r = run("explain", model("tp_sp_mlp"), "--overlap", "--json")
-    check(r.returncode == 0, r.stderr)
-    decomposed = [m for m in json.loads(r.stdout)["moves"] if "overlapped_with" in m]
-    check([(m["value"], m["overlapped_with"], m["steps"]) for m in decomposed] ==
-          [("t", "h", ["permute"] * 3), ("o", "o:kernel", ["permute"] * 3),
-           ("grad:o", "bwd:o/0", ["permute"] * 3)], f"{decomposed}")
+    # explain --overlap --json: a decomposed all-gather is n - 1 permutes beside its product
+    # under mpi, and read in place on threads, where devices share memory; a reduce-scatter is
+    # n - 1 permutes on both.
+    for backend, gather in [("mpi", ["permute"] * 3), ("threads", ["in_place"])]:
+        r = run("explain", model("tp_sp_mlp"), "--overlap", "--backend", backend, "--json")
+        check(r.returncode == 0, r.stderr)
+        decomposed = [m for m in json.loads(r.stdout)["moves"] if "overlapped_with" in m]
+        check([(m["value"], m["overlapped_with"], m["steps"]) for m in decomposed] ==
+              [("t", "h", gather), ("o", "o:kernel", ["permute"] * 3),
+               ("grad:o", "bwd:o/0", gather)], f"{backend}: {decomposed}")
+    r = run("explain", model("tp_sp_mlp"), "--overlap", "--backend", "mpi", "--gather-form",
+            "in_place")
+    check(r.returncode != 0 and r.stderr.count("\n") == 1 and
+          "gather form in_place reads peers' blocks where they lie" in r.stderr, r.stderr)
 
     # explain --json: DESIGN's form; the DP×TP MLP's moves are the reduction and the gradients.
     r = run("explain", model("dp_tp_mlp"), "--json")

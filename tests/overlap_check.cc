@@ -35,8 +35,22 @@ void on_devices(Backend backend, int n, const Calls& want,
 }
 
 Calls calls_of(GatherForm form, int n) {
-  return form == GatherForm::kPermute ? Calls{{"collective_permute", n - 1}}
-                                      : Calls{{"broadcast", n}};
+  switch (form) {
+    case GatherForm::kPermute:
+      return {{"collective_permute", n - 1}};
+    case GatherForm::kBroadcast:
+      return {{"broadcast", n}};
+    case GatherForm::kInPlace:  // the blocks' addresses, then the closing barrier
+      return {{"all_gather", 1}, {"barrier", 1}};
+  }
+  return {};
+}
+
+// The gather forms `backend` runs: the in-place one only where devices share memory.
+std::vector<GatherForm> forms_of(Backend backend) {
+  if (backend == Backend::kThreads)
+    return {GatherForm::kPermute, GatherForm::kBroadcast, GatherForm::kInPlace};
+  return {GatherForm::kPermute, GatherForm::kBroadcast};
 }
 
 // Returns `count` elements of t's dim `dim` from `from`.
@@ -67,7 +81,7 @@ void check_allgather_product(Backend backend, const std::vector<int>& ranks) {
     const Tensor dy = random_tensor(DType::kFloat32, {m, 2, out}, 260 + n);
     const Tensor y = compute(Op{.type = OpType::kLinear}, {&x, &w, &b});
     const Tensor dx = compute(Op{.type = OpType::kMatmulGradA}, {&dy, &w});
-    for (GatherForm form : {GatherForm::kPermute, GatherForm::kBroadcast}) {
+    for (GatherForm form : forms_of(backend)) {
       Calls calls = calls_of(form, n);
       calls["collective_permute"] += n - 1;  // the backward reduce-scatter
       on_devices(backend, n, calls, [&](Communicator& g) {
@@ -96,7 +110,7 @@ void check_product_reduce_scatter(Backend backend, const std::vector<int>& ranks
     const Tensor dy = random_tensor(DType::kFloat64, {m, out}, 450 + n);
     const Tensor y = compute(Op{.type = OpType::kMatmul}, {&x, &w});
     const Tensor dx = compute(Op{.type = OpType::kMatmulGradA}, {&dy, &w});
-    for (GatherForm form : {GatherForm::kPermute, GatherForm::kBroadcast}) {
+    for (GatherForm form : forms_of(backend)) {
       Calls calls = calls_of(form, n);  // the backward gather
       calls["collective_permute"] += n - 1;
       on_devices(backend, n, calls, [&](Communicator& g) {

@@ -1,6 +1,7 @@
 // The decomposed collective products (runtime/overlap.h) checked on a backend: forward and
 // backward results against single-device products for uneven blocks, and each device's calls
-// counted by the recording communicator (n - 1 permutes, or n broadcasts).
+// counted by the recording communicator (n - 1 permutes, n broadcasts, or for the in-place form,
+// run where devices share memory, one all-gather of addresses and a barrier).
 #pragma once
 
 #include <vector>
@@ -9,13 +10,13 @@
 
 namespace meshflow::testing {
 
-// Column-parallel linear with a row-sharded input: y = gather(x) @ w_local + b_local in both
-// forms (x 3-D, so rows fold), with the gathered x; backward dx = reduce-scatter of
+// Column-parallel linear with a row-sharded input: y = gather(x) @ w_local + b_local in
+// every gather form (x 3-D, so rows fold), with the gathered x; backward dx = reduce-scatter of
 // dy @ w_localᵀ.
 void check_allgather_product(Backend backend, const std::vector<int>& ranks);
 
 // Row-parallel matmul: y's row block = reduce-scatter of x_local @ w_local; backward
-// dx_local = gather(dy) @ w_localᵀ in both forms.
+// dx_local = gather(dy) @ w_localᵀ in every gather form.
 void check_product_reduce_scatter(Backend backend, const std::vector<int>& ranks);
 
 }  // namespace meshflow::testing

@@ -154,6 +154,10 @@ class Communicator {
   DeviceId device() const { return devices()[rank()]; }
   // The timeout a collective with Timeout{0} uses.
   virtual Timeout default_timeout() const = 0;
+  // True when every rank's buffers are addressable from this device (threads: one address
+  // space), so a rank may read a peer's buffer in place between two collectives that order the
+  // accesses (runtime/overlap.h's in-place form).
+  virtual bool shares_memory() const { return false; }
 
   virtual Event all_reduce(const AllReduceOptions& o, Completion c) = 0;
   virtual Event all_gather(const AllGatherOptions& o, Completion c) = 0;

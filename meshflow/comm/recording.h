@@ -43,6 +43,8 @@ class RecordingCommunicator final : public Communicator {
   int size() const override { return static_cast<int>(devices_.size()); }
   const std::vector<DeviceId>& devices() const override { return devices_; }
   Timeout default_timeout() const override { return kTimeout; }
+  // As the communicator it forwards to shares memory; false alone (it moves no data).
+  bool shares_memory() const override { return inner_ && inner_->shares_memory(); }
 
   Event all_reduce(const AllReduceOptions& o, Completion c) override;
   Event all_gather(const AllGatherOptions& o, Completion c) override;

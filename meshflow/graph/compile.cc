@@ -10,7 +10,7 @@ Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options) {
     g = infer_layouts(add_update(std::move(g)), options.plan);
   }
   g = insert_copies(std::move(g));
-  return options.overlap ? decompose_collectives(std::move(g), options.plan) : g;
+  return options.overlap ? decompose_collectives(std::move(g), options.plan, options.decompose) : g;
 }
 
 }  // namespace meshflow

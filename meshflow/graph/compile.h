@@ -15,6 +15,7 @@ struct CompileOptions {
   // Decompose the all-gathers into and reduce-scatters out of matrix products into loops that
   // overlap each block's transfer with the product (decompose_collectives; --overlap).
   bool overlap = false;
+  DecomposeOptions decompose;  // with `overlap`: the forms a decomposed all-gather may take
 };
 
 // Returns the compiled graph of `pcg` (Stage::kBuilt). kTrain needs a loss.

@@ -133,9 +133,17 @@ std::vector<std::optional<Decomposition>> decomposable(const Pcg& pcg) {
   return out;
 }
 
-Pcg decompose_collectives(Pcg pcg, const PlanOptions& options) {
+Pcg decompose_collectives(Pcg pcg, const PlanOptions& plan, const DecomposeOptions& options) {
   verify(pcg, Stage::kCopied);
-  const MachineModel& machine = options.machine ? *options.machine : default_machine();
+  if (options.gather_form == GatherForm::kInPlace && !options.shared_memory) {
+    fail(ErrorKind::kInvalidArgument,
+         "gather form in_place reads peers' blocks where they lie and needs devices that share "
+         "memory (the threads backend)");
+  }
+  const MachineModel& machine = plan.machine ? *plan.machine : default_machine();
+  std::vector<GatherForm> candidates = {GatherForm::kPermute, GatherForm::kBroadcast};
+  if (options.shared_memory) candidates.push_back(GatherForm::kInPlace);
+  if (options.gather_form) candidates = {*options.gather_form};
   const std::vector<std::optional<Decomposition>> found = decomposable(pcg);
   for (std::size_t id = 0; id < found.size(); ++id) {
     if (!found[id]) continue;
@@ -143,9 +151,14 @@ Pcg decompose_collectives(Pcg pcg, const PlanOptions& options) {
     Decomposition d = *found[id];
     if (d.kind == Decomposition::Kind::kGatherOperand) {
       const OverlapCostInput in = overlap_cost_input(pcg, c, d);
-      const double permute = gather_overlap(machine, in, GatherForm::kPermute).overlapped_s;
-      const double broadcast = gather_overlap(machine, in, GatherForm::kBroadcast).overlapped_s;
-      d.form = broadcast < permute ? GatherForm::kBroadcast : GatherForm::kPermute;
+      double best = 0;
+      for (GatherForm form : candidates) {  // the first of equally short forms
+        const double t = gather_overlap(machine, in, form).overlapped_s;
+        if (form == candidates.front() || t < best) {
+          best = t;
+          d.form = form;
+        }
+      }
     }
     c.decomposed = d;
   }

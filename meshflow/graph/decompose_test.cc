@@ -92,6 +92,33 @@ TEST(Decompose, ExplainListsNMinus1PermutesPerGatherAndNamesTheProduct) {
   }
 }
 
+TEST(Decompose, DevicesSharingMemoryReadGatheredBlocksInPlaceAndAFormMayBeNamed) {
+  const Pcg built = testing::sp_mlp(1, 4, 9, 5, 16);  // gathers into h and bwd:o/0
+  auto forms = [&](const DecomposeOptions& d) {
+    const Pcg g = compile(built, Mode::kTrain, {.overlap = true, .decompose = d});
+    std::vector<std::string> out;
+    for (const Node& n : g.nodes) {
+      if (n.decomposed && n.decomposed->kind == Decomposition::Kind::kGatherOperand)
+        out.emplace_back(to_string(n.decomposed->form));
+    }
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(forms({.shared_memory = true}), (V{"in_place", "in_place"}));
+  EXPECT_EQ(forms({.shared_memory = true, .gather_form = GatherForm::kBroadcast}),
+            (V{"broadcast", "broadcast"}));
+  EXPECT_EQ(forms({.gather_form = GatherForm::kBroadcast}), (V{"broadcast", "broadcast"}));
+  EXPECT_THROW(forms({.gather_form = GatherForm::kInPlace}), Error);
+  // explain lists the in-place gather as one step.
+  const Explanation e = explain(
+      compile(built, Mode::kTrain, {.overlap = true, .decompose = {.shared_memory = true}}));
+  for (const MoveReport& m : e.moves) {
+    if (m.overlapped_with == "h") {
+      EXPECT_EQ(m.steps, std::vector{StepKind::kInPlace});
+    }
+  }
+}
+
 TEST(Decompose, TheLoopMakesTheGatheredOperandAndEveryValueIsReleased) {
   const Pcg g = compiled(testing::sp_mlp(2, 2), true);
   const TaskGraph t = expand_shards(g, {});

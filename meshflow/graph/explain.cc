@@ -41,9 +41,13 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options) {
       const OverlapCostInput cost = overlap_cost_input(pcg, product, d);
       const int group = static_cast<int>(cost.block_bytes.size());
       const bool gather = d.kind == Decomposition::Kind::kGatherOperand;
-      const bool broadcast = gather && d.form == GatherForm::kBroadcast;
-      m.steps.assign(static_cast<std::size_t>(broadcast ? group : group - 1),
-                     broadcast ? StepKind::kBroadcast : StepKind::kPermute);
+      if (!gather || d.form == GatherForm::kPermute) {
+        m.steps.assign(static_cast<std::size_t>(group - 1), StepKind::kPermute);
+      } else if (d.form == GatherForm::kBroadcast) {
+        m.steps.assign(static_cast<std::size_t>(group), StepKind::kBroadcast);
+      } else {
+        m.steps = {StepKind::kInPlace};
+      }
       const OverlapEstimate t =
           gather ? gather_overlap(machine, cost, d.form) : reduce_scatter_overlap(machine, cost);
       m.overlapped_with = product.name;

@@ -19,8 +19,9 @@ struct MoveReport {
   Phase phase = Phase::kForward;
   Layout from, to;
   std::vector<StepKind> steps;  // local steps omitted
-  // A decomposed collective (--overlap): steps are its n - 1 permutes or n broadcasts, the
-  // product it overlaps is named, and est_s is the communication the timeline leaves exposed.
+  // A decomposed collective (--overlap): steps are its n - 1 permutes, n broadcasts or one
+  // in_place (blocks read where they lie), the product it overlaps is named, and est_s is the
+  // communication the timeline leaves exposed.
   std::string overlapped_with;
   double est_s = 0;
 };

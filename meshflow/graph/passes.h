@@ -11,6 +11,8 @@
 // then graph/task_graph.h expands the result into per-device tasks.
 #pragma once
 
+#include <optional>
+
 #include "meshflow/graph/pcg.h"
 #include "meshflow/plan/planner.h"
 
@@ -51,12 +53,21 @@ Pcg insert_copies(Pcg pcg);
 //   - is the first consumer of a movement of its operand 0 that is an all-gather of a dim-0
 //     shard over one mesh dim j (S(0) -> R on j, every other placement the same, and no mesh
 //     dim after j sharding dim 0, so j's chunks are each device's row blocks), with the form
-//     (permute or broadcast) whose cost-model timeline (plan/cost_model.h) is shorter; or
+//     whose cost-model timeline (plan/cost_model.h) is shortest among permute, broadcast and,
+//     where devices share memory, in_place (or options.gather_form); or
 //   - has a Partial(sum) result whose only consumer is a reduce-scatter of it to dim 0 over one
 //     mesh dim j (P(sum) -> S(0) on j, the same conditions), unless the result is an output,
 //     the loss or a weight's gradient (which reports read).
-// Nothing else changes: expand_shards gives the product and its movement one task.
-Pcg decompose_collectives(Pcg pcg, const PlanOptions& options = {});
+// Nothing else changes: expand_shards gives the product and its movement one task. Throws Error
+// when options.gather_form is in_place and the devices do not share memory.
+struct DecomposeOptions {
+  // The devices share one address space (the threads backend): in_place is a candidate.
+  bool shared_memory = false;
+  // Every decomposed all-gather takes this form instead of the cost model's choice.
+  std::optional<GatherForm> gather_form;
+};
+Pcg decompose_collectives(Pcg pcg, const PlanOptions& plan = {},
+                          const DecomposeOptions& options = {});
 
 // Returns, per node, the decomposition decompose_collectives' patterns allow it (form unset:
 // permute); verify checks every decomposition against it.

@@ -124,6 +124,8 @@ double step_seconds(const MachineModel& machine, const StepCostInput& step) {
       return overhead + alpha + received / beta;
     case StepKind::kBroadcast:  // a tree from the root, pipelined
       return overhead + rounds * alpha + received / beta;
+    case StepKind::kInPlace:  // nothing travels: the addresses' round and the closing barrier
+      return 2 * (overhead + rounds * alpha);
     case StepKind::kPointToPoint:
       return overhead + static_cast<double>(step.peers) * alpha + received / beta +
              static_cast<double>(step.terms) * out / mem;
@@ -132,7 +134,15 @@ double step_seconds(const MachineModel& machine, const StepCostInput& step) {
 }
 
 std::string_view to_string(GatherForm form) {
-  return form == GatherForm::kPermute ? "permute" : "broadcast";
+  switch (form) {
+    case GatherForm::kPermute:
+      return "permute";
+    case GatherForm::kBroadcast:
+      return "broadcast";
+    case GatherForm::kInPlace:
+      return "in_place";
+  }
+  return "?";
 }
 
 double product_seconds(const MachineModel& machine, double flops) {
@@ -188,7 +198,11 @@ OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInp
   for (int r = 0; r < n; ++r) {
     add_sequential(machine, input, StepKind::kAllGather, r, e);
     double t = 0;
-    if (form == GatherForm::kPermute) {  // step k brings (r + k) mod n, hides (r + k - 1) mod n
+    if (form == GatherForm::kInPlace) {  // every block read where it lies
+      t = transfer_seconds(machine, input, StepKind::kInPlace, 0);
+      for (int b = 0; b < n; ++b) t += product(b);
+    } else if (form ==
+               GatherForm::kPermute) {  // step k brings (r + k) mod n, hides (r + k - 1) mod n
       for (int k = 1; k < n; ++k)
         t += std::max(send(StepKind::kPermute, (r + k) % n), product((r + k - 1) % n));
       t += product((r + n - 1) % n);

@@ -67,11 +67,12 @@ struct StepCostInput {
 // and local memory traffic (reductions, chunking) at memcpy speed.
 double step_seconds(const MachineModel& machine, const StepCostInput& step);
 
-// The two decomposed forms of an all-gather around a row product (runtime/overlap.h): n - 1
-// collective permutes, or n broadcasts.
-enum class GatherForm { kPermute, kBroadcast };
+// The decomposed forms of an all-gather around a row product (runtime/overlap.h): n - 1
+// collective permutes, n broadcasts, or (devices sharing one address space) every block read
+// where it lies.
+enum class GatherForm { kPermute, kBroadcast, kInPlace };
 
-// Returns "permute", "broadcast".
+// Returns "permute", "broadcast", "in_place".
 std::string_view to_string(GatherForm form);
 
 // A collective decomposed around the product it feeds (all-gather) or that feeds it

@@ -34,6 +34,18 @@ TEST(OverlapTimeline, PermuteHidesEveryTransferButTheLastProductsOwn) {
   EXPECT_NEAR(gather_overlap(m, in, GatherForm::kBroadcast).overlapped_s, 1000e-9, 1e-15);
 }
 
+TEST(OverlapTimeline, InPlaceIsEveryProductAndTwoRoundsOfLatency) {
+  MachineModel m = unit_machine();
+  m.links["l"].latency_us = 0.05;  // 50 ns a round
+  m.collective_overhead_us = 0.01;
+  const OverlapCostInput in{.block_bytes = {100, 100, 100, 100},
+                            .block_flops = {300, 300, 300, 200}};
+  // Nothing travels: the addresses' round and the closing barrier, each an overhead and
+  // log2(4) = 2 latencies, then all four products.
+  EXPECT_NEAR(gather_overlap(m, in, GatherForm::kInPlace).overlapped_s,
+              2 * (10e-9 + 2 * 50e-9) + 1100e-9, 1e-15);
+}
+
 TEST(OverlapTimeline, TransferBoundLoopsAreAsLongAsTheirTransfers) {
   const MachineModel m = unit_machine();
   const OverlapCostInput in{.block_bytes = {500, 400}, .block_flops = {10, 10}};

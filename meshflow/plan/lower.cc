@@ -206,6 +206,7 @@ DeviceProgram lower(const Plan& plan, DeviceId device) {
         break;
       case StepKind::kPermute:
       case StepKind::kBroadcast:
+      case StepKind::kInPlace:
         MESHFLOW_CHECK(false, "a plan has no {} step", to_string(s.kind));
     }
   }

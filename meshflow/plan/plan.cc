@@ -25,6 +25,8 @@ std::string_view to_string(StepKind kind) {
       return "permute";
     case StepKind::kBroadcast:
       return "broadcast";
+    case StepKind::kInPlace:
+      return "in_place";
   }
   return "?";
 }

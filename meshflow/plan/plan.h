@@ -13,8 +13,10 @@
 
 namespace meshflow {
 
-// kPermute and kBroadcast are the steps of a decomposed collective (graph/decompose.cc); the
-// planner never chooses them.
+// kPermute, kBroadcast and kInPlace are the steps of a decomposed collective
+// (graph/decompose.cc); the planner never chooses them. kInPlace: every device reads its peers'
+// blocks where they lie (devices sharing one address space), with a collective before (the
+// blocks' addresses) and a barrier after.
 enum class StepKind {
   kAllGather,
   kAllReduce,
@@ -23,10 +25,11 @@ enum class StepKind {
   kPointToPoint,
   kLocal,
   kPermute,
-  kBroadcast
+  kBroadcast,
+  kInPlace
 };
 
-// Returns "all_gather", ..., "point_to_point", "local", "permute", "broadcast".
+// Returns "all_gather", ..., "point_to_point", "local", "permute", "broadcast", "in_place".
 std::string_view to_string(StepKind kind);
 
 // One region a point-to-point step moves: box (global coordinates) of partial term `term` (0

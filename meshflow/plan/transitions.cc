@@ -197,6 +197,7 @@ std::optional<StepKind> classify_move(const Layout& before, const std::vector<Pl
     case StepKind::kPointToPoint:
     case StepKind::kPermute:  // decomposed collectives are not plan steps
     case StepKind::kBroadcast:
+    case StepKind::kInPlace:
       break;
   }
   return valid ? kind : std::nullopt;

@@ -55,7 +55,11 @@ ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
 
 Prepared prepare(const Model& model, Mode mode, bool check, const ModelRunOptions& options) {
   Prepared p;
-  p.pcg = compile(model.pcg, mode, {.plan = options.plan, .overlap = options.overlap});
+  p.pcg = compile(model.pcg, mode,
+                  {.plan = options.plan,
+                   .overlap = options.overlap,
+                   .decompose = {.shared_memory = options.backend == Backend::kThreads,
+                                 .gather_form = options.gather_form}});
   const std::vector<DeviceId> used = pcg_devices(p.pcg);
   p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
   std::vector<ValueId> keep;  // fetched values stay until the step ends

@@ -12,6 +12,7 @@
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/graph/model_file.h"
+#include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/planner.h"
 #include "meshflow/runtime/task_runtime.h"
 
@@ -24,6 +25,9 @@ struct ModelRunOptions {
   // Runs all-gathers into and reduce-scatters out of matrix products as overlapped loops
   // (graph/compile.h's CompileOptions::overlap).
   bool overlap = false;
+  // With `overlap`: every decomposed all-gather takes this form instead of the cost model's
+  // choice (which includes in_place on threads, where devices share memory).
+  std::optional<GatherForm> gather_form;
   // Each value of "outputs" (run) or each weight after the last step (train) as a sharded
   // folder <save>/<name>/ in its layout; the folder appears complete or not at all.
   std::optional<std::filesystem::path> save;

@@ -63,9 +63,11 @@ Model parallel_model(const ParallelCase& c) {
   return m;
 }
 
-void expect_matches_one_device(const Model& m, const std::string& what, bool overlap = false) {
+void expect_matches_one_device(const Model& m, const std::string& what, bool overlap = false,
+                               std::optional<GatherForm> gather_form = std::nullopt) {
   TrainOptions o{.steps = 2, .lr = 0.5, .check = true};
   o.run.overlap = overlap;
+  o.run.gather_form = gather_form;
   const TrainReport r = train_model(m, o);
   ASSERT_TRUE(r.check.has_value());
   EXPECT_LE(r.check->max_loss_diff, 1e-6) << what;
@@ -203,19 +205,29 @@ TEST(Overlap, TrainingWithDecomposedCollectivesEqualsOneDeviceAndThePlainRun) {
     // Uneven row blocks (batch 2 tp + 1) and column blocks (hidden 4 tp + 1 does not split
     // evenly over tp... nor need it: the chunk rule).
     const Model m{.pcg = testing::sp_mlp(dp, tp, 2 * tp + 1, 5, 4 * tp + 1)};
-    const std::string what = fmt::format("dp {} tp {}", dp, tp);
-    expect_matches_one_device(m, what, /*overlap=*/true);
-    TrainOptions plain{.steps = 2, .lr = 0.5}, overlapped = plain;
-    overlapped.run.overlap = true;
-    const TrainReport a = train_model(m, plain), b = train_model(m, overlapped);
-    for (std::size_t i = 0; i < a.steps.size(); ++i)
-      EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 1e-6) << what;
+    TrainOptions plain{.steps = 2, .lr = 0.5};
+    const TrainReport a = train_model(m, plain);
+    // The cost model's choice on threads (in place), and the two forms that move blocks.
+    for (std::optional<GatherForm> form :
+         {std::optional<GatherForm>{}, std::optional{GatherForm::kPermute},
+          std::optional{GatherForm::kBroadcast}}) {
+      const std::string what =
+          fmt::format("dp {} tp {} gather {}", dp, tp, form ? to_string(*form) : "chosen");
+      expect_matches_one_device(m, what, /*overlap=*/true, form);
+      TrainOptions overlapped = plain;
+      overlapped.run.overlap = true;
+      overlapped.run.gather_form = form;
+      const TrainReport b = train_model(m, overlapped);
+      for (std::size_t i = 0; i < a.steps.size(); ++i)
+        EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 1e-6) << what;
+    }
   }
 }
 
 TEST(Overlap, TracesShowEachBlocksTransferOverlappingAProduct) {
   const fs::path dir = temp_dir("overlap_trace");
-  ModelRunOptions o{.overlap = true};
+  // The permute form (on threads the cost model would read gathered blocks in place).
+  ModelRunOptions o{.overlap = true, .gather_form = GatherForm::kPermute};
   o.trace = dir / "trace.json";
   run_model(Model{.pcg = testing::sp_mlp(1, 4, 64, 32, 64)}, o);
   const auto trace = nlohmann::json::parse(read_file(dir / "trace.json"));

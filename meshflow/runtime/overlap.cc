@@ -2,6 +2,7 @@
 #include "meshflow/runtime/overlap.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "meshflow/core/clock.h"
@@ -66,13 +67,13 @@ Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64
   };
   // Blocks arrive in their place in the gathered operand when it is asked for, otherwise in
   // two scratch buffers taken uninitialised (a loop that repeats reuses cached memory instead of
-  // zeroing fresh pages each call; the largest block is block 0).
+  // zeroing fresh pages each call; the largest block is block 0). The in-place form needs none.
   Tensor scratch[2];
   if (o.gathered != nullptr) {
     *o.gathered = Tensor::uninitialized(a.dtype(), gathered_shape);
     std::memcpy(rows_at<T>(*o.gathered, blocks.first_row(r), blocks.width), a.bytes(),
                 static_cast<std::size_t>(a.numel()) * sizeof(T));
-  } else {
+  } else if (o.form != GatherForm::kInPlace) {
     for (Tensor& s : scratch) s = Tensor::uninitialized(a.dtype(), {blocks.rows(0), blocks.width});
   }
   auto slot = [&](int block, int parity) -> T* {
@@ -80,6 +81,28 @@ Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64
                       : scratch[parity].data<T>().data();
   };
   const T* own = a.data<T>().data();
+  if (o.form == GatherForm::kInPlace) {
+    // Every rank learns where each block lies and multiplies it there, its own first; the
+    // closing barrier keeps every block alive and unchanged until all ranks have read it.
+    const auto mine = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(own));
+    std::vector<std::int64_t> where(static_cast<std::size_t>(n));
+    all_gather(g, {.send = reinterpret_cast<const std::byte*>(&mine),
+                   .recv = reinterpret_cast<std::byte*>(where.data()),
+                   .recv_counts = std::vector<std::int64_t>(static_cast<std::size_t>(n), 1),
+                   .dtype = DType::kInt64});
+    for (int step = 0; step < n; ++step) {
+      const int block = (r + step) % n;
+      const T* data = reinterpret_cast<const T*>(
+          static_cast<std::uintptr_t>(where[static_cast<std::size_t>(block)]));
+      multiply(block, data);
+      if (o.gathered && block != r) {
+        std::memcpy(slot(block, 0), data,
+                    static_cast<std::size_t>(blocks.rows(block) * blocks.width) * sizeof(T));
+      }
+    }
+    barrier(g);
+    return y;
+  }
   if (o.form == GatherForm::kPermute) {
     // Step k receives block (r + k) mod n while the block of step k - 1 is multiplied.
     const T* previous = own;
@@ -188,6 +211,12 @@ std::pair<const Tensor*, const Tensor*> operands(OpType type, const Tensor& a,
 Tensor allgather_product(Communicator& group, OpType type, const Tensor& a_local, std::int64_t rows,
                          std::span<const Tensor* const> rest, const OverlapOptions& options) {
   const auto [b, bias] = operands(type, a_local, rest);
+  if (options.form == GatherForm::kInPlace && !group.shares_memory()) {
+    fail(ErrorKind::kInvalidArgument,
+         "the in_place form reads peers' blocks where they lie, but {} on the {} backend does "
+         "not share memory",
+         describe("allgather_product", group.devices()), group.backend());
+  }
   if (a_local.dtype() == DType::kFloat64)
     return allgather_typed<double>(group, type, a_local, rows, *b, bias, options);
   return allgather_typed<float>(group, type, a_local, rows, *b, bias, options);

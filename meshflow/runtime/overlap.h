@@ -5,7 +5,9 @@
 // it already holds while the next block travels:
 //   permute form: at step k (1 <= k < n) rank r sends its own block to (r - k) mod n and
 //     receives the block of (r + k) mod n (DESIGN's permute rule): n - 1 collective permutes;
-//   broadcast form: at step k rank k broadcasts its block: n broadcasts.
+//   broadcast form: at step k rank k broadcasts its block: n broadcasts;
+//   in-place form, where the group shares memory (threads): one all-gather of the blocks'
+//     addresses, every block multiplied where it lies (nothing copied), then a barrier.
 // A row product whose result is a Partial(sum) term per rank, reduce-scattered over dim 0 (the
 // row-parallel linear), is decomposed the same way: at step k rank r computes its term of block
 // b = (r + k + 1) mod n, adds the partial sum received from r + 1 for b, and passes it to r - 1;

@@ -59,6 +59,7 @@ class ThreadsCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   const std::vector<DeviceId>& devices() const override { return group_->devices(); }
   Timeout default_timeout() const override { return context_->world.timeout(); }
+  bool shares_memory() const override { return true; }
 
   Event all_reduce(const AllReduceOptions& o, Completion c) override;
   Event all_gather(const AllGatherOptions& o, Completion c) override;
