@@ -32,7 +32,7 @@ void finalize_at_exit() {
 // glibc maps a buffer that large afresh and unmaps it on free, so every call faults its pages in
 // again: on the reference machine all_reduce of 256 MiB on 2 ranks took 684 ms, reduce_scatter
 // 1706 ms (bench collectives). Served from the heap and kept there after free, the same buffers
-// are reused: 52 ms and 42 ms. A meshflow MPI process therefore keeps the memory it freed for
+// are reused: 46 ms and 57 ms. A meshflow MPI process therefore keeps the memory it freed for
 // its next allocations, as the threads backend's tensors do (core/tensor.cc).
 void keep_freed_memory() {
   mallopt(M_MMAP_MAX, 0);
