@@ -25,6 +25,14 @@ void print_report(const bench::BenchReport& report, bool json) {
   }
 }
 
+// Adds the flags every benchmark takes: --json (sets `json`) and --quiet (clears `progress`).
+// Both variables must outlive the command's parsing (they live in its callback's options).
+void add_output_flags(CLI::App* cmd, bool& json, bool& progress) {
+  cmd->add_flag("--json", json, "print JSON");
+  cmd->add_flag(
+      "--quiet", [&progress](std::int64_t) { progress = false; }, "no progress lines");
+}
+
 // What the distributed benchmarks (collectives, redistribute) take, parsed.
 struct DistributedRun {
   Backend backend;
@@ -46,7 +54,7 @@ CLI::App* add_distributed(CLI::App* bench, const char* name, const char* help,
     std::vector<std::string> sizes{"16M", "256M"};
     std::vector<std::string> subset;
     int reps = 7;
-    bool json = false, quiet = false;
+    bool json = false, progress = true;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = bench->add_subcommand(name, help);
@@ -61,8 +69,7 @@ CLI::App* add_distributed(CLI::App* bench, const char* name, const char* help,
   cmd->add_option("--reps", args->reps, "timed repetitions")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_flag("--json", args->json, "print JSON");
-  cmd->add_flag("--quiet", args->quiet, "no progress lines");
+  add_output_flags(cmd, args->json, args->progress);
   const std::string cmd_name = name;
   cmd->callback([args, run, cmd_name] {
     DistributedRun r{
@@ -71,7 +78,7 @@ CLI::App* add_distributed(CLI::App* bench, const char* name, const char* help,
         .sizes = {},
         .subset = args->subset,
         .reps = args->reps,
-        .progress = !args->quiet};
+        .progress = args->progress};
     if (r.backend == Backend::kMpi && detect_backend() != Backend::kMpi) {
       fail(ErrorKind::kInvalidArgument,
            "--backend mpi needs mpirun: start it as `mpirun -n 4 meshflow bench {} --backend "
@@ -103,9 +110,7 @@ void add_bench(CLI::App& app) {
   c->add_option("--reps", copy->reps, "timed repetitions")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  c->add_flag("--json", *copy_json, "print JSON");
-  c->add_flag(
-      "--quiet", [copy](std::int64_t) { copy->progress = false; }, "no progress lines");
+  add_output_flags(c, *copy_json, copy->progress);
   c->callback([copy, copy_json] { print_report(bench::run_copy_bench(*copy), *copy_json); });
 
   auto io = std::make_shared<bench::IoBenchOptions>();
@@ -120,9 +125,7 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   i->add_option("--dir", io->dir, "folder for the files (default: the temporary folder)");
-  i->add_flag("--json", *io_json, "print JSON");
-  i->add_flag(
-      "--quiet", [io](std::int64_t) { io->progress = false; }, "no progress lines");
+  add_output_flags(i, *io_json, io->progress);
   i->callback([io, io_json, io_mib] {
     io->bytes = *io_mib << 20;
     print_report(bench::run_io_bench(*io), *io_json);
@@ -138,9 +141,7 @@ void add_bench(CLI::App& app) {
   o->add_option("--reps", ops->reps, "timed repetitions")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  o->add_flag("--json", *ops_json, "print JSON");
-  o->add_flag(
-      "--quiet", [ops](std::int64_t) { ops->progress = false; }, "no progress lines");
+  add_output_flags(o, *ops_json, ops->progress);
   o->callback([ops, ops_json] { print_report(bench::run_ops_bench(*ops), *ops_json); });
 
   auto train = std::make_shared<bench::TrainBenchOptions>();
@@ -162,9 +163,7 @@ void add_bench(CLI::App& app) {
   t->add_option("--layers", train->layers, "layers of the compiled MLP")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  t->add_flag("--json", *train_json, "print JSON");
-  t->add_flag(
-      "--quiet", [train](std::int64_t) { train->progress = false; }, "no progress lines");
+  add_output_flags(t, *train_json, train->progress);
   t->callback([train, train_json] { print_report(bench::run_train_bench(*train), *train_json); });
 
   struct Simulate {
