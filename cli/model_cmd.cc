@@ -150,16 +150,7 @@ void add_train(CLI::App& app) {
     const TrainReport r = train_model(model, o);
     if (!r.reporter) return;
     if (args->json) {
-      nlohmann::json steps = nlohmann::json::array();
-      for (const StepReport& s : r.steps)
-        steps.push_back({{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}});
-      nlohmann::json check = nullptr;
-      if (r.check) {
-        check = {{"max_loss_diff", r.check->max_loss_diff},
-                 {"max_weight_diff", r.check->max_weight_diff},
-                 {"max_grad_diff", r.check->max_grad_diff}};
-      }
-      fmt::print("{}\n", nlohmann::json{{"steps", steps}, {"check", check}}.dump(2));
+      fmt::print("{}\n", to_json(r).dump(2));
       return;
     }
     fmt::print("step  loss          seconds\n");

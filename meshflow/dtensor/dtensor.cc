@@ -156,44 +156,58 @@ DTensor redistribute(const DTensor& t, std::vector<Placement> placements) {
   return redistribute(t, t.layout.mesh, std::move(placements));
 }
 
-DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Placement> placements) {
-  Layout to = make_layout(mesh, std::move(placements), t.layout.shape, t.layout.dtype);
+Tensor redistribute_shard(Communicator& comm, const Tensor& local, const Layout& from,
+                          const Layout& to) {
   for (std::size_t m = 0; m < to.placements.size(); ++m) {
     const Placement p = to.placements[m];
-    const bool same_mesh = mesh == t.layout.mesh;
-    if (p.is_partial() && !(same_mesh && t.layout.placements[m] == p)) {
+    const bool same_mesh = to.mesh == from.mesh;
+    if (p.is_partial() && !(same_mesh && from.placements[m] == p)) {
       fail(ErrorKind::kInvalidArgument,
            "redistribute: target {} on mesh dim {} is Partial but the source ({}) is not; a "
            "full value has no one way to be split into terms",
-           to_string(p), m, to_string(t.layout));
+           to_string(p), m, to_string(from));
     }
   }
-  if (to == t.layout) return {t.local.clone(), std::move(to), t.comm};
-  auto program = caches().plans.program(t.layout, to, t.device());
-  Tensor local = execute(*program, *t.comm, t.local);
+  if (to == from) return local.clone();
+  auto program = caches().plans.program(from, to, comm.device());
+  return execute(*program, comm, local);
+}
+
+DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Placement> placements) {
+  Layout to = make_layout(mesh, std::move(placements), t.layout.shape, t.layout.dtype);
+  Tensor local = redistribute_shard(*t.comm, t.local, t.layout, to);
   return {std::move(local), std::move(to), t.comm};
 }
 
 DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
   MESHFLOW_CHECK(!operands.empty());
-  const double start = profile ? steady_seconds() : 0;
   std::vector<Layout> layouts;
+  std::vector<const Tensor*> locals;
   layouts.reserve(operands.size());
-  for (const DTensor* t : operands) layouts.push_back(t->layout);
-  Communicator& comm = *operands[0]->comm;
+  for (const DTensor* t : operands) {
+    layouts.push_back(t->layout);
+    locals.push_back(&t->local);
+  }
+  return apply_op(*operands[0]->comm, op, std::move(layouts), locals);
+}
+
+DTensor apply_op(Communicator& comm, const Op& op, std::vector<Layout> layouts,
+                 const std::vector<const Tensor*>& shards) {
+  MESHFLOW_CHECK(!shards.empty() && shards.size() == layouts.size());
+  const double start = profile ? steady_seconds() : 0;
   const std::shared_ptr<const Dispatch> d = dispatch_for(op, std::move(layouts), comm.device());
   // Operands the strategy moves get new local tensors; the others are read where they are.
   std::vector<Tensor> moved;
-  moved.reserve(operands.size());  // no reallocation: locals point into it
-  std::vector<const Tensor*> locals(operands.size());
-  for (std::size_t i = 0; i < operands.size(); ++i) {
+  moved.reserve(shards.size());  // no reallocation: locals point into it
+  std::vector<const Tensor*> locals(shards.size());
+  for (std::size_t i = 0; i < shards.size(); ++i) {
     if (d->programs[i]) {
       const double t0 = profile ? steady_seconds() : 0;
-      moved.push_back(execute(*d->programs[i], comm, operands[i]->local));
+      moved.push_back(execute(*d->programs[i], comm, *shards[i]));
       if (profile) profile->movement_s += steady_seconds() - t0;
       locals[i] = &moved.back();
     } else {
-      locals[i] = &operands[i]->local;
+      locals[i] = shards[i];
     }
   }
   const double k0 = profile ? steady_seconds() : 0;

@@ -60,6 +60,14 @@ DTensor redistribute(const DTensor& t, const DeviceMesh& mesh, std::vector<Place
 // a call): the generic entry point the functions below call.
 DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands);
 
+// The per-device forms the functions above wrap, on shards the caller keeps (the global view,
+// global_view.h, holds every device's shard in one process): `shards[i]` is this device's shard
+// of a tensor laid out as `layouts[i]`, `local` one of a tensor laid out as `from`.
+DTensor apply_op(Communicator& comm, const Op& op, std::vector<Layout> layouts,
+                 const std::vector<const Tensor*>& shards);
+Tensor redistribute_shard(Communicator& comm, const Tensor& local, const Layout& from,
+                          const Layout& to);
+
 DTensor matmul(const DTensor& a, const DTensor& b);
 DTensor linear(const DTensor& x, const DTensor& w);
 DTensor linear(const DTensor& x, const DTensor& w, const DTensor& bias);

@@ -324,4 +324,17 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   return report;
 }
 
+nlohmann::json to_json(const TrainReport& report) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const StepReport& s : report.steps)
+    steps.push_back({{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}});
+  nlohmann::json check = nullptr;
+  if (report.check) {
+    check = {{"max_loss_diff", report.check->max_loss_diff},
+             {"max_weight_diff", report.check->max_weight_diff},
+             {"max_grad_diff", report.check->max_grad_diff}};
+  }
+  return {{"steps", steps}, {"check", check}};
+}
+
 }  // namespace meshflow

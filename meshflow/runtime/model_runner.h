@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,5 +73,9 @@ struct TrainReport {
 };
 
 TrainReport train_model(const Model& model, const TrainOptions& options);
+
+// Returns {"steps": [{"step", "loss", "seconds"}...], "check": {max_*_diff} or null}: what
+// `meshflow train --json` prints and the Python module's Model.train returns.
+nlohmann::json to_json(const TrainReport& report);
 
 }  // namespace meshflow

@@ -1,0 +1,353 @@
+// The `meshflow` Python module's native part (_meshflow): bindings only. Arrays cross as NumPy
+// arrays (copied into and out of meshflow's aligned tensors); every kernel, collective and wait
+// runs with the GIL released; meshflow::Error becomes the meshflow.Error subclass of its kind.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "meshflow/comm/session.h"
+#include "meshflow/core/error.h"
+#include "meshflow/dtensor/global_view.h"
+#include "meshflow/graph/compile.h"
+#include "meshflow/graph/explain.h"
+#include "meshflow/graph/model_file.h"
+#include "meshflow/mesh/device_mesh.h"
+#include "meshflow/mesh/placement.h"
+#include "meshflow/mesh/sharded_folder.h"
+#include "meshflow/mesh/sharding.h"
+#include "meshflow/plan/planner.h"
+#include "meshflow/runtime/model_runner.h"
+
+namespace py = pybind11;
+
+namespace meshflow {
+namespace {
+
+// The process's one session, started on first use (threads: device threads; mpi: MPI).
+Session& session() {
+  static Session* s = new Session();  // never destroyed: device threads outlive interpreter exit
+  return *s;
+}
+
+// A DTensor as Python holds it: shared and immutable, so copies are free.
+struct Handle {
+  std::shared_ptr<const GlobalTensor> g;
+  const GlobalTensor& operator*() const { return *g; }
+};
+Handle hold(GlobalTensor t) { return {std::make_shared<const GlobalTensor>(std::move(t))}; }
+
+// NumPy dtype <-> meshflow dtype.
+DType dtype_of(const py::dtype& d) {
+  if (d.is(py::dtype::of<float>())) return DType::kFloat32;
+  if (d.is(py::dtype::of<double>())) return DType::kFloat64;
+  if (d.is(py::dtype::of<std::int32_t>())) return DType::kInt32;
+  if (d.is(py::dtype::of<std::int64_t>())) return DType::kInt64;
+  fail(ErrorKind::kInvalidArgument,
+       "NumPy dtype {} is not one meshflow holds (float32, float64, int32, int64)",
+       std::string(py::str(static_cast<const py::handle&>(d))));
+}
+
+py::dtype numpy_dtype(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+      return py::dtype::of<float>();
+    case DType::kFloat64:
+      return py::dtype::of<double>();
+    case DType::kInt32:
+      return py::dtype::of<std::int32_t>();
+    case DType::kInt64:
+      return py::dtype::of<std::int64_t>();
+  }
+  return py::dtype::of<float>();
+}
+
+// Returns a tensor holding a copy of `a` (any strides; NumPy makes it C-contiguous first).
+Tensor from_numpy(const py::array& a) {
+  const DType dtype = dtype_of(a.dtype());
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  Tensor t = Tensor::uninitialized(dtype, shape);
+  py::array c = py::array::ensure(a, py::array::c_style);
+  std::memcpy(t.bytes(), c.data(), t.nbytes());
+  return t;
+}
+
+// Returns a NumPy array that owns `t`'s storage (no copy).
+py::array to_numpy(Tensor t) {
+  auto* owner = new Tensor(std::move(t));
+  py::capsule free(owner, [](void* p) { delete static_cast<Tensor*>(p); });
+  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
+  return py::array(numpy_dtype(owner->dtype()), shape, owner->bytes(), free);
+}
+
+std::vector<Placement> placements_of(const std::string& text) { return parse_placements(text); }
+
+py::object json_to_python(const nlohmann::json& j) {
+  return py::module_::import("json").attr("loads")(j.dump());
+}
+
+Handle binary(OpType type, const GlobalTensor& a, const py::object& b, bool reflected) {
+  Op op{.type = type};
+  if (py::isinstance<Handle>(b)) {
+    const GlobalTensor& other = *b.cast<const Handle&>();
+    py::gil_scoped_release release;
+    return hold(reflected ? apply_op(session(), op, {&other, &a})
+                          : apply_op(session(), op, {&a, &other}));
+  }
+  if (!py::isinstance<py::float_>(b) && !py::isinstance<py::int_>(b)) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: operand of Python type {} is neither a DTensor nor a number", to_string(type),
+         std::string(py::str(py::type::of(b).attr("__name__"))));
+  }
+  const GlobalTensor s = scalar(session(), b.cast<double>(), a.layout.dtype, a.layout.mesh);
+  py::gil_scoped_release release;
+  return hold(reflected ? apply_op(session(), op, {&s, &a}) : apply_op(session(), op, {&a, &s}));
+}
+
+// Attributes of `meshflow.ops.<name>(..., **attrs)`.
+Op make_op(const std::string& name, const py::dict& attrs) {
+  Op op{.type = parse_op_type(name)};
+  for (auto [key, value] : attrs) {
+    const std::string k = py::str(key);
+    if (k == "dims") {
+      op.dims = value.cast<std::vector<int>>();
+    } else if (k == "dim") {
+      op.dim = value.cast<int>();
+    } else if (k == "shape") {
+      op.shape = value.cast<std::vector<std::int64_t>>();
+    } else if (k == "scale") {
+      op.scale = value.cast<double>();
+    } else {
+      fail(ErrorKind::kInvalidArgument,
+           "{}: unknown attribute \"{}\" (operators take dims, dim, shape or scale)", name, k);
+    }
+  }
+  return op;
+}
+
+// A model file with what running it needs.
+struct LoadedModel {
+  Model model;
+};
+
+ModelRunOptions model_options(bool overlap) {
+  ModelRunOptions o;
+  o.backend = session().backend();
+  o.overlap = overlap;
+  return o;
+}
+
+// A folder every process of the job names alike: under mpi, rank 0's process id settles it.
+std::filesystem::path shared_scratch() {
+  std::int64_t id = ::getpid();
+  if (session().backend() == Backend::kMpi) {
+    std::vector<DeviceId> all = first_devices(session().size());
+    session().run(all, [&](Communicator& comm) {
+      broadcast(comm, {.data = reinterpret_cast<std::byte*>(&id),
+                       .count = 1,
+                       .dtype = DType::kInt64,
+                       .root = Rank{0}});
+    });
+  }
+  return std::filesystem::temp_directory_path() / fmt::format("meshflow-run-{}", id);
+}
+
+py::dict run_outputs(const LoadedModel& m, bool overlap) {
+  ModelRunOptions o = model_options(overlap);
+  const std::filesystem::path dir = shared_scratch();
+  o.save = dir;
+  std::vector<std::pair<std::string, Tensor>> values;
+  {
+    py::gil_scoped_release release;
+    const RunReport r = run_model(m.model, o);
+    for (const auto& [name, layout] : r.outputs) {
+      ShardedTensor s = read_sharded(dir / name);
+      values.emplace_back(name, assemble(s.layout, s.shards));
+    }
+    if (session().backend() == Backend::kMpi) {  // every process has read before any removes
+      session().run(first_devices(session().size()), [](Communicator& comm) { barrier(comm, {}); });
+    }
+    if (session().rank() == 0) std::filesystem::remove_all(dir);
+  }
+  py::dict out;
+  for (auto& [name, t] : values) out[py::str(name)] = to_numpy(std::move(t));
+  return out;
+}
+
+}  // namespace
+}  // namespace meshflow
+
+PYBIND11_MODULE(_meshflow, module) {
+  using namespace meshflow;
+  module.doc() = "meshflow's native module; import meshflow instead";
+
+  // Errors: meshflow.Error, and one subclass per kind that also derives from the built-in
+  // exception a Python user catches for it.
+  static PyObject* base = PyErr_NewException("meshflow.Error", PyExc_Exception, nullptr);
+  auto sub = [](const char* name, PyObject* builtin) {
+    py::tuple bases = py::make_tuple(py::handle(base), py::handle(builtin));
+    return PyErr_NewException(name, bases.ptr(), nullptr);
+  };
+  static PyObject* invalid = sub("meshflow.InvalidArgumentError", PyExc_ValueError);
+  static PyObject* shape_error = sub("meshflow.ShapeMismatchError", PyExc_ValueError);
+  static PyObject* io = sub("meshflow.IoError", PyExc_OSError);
+  static PyObject* comm = sub("meshflow.CommunicationError", PyExc_RuntimeError);
+  static PyObject* timeout = sub("meshflow.TimeoutError", PyExc_TimeoutError);
+  static PyObject* internal = sub("meshflow.InternalError", PyExc_RuntimeError);
+  module.attr("Error") = py::handle(base);
+  module.attr("InvalidArgumentError") = py::handle(invalid);
+  module.attr("ShapeMismatchError") = py::handle(shape_error);
+  module.attr("IoError") = py::handle(io);
+  module.attr("CommunicationError") = py::handle(comm);
+  module.attr("TimeoutError") = py::handle(timeout);
+  module.attr("InternalError") = py::handle(internal);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyObject* type = internal;
+      switch (e.kind()) {
+        case ErrorKind::kInvalidArgument:
+          type = invalid;
+          break;
+        case ErrorKind::kShapeMismatch:
+          type = shape_error;
+          break;
+        case ErrorKind::kIo:
+          type = io;
+          break;
+        case ErrorKind::kCommunication:
+          type = comm;
+          break;
+        case ErrorKind::kTimeout:
+          type = timeout;
+          break;
+        case ErrorKind::kInternal:
+          type = internal;
+          break;
+      }
+      PyErr_SetString(type, e.what());
+    }
+  });
+
+  module.def("backend", [] { return std::string(to_string(session().backend())); });
+  module.def("rank", [] { return session().rank(); });
+
+  py::class_<DeviceMesh>(module, "_Mesh")
+      .def(py::init([](const std::string& text, std::vector<std::string> names) {
+        DeviceMesh mesh = parse_mesh(text);
+        return make_mesh(mesh.shape, mesh.devices, std::move(names));
+      }))
+      .def(py::init([](Shape shape, std::vector<DeviceId> devices, std::vector<std::string> names) {
+        if (devices.empty()) devices = make_mesh(shape).devices;
+        return make_mesh(std::move(shape), std::move(devices), std::move(names));
+      }))
+      .def_property_readonly("shape",
+                             [](const DeviceMesh& m) { return py::tuple(py::cast(m.shape)); })
+      .def_property_readonly("devices", [](const DeviceMesh& m) { return m.devices; })
+      .def_property_readonly("names", [](const DeviceMesh& m) { return m.names; })
+      .def("__eq__", [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; })
+      .def("__str__", [](const DeviceMesh& m) { return to_string(m); });
+
+  py::class_<Handle>(module, "_Tensor")
+      .def_property_readonly("placements",
+                             [](const Handle& h) { return to_string((*h).layout.placements); })
+      .def_property_readonly("mesh", [](const Handle& h) { return (*h).layout.mesh; })
+      .def_property_readonly("shape",
+                             [](const Handle& h) { return py::tuple(py::cast((*h).layout.shape)); })
+      .def_property_readonly("dtype",
+                             [](const Handle& h) { return numpy_dtype((*h).layout.dtype); })
+      .def_property_readonly("layout", [](const Handle& h) { return to_string((*h).layout); })
+      .def("shard",
+           [](const Handle& h, DeviceId d) {
+             auto it = (*h).shards.find(d);
+             if (it == (*h).shards.end()) {
+               fail(ErrorKind::kInvalidArgument,
+                    "device {} holds no shard here (this process holds {})", d, [&] {
+                      std::string s;
+                      for (const auto& [k, v] : (*h).shards)
+                        s += (s.empty() ? "" : ", ") + std::to_string(k);
+                      return s.empty() ? std::string("none") : s;
+                    }());
+             }
+             return to_numpy(it->second.clone());
+           })
+      .def("devices",
+           [](const Handle& h) {
+             std::vector<DeviceId> out;
+             for (const auto& [d, s] : (*h).shards) out.push_back(d);
+             return out;
+           })
+      .def("full",
+           [](const Handle& h) {
+             Tensor out;
+             {
+               py::gil_scoped_release release;
+               out = full_tensor(session(), *h);
+             }
+             return to_numpy(std::move(out));
+           })
+      .def("redistribute",
+           [](const Handle& h, const DeviceMesh& mesh, const std::string& placements) {
+             std::vector<Placement> ps = placements_of(placements);
+             py::gil_scoped_release release;
+             return hold(redistribute(session(), *h, mesh, std::move(ps)));
+           })
+      .def("binary", [](const Handle& h, const std::string& name, const py::object& b,
+                        bool reflected) { return binary(parse_op_type(name), *h, b, reflected); });
+
+  module.def("distribute",
+             [](const py::array& a, const DeviceMesh& mesh, const std::string& placements) {
+               Tensor global = from_numpy(a);
+               std::vector<Placement> ps = placements_of(placements);
+               py::gil_scoped_release release;
+               return hold(distribute(session(), global, mesh, std::move(ps)));
+             });
+  module.def("apply", [](const std::string& name, const std::vector<Handle>& operands,
+                         const py::dict& attrs) {
+    const Op op = make_op(name, attrs);
+    std::vector<const GlobalTensor*> ptrs;
+    for (const Handle& h : operands) ptrs.push_back(h.g.get());
+    py::gil_scoped_release release;
+    return hold(apply_op(session(), op, ptrs));
+  });
+  py::class_<LoadedModel>(module, "_Model");
+  module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
+  module.def("run_model", &run_outputs);
+  module.def(
+      "train_model", [](const LoadedModel& m, int steps, double lr, bool check, bool overlap) {
+        TrainOptions o{.run = model_options(overlap), .steps = steps, .lr = lr, .check = check};
+        TrainReport r;
+        {
+          py::gil_scoped_release release;
+          r = train_model(m.model, o);
+        }
+        return json_to_python(to_json(r));
+      });
+  module.def("explain_model", [](const LoadedModel& m, bool overlap) {
+    const PlanOptions plan{};
+    const Mode mode = m.model.pcg.loss ? Mode::kTrain : Mode::kRun;
+    const Explanation e =
+        explain(compile(m.model.pcg, mode,
+                        {.plan = plan,
+                         .overlap = overlap,
+                         .decompose = {.shared_memory = session().backend() == Backend::kThreads}}),
+                plan);
+    return json_to_python(to_json(e));
+  });
+  module.def("op_arity", [](const std::string& name) { return arity(parse_op_type(name)); });
+  module.def("normalize_placements",
+             [](const std::string& text) { return to_string(parse_placements(text)); });
+  module.def("plan", [](std::vector<std::int64_t> shape, const DeviceMesh& mesh,
+                        const std::string& from, const std::string& to,
+                        std::optional<DeviceMesh> to_mesh, const std::string& dtype) {
+    const DType dt = parse_dtype(dtype);
+    const Layout a = make_layout(mesh, parse_placements(from), shape, dt);
+    const Layout b = make_layout(to_mesh ? *to_mesh : mesh, parse_placements(to), shape, dt);
+    return json_to_python(to_json(plan_redistribute(a, b)));
+  });
+}
