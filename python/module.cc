@@ -156,6 +156,37 @@ std::filesystem::path shared_scratch() {
   return std::filesystem::temp_directory_path() / fmt::format("meshflow-run-{}", id);
 }
 
+// Returns `text` as the reporting process has it, on every process (mpi: only the process that
+// reports holds a run's or training's report).
+std::string shared_report(std::string text, bool reporter) {
+  if (session().backend() != Backend::kMpi) return text;
+  const std::vector<DeviceId> all = first_devices(session().size());
+  session().run(all, [&](Communicator& comm) {
+    std::vector<std::int64_t> mine{reporter ? comm.rank() : -1,
+                                   static_cast<std::int64_t>(text.size())};
+    std::vector<std::int64_t> every(2 * all.size());
+    all_gather(comm, {.send = reinterpret_cast<const std::byte*>(mine.data()),
+                      .recv = reinterpret_cast<std::byte*>(every.data()),
+                      .recv_counts = std::vector<std::int64_t>(all.size(), 2),
+                      .dtype = DType::kInt64});
+    std::int64_t root = 0, size = 0;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (every[2 * r] >= 0) {
+        root = every[2 * r];
+        size = every[2 * r + 1];
+      }
+    }
+    // Sent as 4-byte words (no dtype is one byte wide).
+    text.resize(static_cast<std::size_t>((size + 3) / 4 * 4));
+    broadcast(comm, {.data = reinterpret_cast<std::byte*>(text.data()),
+                     .count = (size + 3) / 4,
+                     .dtype = DType::kInt32,
+                     .root = Rank{static_cast<int>(root)}});
+    text.resize(static_cast<std::size_t>(size));
+  });
+  return text;
+}
+
 py::dict run_outputs(const LoadedModel& m, bool overlap) {
   ModelRunOptions o = model_options(overlap);
   const std::filesystem::path dir = shared_scratch();
@@ -321,12 +352,13 @@ PYBIND11_MODULE(_meshflow, module) {
   module.def(
       "train_model", [](const LoadedModel& m, int steps, double lr, bool check, bool overlap) {
         TrainOptions o{.run = model_options(overlap), .steps = steps, .lr = lr, .check = check};
-        TrainReport r;
+        std::string report;
         {
           py::gil_scoped_release release;
-          r = train_model(m.model, o);
+          const TrainReport r = train_model(m.model, o);
+          report = shared_report(to_json(r).dump(), r.reporter);
         }
-        return json_to_python(to_json(r));
+        return py::module_::import("json").attr("loads")(report);
       });
   module.def("explain_model", [](const LoadedModel& m, bool overlap) {
     const PlanOptions plan{};

@@ -1,0 +1,132 @@
+"""Every operator of meshflow.ops on DTensors against NumPy, on sharded operands."""
+
+import math
+
+import numpy as np
+import pytest
+
+import meshflow as mf
+from conftest import placements_of
+
+erf = np.vectorize(math.erf)
+
+
+def gelu(x):
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def gelu_grad(x):
+    return 0.5 * (1 + erf(x / math.sqrt(2))) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def dist(mesh, a, *spec):
+    return mf.distribute_tensor(a, mesh, placements_of(mesh, spec))
+
+
+def close(t, want):
+    got = t.full_tensor()
+    assert got.shape == np.shape(want)
+    assert np.allclose(got, want, rtol=1e-10, atol=1e-10), (got, want)
+
+
+def test_arithmetic_operators(mesh, rng):
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((6, 5)) + 3
+    row = rng.standard_normal((5,))
+    x, y = dist(mesh, a, "S0", "R"), dist(mesh, b, "S0", "S1")
+    r = dist(mesh, row, "R")
+    close(x + y, a + b)
+    close(x - y, a - b)
+    close(x * y, a * b)
+    close(x / y, a / b)
+    close(-x, -a)
+    close(x + r, a + row)  # NumPy broadcasting
+    close(x + 2, a + 2)
+    close(2.5 - x, 2.5 - a)
+    close(x * 3, a * 3)
+    close(1 / y, 1 / b)
+    w = rng.standard_normal((5, 4))
+    close(x @ dist(mesh, w, "R", "S1"), a @ w)
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("relu", lambda a: np.maximum(a, 0)), ("gelu", gelu), ("tanh", np.tanh),
+    ("sigmoid", lambda a: 1 / (1 + np.exp(-a))), ("exp", np.exp), ("neg", np.negative),
+])
+def test_unary(mesh, rng, name, fn):
+    a = rng.standard_normal((7, 3))
+    close(getattr(mf.ops, name)(dist(mesh, a, "S0", "S1")), fn(a))
+
+
+def test_reductions_and_softmax(mesh, rng):
+    a = rng.standard_normal((6, 4, 5))
+    x = dist(mesh, a, "S1", "S0")
+    close(mf.ops.sum(x, dims=[0, 2]), a.sum((0, 2)))
+    close(mf.ops.mean(x, dims=[1]), a.mean(1))
+    close(mf.ops.softmax(x, dim=1), softmax(a, 1))
+    close(mf.ops.softmax(x), softmax(a, -1))
+
+
+def test_matmul_linear_and_losses(mesh, rng):
+    a, w, bias = rng.standard_normal((8, 6)), rng.standard_normal((6, 4)), rng.standard_normal(4)
+    x = dist(mesh, a, "S0", "R")
+    W, B = dist(mesh, w, "R", "S1"), dist(mesh, bias, "S0")
+    close(mf.ops.matmul(x, W), a @ w)
+    close(mf.ops.linear(x, W), a @ w)
+    close(mf.ops.linear(x, W, B), a @ w + bias)
+    labels = rng.integers(0, 4, size=8).astype(np.int64)
+    logits = a @ w
+    p = softmax(logits)
+    ce = -np.mean(np.log(p[np.arange(8), labels]))
+    close(mf.ops.softmax_cross_entropy(dist(mesh, logits, "S0"), dist(mesh, labels, "S0")), ce)
+    t = rng.standard_normal((8, 4))
+    close(mf.ops.mse(dist(mesh, logits, "S0"), dist(mesh, t, "R", "S1")), np.mean((logits - t) ** 2))
+
+
+def test_gradient_operators(mesh, rng):
+    g, b = rng.standard_normal((8, 4)), rng.standard_normal((6, 4))
+    a = rng.standard_normal((8, 6))
+    G, Bm, A = dist(mesh, g, "S0"), dist(mesh, b, "R", "S0"), dist(mesh, a, "S0", "S1")
+    close(mf.ops.matmul_grad_a(G, Bm), g @ b.T)
+    close(mf.ops.matmul_grad_b(A, G), a.T @ g)
+    x = rng.standard_normal((8, 4))
+    X = dist(mesh, x, "S1")
+    close(mf.ops.relu_grad(G, X), g * (x > 0))
+    close(mf.ops.gelu_grad(G, X), g * gelu_grad(x))
+    y = np.tanh(x)
+    close(mf.ops.tanh_grad(G, dist(mesh, y, "S0")), g * (1 - y * y))
+    s = 1 / (1 + np.exp(-x))
+    close(mf.ops.sigmoid_grad(G, dist(mesh, s, "S0")), g * s * (1 - s))
+    sm = softmax(x)
+    close(mf.ops.softmax_grad(G, dist(mesh, sm, "S0"), dim=-1),
+          sm * (g - (g * sm).sum(-1, keepdims=True)))
+    labels = rng.integers(0, 4, size=8).astype(np.int64)
+    onehot = np.eye(4)[labels]
+    g0 = np.array(1.7)
+    close(mf.ops.softmax_cross_entropy_grad(X, dist(mesh, labels, "S0"), dist(mesh, g0)),
+          1.7 * (sm - onehot) / 8)
+    t = rng.standard_normal((8, 4))
+    close(mf.ops.mse_grad(X, dist(mesh, t, "R"), dist(mesh, g0)), 1.7 * 2 * (x - t) / x.size)
+    close(mf.ops.sum_to(X, shape=[4]), x.sum(0))
+    v = rng.standard_normal(4)
+    close(mf.ops.broadcast_to(dist(mesh, v, "S0"), dims=[0], shape=[3, 4], scale=0.5),
+          np.broadcast_to(v, (3, 4)) * 0.5)
+
+
+def test_operator_errors(mesh, rng):
+    x = dist(mesh, rng.standard_normal((4, 3)), "S0")
+    y = dist(mesh, rng.standard_normal((5, 3)), "S0")
+    with pytest.raises(mf.ShapeMismatchError):
+        x + y
+    with pytest.raises(mf.InvalidArgumentError, match="attribute"):
+        mf.ops.sum(x, axis=[0])
+    with pytest.raises(mf.Error, match="unknown"):
+        mf.ops.apply("conv", x)
+    other = mf.distribute_tensor(np.ones((4, 3)), mf.DeviceMesh(shape=(2,), devices=[0, 1]))
+    with pytest.raises(mf.InvalidArgumentError, match="redistribute it first"):
+        x * other
+    assert np.allclose((x * 2).full_tensor(), x.full_tensor() * 2)  # still usable
