@@ -55,9 +55,9 @@ GlobalTensor distribute(const Session& session, const Tensor& global, const Devi
 
 Tensor full_tensor(Session& session, const GlobalTensor& t) {
   if (session.backend() == Backend::kThreads) {
-    std::vector<Tensor> shards;
+    std::vector<const Tensor*> shards;
     shards.reserve(t.shards.size());
-    for (DeviceId d : t.layout.mesh.devices) shards.push_back(t.shards.at(d).clone());
+    for (DeviceId d : t.layout.mesh.devices) shards.push_back(&t.shards.at(d));
     return assemble(t.layout, shards);
   }
   if (t.shards.empty()) {

@@ -69,6 +69,13 @@ bool is_representative(const Layout& layout, DeviceId device) {
 }
 
 Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards) {
+  std::vector<const Tensor*> borrowed;
+  borrowed.reserve(shards.size());
+  for (const Tensor& t : shards) borrowed.push_back(&t);
+  return assemble(layout, borrowed);
+}
+
+Tensor assemble(const Layout& layout, const std::vector<const Tensor*>& shards) {
   const DeviceMesh& mesh = layout.mesh;
   if (shards.size() != mesh.devices.size()) {
     fail(ErrorKind::kShapeMismatch, "mesh {} has {} devices but {} shards were given",
@@ -77,21 +84,21 @@ Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards) {
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const DeviceId d = mesh.devices[i];
     const Box box = shard_box(layout, d);
-    if (shards[i].dtype() != layout.dtype) {
+    if (shards[i]->dtype() != layout.dtype) {
       fail(ErrorKind::kShapeMismatch, "shard of device {} (rank{}) is {} but the layout says {}", d,
-           i, to_string(shards[i].dtype()), to_string(layout.dtype));
+           i, to_string(shards[i]->dtype()), to_string(layout.dtype));
     }
-    if (shards[i].shape() != box.extent) {
+    if (shards[i]->shape() != box.extent) {
       fail(ErrorKind::kShapeMismatch,
            "shard of device {} (rank{}) has shape {} but the layout gives it box {} of shape {}", d,
-           i, to_string(shards[i].shape()), to_string(box), to_string(box.extent));
+           i, to_string(shards[i]->shape()), to_string(box), to_string(box.extent));
     }
   }
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const auto reference = replica_reference(layout, mesh.devices[i]);
     if (!reference) continue;
-    const Tensor& a = shards[*find_device(mesh, *reference)];
-    if (std::memcmp(a.bytes(), shards[i].bytes(), a.nbytes()) != 0)
+    const Tensor& a = *shards[*find_device(mesh, *reference)];
+    if (std::memcmp(a.bytes(), shards[i]->bytes(), a.nbytes()) != 0)
       fail_replicas_disagree(layout, mesh.devices[i]);
   }
   const PartialGroup group = partial_group(layout);
@@ -101,7 +108,7 @@ Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards) {
     const Box box = shard_box(layout, d);
     std::vector<const std::byte*> terms;
     for (DeviceId t : group_along(mesh, d, group.dims))
-      terms.push_back(shards[*find_device(mesh, t)].bytes());
+      terms.push_back(shards[*find_device(mesh, t)]->bytes());
     Tensor value = Tensor::uninitialized(layout.dtype, box.extent);
     reduce_partial_terms(group.ops, group.sizes, layout.dtype, terms, value.bytes(), value.numel());
     copy_box(value, full_box(value.shape()), global, box.offset);

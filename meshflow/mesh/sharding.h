@@ -48,5 +48,7 @@ bool is_representative(const Layout& layout, DeviceId device);
 // same bytes (the replica rule). Throws Error naming the device and box for a wrong shard count,
 // dtype or shape, or for disagreeing replicas.
 Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards);
+// The same, reading shards the caller keeps elsewhere (shards[i] for the i-th mesh device).
+Tensor assemble(const Layout& layout, const std::vector<const Tensor*>& shards);
 
 }  // namespace meshflow
