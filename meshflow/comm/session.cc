@@ -71,15 +71,7 @@ class ThreadDevices {
       if (!selected_[i]) continue;
       const std::function<void(Communicator&)>* fn = job_;
       lock.unlock();
-      try {
-        (*fn)(*comms_[i]);
-      } catch (const std::exception& e) {
-        errors_[i] = std::current_exception();
-        world_.mark_failed(i, e.what());
-      } catch (...) {
-        errors_[i] = std::current_exception();
-        world_.mark_failed(i, "unknown exception");
-      }
+      errors_[i] = threads::run_device(world_, i, [&] { (*fn)(*comms_[i]); });
       lock.lock();
       if (--pending_ == 0) done_.notify_all();
     }

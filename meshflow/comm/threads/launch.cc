@@ -33,15 +33,7 @@ void launch(const LaunchOptions& options, const std::function<void(Communicator&
     const DeviceId d = devices[i];
     try {
       auto context = std::make_unique<DeviceContext>(world, d);
-      try {
-        fn(*world_communicator(*context));
-      } catch (const std::exception& e) {
-        errors[i] = std::current_exception();
-        world.mark_failed(d, e.what());
-      } catch (...) {
-        errors[i] = std::current_exception();
-        world.mark_failed(d, "unknown exception");
-      }
+      errors[i] = run_device(world, d, [&] { fn(*world_communicator(*context)); });
       // Finish (or fail) async work still queued before the device counts as gone.
       context->worker.drain();
     } catch (const std::system_error& e) {  // the device's worker thread did not start

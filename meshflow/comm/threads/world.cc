@@ -259,4 +259,17 @@ std::optional<DeviceId> World::first_failed() const {
   return failed_device_;
 }
 
+std::exception_ptr run_device(World& world, DeviceId device, const std::function<void()>& body) {
+  try {
+    body();
+    return nullptr;
+  } catch (const std::exception& e) {
+    world.mark_failed(device, e.what());
+    return std::current_exception();
+  } catch (...) {
+    world.mark_failed(device, "unknown exception");
+    return std::current_exception();
+  }
+}
+
 }  // namespace meshflow::threads

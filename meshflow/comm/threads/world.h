@@ -21,6 +21,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -146,5 +148,9 @@ class World {
   std::string failure_;
   std::vector<std::atomic<bool>> exited_;
 };
+
+// Runs `body` as device `device`'s program; when it throws, marks the device failed in `world`
+// (its peers' collectives then fail naming it) and returns the exception, else null.
+std::exception_ptr run_device(World& world, DeviceId device, const std::function<void()>& body);
 
 }  // namespace meshflow::threads
