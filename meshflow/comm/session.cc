@@ -145,14 +145,7 @@ void Session::run(const std::vector<DeviceId>& devices,
                   const std::function<void(Communicator&)>& fn) {
   if (backend_ == Backend::kMpi) {
 #ifdef MESHFLOW_HAVE_MPI
-    const int size = static_cast<int>(impl_->process->devices.size());
-    for (DeviceId d : devices) {
-      if (d < 0 || d >= size) {
-        fail(ErrorKind::kInvalidArgument,
-             "device {} is needed but mpirun started {} processes (devices 0..{})", d, size,
-             size - 1);
-      }
-    }
+    mpi::check_in_world(devices);
     if (std::find(devices.begin(), devices.end(), rank()) != devices.end()) fn(*impl_->world);
 #endif
     return;

@@ -166,13 +166,8 @@ int world_size() {
   return n;
 }
 
-void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {
-  const int size = world_size(), rank = world_rank();
-  Watchdog dog(rank);
-  agree(options.agreement, size, dog, options.timeout);
-  // Every rank holds the same options now, so these checks fail on every rank alike.
-  std::vector<DeviceId> devices = options.devices;
-  if (devices.empty()) devices = first_devices(size);
+void check_in_world(const std::vector<DeviceId>& devices) {
+  const int size = world_size();
   for (DeviceId d : devices) {
     if (d < 0 || d >= size) {
       throw Error(ErrorKind::kInvalidArgument,
@@ -181,6 +176,16 @@ void launch(const LaunchOptions& options, const std::function<void(Communicator&
                   ErrorScope::kEveryDevice);
     }
   }
+}
+
+void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {
+  const int size = world_size(), rank = world_rank();
+  Watchdog dog(rank);
+  agree(options.agreement, size, dog, options.timeout);
+  // Every rank holds the same options now, so these checks fail on every rank alike.
+  std::vector<DeviceId> devices = options.devices;
+  if (devices.empty()) devices = first_devices(size);
+  check_in_world(devices);
   std::vector<DeviceId> sorted = devices;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {

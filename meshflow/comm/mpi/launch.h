@@ -11,6 +11,10 @@ namespace meshflow::mpi {
 // see meshflow::launch. Initialises MPI on first use and finalises it at exit.
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn);
 
+// Throws Error, alike on every rank, naming the first device of `devices` that is not a rank of
+// the MPI world.
+void check_in_world(const std::vector<DeviceId>& devices);
+
 // Returns this process's MPI world rank and size, initialising MPI if needed.
 int world_rank();
 int world_size();
