@@ -175,19 +175,16 @@ void add_explain(CLI::App& app) {
     auto machine = machine_option(args->machine);
     const Model model = load_model(args->model);
     const PlanOptions plan{.machine = machine.get()};
-    const Mode mode = model.pcg.loss ? Mode::kTrain : Mode::kRun;
-    const Explanation e =
-        explain(compile(model.pcg, mode,
-                        {.plan = plan,
-                         .overlap = args->overlap,
-                         .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
-                                       .gather_form = gather_form(*args)}}),
-                plan);
+    const Explanation e = explain_compiled(
+        model.pcg, {.plan = plan,
+                    .overlap = args->overlap,
+                    .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
+                                  .gather_form = gather_form(*args)}});
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;
     }
-    if (mode == Mode::kRun) fmt::print("(the model names no loss: forward pass only)\n");
+    if (!model.pcg.loss) fmt::print("(the model names no loss: forward pass only)\n");
     fmt::print("{}", to_text(e));
   });
 }

@@ -361,14 +361,9 @@ PYBIND11_MODULE(_meshflow, module) {
         return py::module_::import("json").attr("loads")(report);
       });
   module.def("explain_model", [](const LoadedModel& m, bool overlap) {
-    const PlanOptions plan{};
-    const Mode mode = m.model.pcg.loss ? Mode::kTrain : Mode::kRun;
-    const Explanation e =
-        explain(compile(m.model.pcg, mode,
-                        {.plan = plan,
-                         .overlap = overlap,
-                         .decompose = {.shared_memory = session().backend() == Backend::kThreads}}),
-                plan);
+    const Explanation e = explain_compiled(
+        m.model.pcg, {.overlap = overlap,
+                      .decompose = {.shared_memory = session().backend() == Backend::kThreads}});
     return json_to_python(to_json(e));
   });
   module.def("op_arity", [](const std::string& name) { return arity(parse_op_type(name)); });

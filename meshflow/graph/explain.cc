@@ -74,6 +74,10 @@ std::string explicit_text(const DeviceMesh& mesh) {
   return fmt::format("{}@{}", fmt::join(mesh.shape, "x"), fmt::join(mesh.devices, ","));
 }
 
+Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options) {
+  return explain(compile(pcg, pcg.loss ? Mode::kTrain : Mode::kRun, options), options.plan);
+}
+
 nlohmann::json to_json(const Explanation& e) {
   nlohmann::json values = nlohmann::json::object();
   for (const auto& [name, layout] : e.values) values[name] = layout_json(layout);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/graph/compile.h"
 #include "meshflow/graph/pcg.h"
 #include "meshflow/plan/planner.h"
 
@@ -33,6 +34,10 @@ struct Explanation {
 
 // Returns the explanation of `pcg` (Stage::kCopied).
 Explanation explain(const Pcg& pcg, const PlanOptions& options = {});
+
+// Returns what `meshflow explain` shows for a built graph: `pcg` compiled with `options` for
+// training when it names a loss, for the forward pass otherwise, then explained.
+Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options);
 
 // DESIGN's `explain --json` object: {"values": {...}, "moves": [...]}.
 nlohmann::json to_json(const Explanation& e);
