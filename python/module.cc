@@ -216,51 +216,36 @@ PYBIND11_MODULE(_meshflow, module) {
   using namespace meshflow;
   module.doc() = "meshflow's native module; import meshflow instead";
 
-  // Errors: meshflow.Error, and one subclass per kind that also derives from the built-in
-  // exception a Python user catches for it.
-  static PyObject* base = PyErr_NewException("meshflow.Error", PyExc_Exception, nullptr);
-  auto sub = [](const char* name, PyObject* builtin) {
-    py::tuple bases = py::make_tuple(py::handle(base), py::handle(builtin));
-    return PyErr_NewException(name, bases.ptr(), nullptr);
+  // Errors: meshflow.Error, and one subclass per kind (indexed by ErrorKind) that also derives
+  // from the built-in exception a Python user catches for it.
+  struct ErrorClass {
+    ErrorKind kind;
+    const char* name;
+    PyObject* builtin;
   };
-  static PyObject* invalid = sub("meshflow.InvalidArgumentError", PyExc_ValueError);
-  static PyObject* shape_error = sub("meshflow.ShapeMismatchError", PyExc_ValueError);
-  static PyObject* io = sub("meshflow.IoError", PyExc_OSError);
-  static PyObject* comm = sub("meshflow.CommunicationError", PyExc_RuntimeError);
-  static PyObject* timeout = sub("meshflow.TimeoutError", PyExc_TimeoutError);
-  static PyObject* internal = sub("meshflow.InternalError", PyExc_RuntimeError);
+  const ErrorClass classes[] = {
+      {ErrorKind::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError},
+      {ErrorKind::kShapeMismatch, "ShapeMismatchError", PyExc_ValueError},
+      {ErrorKind::kIo, "IoError", PyExc_OSError},
+      {ErrorKind::kCommunication, "CommunicationError", PyExc_RuntimeError},
+      {ErrorKind::kTimeout, "TimeoutError", PyExc_TimeoutError},
+      {ErrorKind::kInternal, "InternalError", PyExc_RuntimeError},
+  };
+  static PyObject* base = PyErr_NewException("meshflow.Error", PyExc_Exception, nullptr);
+  static PyObject* by_kind[std::size(classes)] = {};
   module.attr("Error") = py::handle(base);
-  module.attr("InvalidArgumentError") = py::handle(invalid);
-  module.attr("ShapeMismatchError") = py::handle(shape_error);
-  module.attr("IoError") = py::handle(io);
-  module.attr("CommunicationError") = py::handle(comm);
-  module.attr("TimeoutError") = py::handle(timeout);
-  module.attr("InternalError") = py::handle(internal);
+  for (const ErrorClass& c : classes) {
+    py::tuple bases = py::make_tuple(py::handle(base), py::handle(c.builtin));
+    PyObject* type =
+        PyErr_NewException(fmt::format("meshflow.{}", c.name).c_str(), bases.ptr(), nullptr);
+    by_kind[static_cast<std::size_t>(c.kind)] = type;
+    module.attr(c.name) = py::handle(type);
+  }
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      PyObject* type = internal;
-      switch (e.kind()) {
-        case ErrorKind::kInvalidArgument:
-          type = invalid;
-          break;
-        case ErrorKind::kShapeMismatch:
-          type = shape_error;
-          break;
-        case ErrorKind::kIo:
-          type = io;
-          break;
-        case ErrorKind::kCommunication:
-          type = comm;
-          break;
-        case ErrorKind::kTimeout:
-          type = timeout;
-          break;
-        case ErrorKind::kInternal:
-          type = internal;
-          break;
-      }
+      PyObject* type = by_kind[static_cast<std::size_t>(e.kind())];
       PyErr_SetString(type, e.what());
     }
   });
