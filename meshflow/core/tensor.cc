@@ -1,6 +1,8 @@
 // Tensor storage.
 #include "meshflow/core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -68,6 +70,23 @@ BufferCache* cache_of_this_thread() {
   return thread_cache;
 }
 
+// Buffers of at least kHugeMinBytes start on a huge-page boundary and ask the kernel for
+// transparent huge pages (as NumPy does for arrays of 4 MiB and more): first touching a fresh
+// buffer then takes one fault per 2 MiB instead of one per 4 KiB. On the reference machine (a
+// VM where a fault costs ~12 us) copying 256 MiB into fresh memory took 0.8 s with 4 KiB pages
+// and 32 ms with huge pages. Where the kernel has them off, madvise fails and nothing changes.
+constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;  // x86-64 and arm64 (4 KiB base)
+constexpr std::size_t kHugeMinBytes = std::size_t{4} << 20;
+
+// Returns `bytes` of storage aligned for a tensor, or null when there is no memory.
+void* allocate(std::size_t bytes) {
+  const bool huge = bytes >= kHugeMinBytes;
+  void* p = nullptr;
+  if (::posix_memalign(&p, huge ? kHugePageBytes : kTensorAlignment, bytes) != 0) return nullptr;
+  if (huge) ::madvise(p, bytes, MADV_HUGEPAGE);  // advice only: a refusal is harmless
+  return p;
+}
+
 }  // namespace
 
 void Tensor::FreeAligned::operator()(std::byte* p) const {
@@ -91,7 +110,7 @@ Tensor::Tensor(DType dtype, Shape shape, NoFill) : dtype_(dtype), shape_(std::mo
   if (rounded == 0) rounded = kTensorAlignment;
   BufferCache* cache = rounded >= kCacheMinBytes ? cache_of_this_thread() : nullptr;
   void* p = cache ? cache->take(rounded) : nullptr;
-  if (p == nullptr) p = std::aligned_alloc(kTensorAlignment, rounded);
+  if (p == nullptr) p = allocate(rounded);
   if (p == nullptr) throw std::bad_alloc();
   data_ =
       std::unique_ptr<std::byte[], FreeAligned>(static_cast<std::byte*>(p), FreeAligned{rounded});

@@ -16,6 +16,18 @@ TEST(Tensor, StorageIsAlignedAndZeroed) {
   }
 }
 
+// Large buffers start on a 2 MiB boundary so the kernel can back them with huge pages (tensor.cc),
+// including ones handed back by the per-thread buffer cache; a 5 MiB tensor (not a multiple of
+// 2 MiB) is zeroed to its last element.
+TEST(Tensor, LargeStorageStartsOnAHugePageBoundary) {
+  for (int round = 0; round < 2; ++round) {
+    Tensor t(DType::kFloat32, {5 << 18});
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.bytes()) % (std::uintptr_t{2} << 20), 0u);
+    EXPECT_EQ(t.data<float>().back(), 0.0f);
+    t.data<float>().back() = 1.5f;
+  }
+}
+
 TEST(Tensor, WrongElementTypeIsAnError) {
   Tensor t(DType::kInt32, {4});
   EXPECT_THROW(t.data<float>(), Error);
