@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <vector>
 
@@ -14,27 +15,28 @@ namespace meshflow {
 
 namespace {
 
-// Buffers of at least kCacheMinBytes freed on a thread are kept for that thread's next
-// allocation of the same rounded size, up to kCacheBuffers buffers and kCacheBytes in all. A loop
-// that allocates and frees same-sized tensors (an operator's result every step) then reuses
-// memory already faulted in: malloc maps buffers from glibc's mmap threshold (128 KiB) up afresh
-// on every allocation, and faulting in 16 MiB costs more than adding two 16 MiB tensors. Smaller
-// buffers pay it too: `bench overlap` at 1 MiB on 2 devices (512 KiB blocks) ran 1.5-4x its
-// sequential baseline when only buffers of 1 MiB and up were kept, 1.00-1.04x now.
+// Buffers of at least kCacheMinBytes, once freed, are kept for the next allocation of the same
+// rounded size, up to kCacheBuffers buffers and kCacheBytes in all. A loop that allocates and
+// frees same-sized tensors (an operator's result every step) then reuses memory already faulted
+// in: malloc maps buffers from glibc's mmap threshold (128 KiB) up afresh on every allocation, and
+// faulting in 16 MiB costs more than adding two 16 MiB tensors. Smaller buffers pay it too:
+// `bench overlap` at 1 MiB on 2 devices (512 KiB blocks) ran 1.5-4x its sequential baseline when
+// only buffers of 1 MiB and up were kept, 1.00-1.04x now. The cache is the process's, not a
+// thread's: a device thread's result is often freed by another thread (the Python module frees
+// every result on the interpreter's thread), and a per-thread cache then never hands it back.
 constexpr std::size_t kCacheMinBytes = std::size_t{128} << 10;
 constexpr std::size_t kCacheBytes = std::size_t{512} << 20;
-constexpr std::size_t kCacheBuffers = 16;
+constexpr std::size_t kCacheBuffers = 64;
 
-struct BufferCache {
-  std::vector<std::pair<std::size_t, void*>> buffers;  // oldest first
-  std::size_t bytes = 0;
-
+class BufferCache {
+ public:
   void* take(std::size_t n) {
-    for (std::size_t i = buffers.size(); i-- > 0;) {
-      if (buffers[i].first != n) continue;
-      void* p = buffers[i].second;
-      buffers.erase(buffers.begin() + static_cast<std::ptrdiff_t>(i));
-      bytes -= n;
+    std::lock_guard lock(mu_);
+    for (std::size_t i = buffers_.size(); i-- > 0;) {
+      if (buffers_[i].first != n) continue;
+      void* p = buffers_[i].second;
+      buffers_.erase(buffers_.begin() + static_cast<std::ptrdiff_t>(i));
+      bytes_ -= n;
       return p;
     }
     return nullptr;
@@ -42,32 +44,31 @@ struct BufferCache {
   // Returns true when the cache keeps p (else the caller frees it).
   bool keep(std::size_t n, void* p) {
     if (n < kCacheMinBytes || n > kCacheBytes) return false;
-    while (!buffers.empty() && (buffers.size() >= kCacheBuffers || bytes + n > kCacheBytes)) {
-      std::free(buffers.front().second);
-      bytes -= buffers.front().first;
-      buffers.erase(buffers.begin());
+    std::vector<void*> evicted;
+    {
+      std::lock_guard lock(mu_);
+      while (!buffers_.empty() && (buffers_.size() >= kCacheBuffers || bytes_ + n > kCacheBytes)) {
+        evicted.push_back(buffers_.front().second);
+        bytes_ -= buffers_.front().first;
+        buffers_.erase(buffers_.begin());
+      }
+      buffers_.emplace_back(n, p);
+      bytes_ += n;
     }
-    buffers.emplace_back(n, p);
-    bytes += n;
+    for (void* q : evicted) std::free(q);  // outside the lock: unmapping is slow
     return true;
   }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<std::size_t, void*>> buffers_;  // oldest first
+  std::size_t bytes_ = 0;
 };
 
-// The calling thread's cache; null before first use and after the thread's exit began (a
-// tensor freed then, by another thread_local's destructor, goes straight to free).
-thread_local BufferCache* thread_cache = nullptr;
-struct CacheOwner {
-  BufferCache cache;
-  CacheOwner() { thread_cache = &cache; }
-  ~CacheOwner() {
-    thread_cache = nullptr;
-    for (auto& [n, p] : cache.buffers) std::free(p);
-  }
-};
-
-BufferCache* cache_of_this_thread() {
-  thread_local CacheOwner owner;
-  return thread_cache;
+// Never destroyed: tensors freed during static destruction still find it.
+BufferCache& buffer_cache() {
+  static BufferCache* cache = new BufferCache;
+  return *cache;
 }
 
 // Buffers of at least kHugeMinBytes start on a huge-page boundary and ask the kernel for
@@ -90,8 +91,7 @@ void* allocate(std::size_t bytes) {
 }  // namespace
 
 void Tensor::FreeAligned::operator()(std::byte* p) const {
-  BufferCache* cache = bytes >= kCacheMinBytes ? cache_of_this_thread() : nullptr;
-  if (cache == nullptr || !cache->keep(bytes, p)) std::free(p);
+  if (!buffer_cache().keep(bytes, p)) std::free(p);
 }
 
 Tensor::Tensor(DType dtype, Shape shape) : Tensor(dtype, std::move(shape), NoFill{}) {
@@ -108,8 +108,7 @@ Tensor::Tensor(DType dtype, Shape shape, NoFill) : dtype_(dtype), shape_(std::mo
   std::size_t bytes = nbytes();
   std::size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
   if (rounded == 0) rounded = kTensorAlignment;
-  BufferCache* cache = rounded >= kCacheMinBytes ? cache_of_this_thread() : nullptr;
-  void* p = cache ? cache->take(rounded) : nullptr;
+  void* p = rounded >= kCacheMinBytes ? buffer_cache().take(rounded) : nullptr;
   if (p == nullptr) p = allocate(rounded);
   if (p == nullptr) throw std::bad_alloc();
   data_ =

@@ -54,7 +54,7 @@ class Tensor {
 
  private:
   // Frees storage of `bytes` (rounded) bytes, or keeps large buffers for reuse by the next
-  // tensor of the same size on the same thread (tensor.cc says why).
+  // tensor of the same size, whichever thread makes it (tensor.cc says why).
   struct FreeAligned {
     std::size_t bytes;  // no initialiser: one would make it not default-constructible here
     void operator()(std::byte* p) const;
@@ -68,5 +68,15 @@ class Tensor {
   std::int64_t numel_;
   std::unique_ptr<std::byte[], FreeAligned> data_;
 };
+
+// Read-only row-major elements owned elsewhere (a Tensor, a NumPy array's memory): what a
+// function that only reads a whole tensor may take, so that callers need not copy into a Tensor.
+struct TensorView {
+  DType dtype;
+  Shape shape;
+  const std::byte* data;
+};
+
+inline TensorView view(const Tensor& t) { return {t.dtype(), t.shape(), t.bytes()}; }
 
 }  // namespace meshflow
