@@ -66,16 +66,6 @@ py::dtype numpy_dtype(DType d) {
   return py::dtype::of<float>();
 }
 
-// Returns a tensor holding a copy of `a` (any strides; NumPy makes it C-contiguous first).
-Tensor from_numpy(const py::array& a) {
-  const DType dtype = dtype_of(a.dtype());
-  Shape shape(a.shape(), a.shape() + a.ndim());
-  Tensor t = Tensor::uninitialized(dtype, shape);
-  py::array c = py::array::ensure(a, py::array::c_style);
-  std::memcpy(t.bytes(), c.data(), t.nbytes());
-  return t;
-}
-
 // Returns a NumPy array that owns `t`'s storage (no copy).
 py::array to_numpy(Tensor t) {
   auto* owner = new Tensor(std::move(t));
@@ -318,7 +308,10 @@ PYBIND11_MODULE(_meshflow, module) {
 
   module.def("distribute",
              [](const py::array& a, const DeviceMesh& mesh, const std::string& placements) {
-               Tensor global = from_numpy(a);
+               // Read in place; `c` keeps the memory alive (a C-contiguous copy when `a` is not).
+               const py::array c = py::array::ensure(a, py::array::c_style);
+               const TensorView global{dtype_of(c.dtype()), Shape(c.shape(), c.shape() + c.ndim()),
+                                       static_cast<const std::byte*>(c.data())};
                std::vector<Placement> ps = placements_of(placements);
                py::gil_scoped_release release;
                return hold(distribute(session(), global, mesh, std::move(ps)));

@@ -10,6 +10,7 @@
 #include "meshflow/mesh/sharding.h"
 #include "meshflow/ops/gradient.h"
 #include "meshflow/ops/strategy.h"
+#include "meshflow/plan/cost_model.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {
@@ -31,13 +32,27 @@ struct DispatchKey {
   Op op;
   std::vector<Layout> inputs;
   DeviceId device;
-  bool operator==(const DispatchKey&) const = default;
+};
+// A key borrowed from the caller, so that a lookup copies no layout.
+struct DispatchKeyView {
+  const Op& op;
+  const std::vector<Layout>& inputs;
+  DeviceId device;
 };
 struct DispatchKeyHash {
-  std::size_t operator()(const DispatchKey& k) const {
+  using is_transparent = void;
+  template <typename Key>
+  std::size_t operator()(const Key& k) const {
     std::size_t h = hash_value(k.op) ^ (static_cast<std::size_t>(k.device) << 1);
     for (const Layout& l : k.inputs) h = h * 31 + hash_value(l);
     return h;
+  }
+};
+struct DispatchKeyEqual {
+  using is_transparent = void;
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const {
+    return a.device == b.device && a.op == b.op && a.inputs == b.inputs;
   }
 };
 
@@ -47,7 +62,9 @@ struct Caches {
   StrategyCache strategies;
   PlanCache plans;
   std::mutex mu;
-  std::unordered_map<DispatchKey, std::shared_ptr<const Dispatch>, DispatchKeyHash> dispatch;
+  std::unordered_map<DispatchKey, std::shared_ptr<const Dispatch>, DispatchKeyHash,
+                     DispatchKeyEqual>
+      dispatch;
 };
 
 Caches& caches() {
@@ -55,27 +72,25 @@ Caches& caches() {
   return c;
 }
 
-std::shared_ptr<const Dispatch> dispatch_for(const Op& op, std::vector<Layout> inputs,
+std::shared_ptr<const Dispatch> dispatch_for(const Op& op, const std::vector<Layout>& inputs,
                                              DeviceId device) {
   Caches& c = caches();
-  DispatchKey key{op, std::move(inputs), device};
   {
     std::lock_guard lock(c.mu);
-    auto it = c.dispatch.find(key);
+    auto it = c.dispatch.find(DispatchKeyView{op, inputs, device});
     if (it != c.dispatch.end()) return it->second;
   }
   auto d = std::make_shared<Dispatch>();
-  for (const Layout& l : key.inputs) d->globals.push_back({l.shape, l.dtype});
-  d->strategy = c.strategies.get(op, key.inputs);
+  for (const Layout& l : inputs) d->globals.push_back({l.shape, l.dtype});
+  d->strategy = c.strategies.get(op, inputs);
   d->op = normalize(op, d->globals);
-  for (std::size_t i = 0; i < key.inputs.size(); ++i) {
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Layout& to = d->strategy->inputs[i];
-    d->programs.push_back(key.inputs[i] == to ? nullptr
-                                              : c.plans.program(key.inputs[i], to, device));
+    d->programs.push_back(inputs[i] == to ? nullptr : c.plans.program(inputs[i], to, device));
   }
   d->local_out = local_shape(d->strategy->output, device);
   std::lock_guard lock(c.mu);
-  return c.dispatch.try_emplace(std::move(key), std::move(d)).first->second;
+  return c.dispatch.try_emplace(DispatchKey{op, inputs, device}, std::move(d)).first->second;
 }
 
 void check_member(const DeviceMesh& mesh, Communicator& comm, std::string_view what) {
@@ -188,14 +203,29 @@ DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands) {
     layouts.push_back(t->layout);
     locals.push_back(&t->local);
   }
-  return apply_op(*operands[0]->comm, op, std::move(layouts), locals);
+  return apply_op(*operands[0]->comm, op, layouts, locals);
 }
 
-DTensor apply_op(Communicator& comm, const Op& op, std::vector<Layout> layouts,
+namespace {
+
+// Runs the dispatch's kernel on operands already laid out as its strategy reads them.
+Tensor kernel(const Dispatch& d, const std::vector<const Tensor*>& locals) {
+  const double k0 = profile ? steady_seconds() : 0;
+  Tensor out = run_kernel(d.op, locals, d.globals);
+  if (profile) profile->kernel_s += steady_seconds() - k0;
+  MESHFLOW_CHECK(out.shape() == d.local_out, "{}: kernel gave {} where {} expects {}",
+                 to_string(d.op), to_string(out.shape()), to_string(d.strategy->output),
+                 to_string(d.local_out));
+  return out;
+}
+
+}  // namespace
+
+DTensor apply_op(Communicator& comm, const Op& op, const std::vector<Layout>& layouts,
                  const std::vector<const Tensor*>& shards) {
   MESHFLOW_CHECK(!shards.empty() && shards.size() == layouts.size());
   const double start = profile ? steady_seconds() : 0;
-  const std::shared_ptr<const Dispatch> d = dispatch_for(op, std::move(layouts), comm.device());
+  const std::shared_ptr<const Dispatch> d = dispatch_for(op, layouts, comm.device());
   // Operands the strategy moves get new local tensors; the others are read where they are.
   std::vector<Tensor> moved;
   moved.reserve(shards.size());  // no reallocation: locals point into it
@@ -210,17 +240,39 @@ DTensor apply_op(Communicator& comm, const Op& op, std::vector<Layout> layouts,
       locals[i] = shards[i];
     }
   }
-  const double k0 = profile ? steady_seconds() : 0;
-  Tensor out = run_kernel(d->op, locals, d->globals);
-  if (profile) profile->kernel_s += steady_seconds() - k0;
-  MESHFLOW_CHECK(out.shape() == d->local_out, "{}: kernel gave {} where {} expects {}",
-                 to_string(d->op), to_string(out.shape()), to_string(d->strategy->output),
-                 to_string(d->local_out));
+  Tensor out = kernel(*d, locals);
   if (profile) {
     profile->total_s += steady_seconds() - start;
     ++profile->calls;
   }
   return {std::move(out), d->strategy->output, &comm};
+}
+
+OpRoute route(const Op& op, const std::vector<Layout>& layouts) {
+  MESHFLOW_CHECK(!layouts.empty());
+  OpRoute r{.output = caches().strategies.get(op, layouts)->output, .local_kernels_s = 0.0};
+  for (DeviceId device : layouts[0].mesh.devices) {
+    const std::shared_ptr<const Dispatch> d = dispatch_for(op, layouts, device);
+    std::vector<Shape> local;
+    double bytes = static_cast<double>(numel(d->local_out) * size_of(r.output.dtype));
+    for (std::size_t i = 0; i < layouts.size(); ++i) {
+      if (d->programs[i]) return {r.output, std::nullopt};
+      local.push_back(local_shape(layouts[i], device));
+      bytes += static_cast<double>(numel(local.back()) * size_of(layouts[i].dtype));
+    }
+    *r.local_kernels_s += kernel_seconds(
+        default_machine(), work_points(d->op, d->globals, local, d->local_out), bytes);
+  }
+  return r;
+}
+
+LocalResult apply_local(const Op& op, const std::vector<Layout>& layouts,
+                        const std::vector<const Tensor*>& shards, DeviceId device) {
+  MESHFLOW_CHECK(shards.size() == layouts.size());
+  const std::shared_ptr<const Dispatch> d = dispatch_for(op, layouts, device);
+  for (const auto& program : d->programs)
+    MESHFLOW_CHECK(!program, "{}: apply_local on a strategy that moves data", to_string(d->op));
+  return {kernel(*d, shards), d->strategy->output};
 }
 
 void attach_profile(OpProfile* p) { profile = p; }

@@ -63,10 +63,32 @@ DTensor apply_op(const Op& op, const std::vector<const DTensor*>& operands);
 // The per-device forms the functions above wrap, on shards the caller keeps (the global view,
 // global_view.h, holds every device's shard in one process): `shards[i]` is this device's shard
 // of a tensor laid out as `layouts[i]`, `local` one of a tensor laid out as `from`.
-DTensor apply_op(Communicator& comm, const Op& op, std::vector<Layout> layouts,
+DTensor apply_op(Communicator& comm, const Op& op, const std::vector<Layout>& layouts,
                  const std::vector<const Tensor*>& shards);
 Tensor redistribute_shard(Communicator& comm, const Tensor& local, const Layout& from,
                           const Layout& to);
+
+// What apply_op decides for operands laid out as `layouts`, the same on every device: the
+// result's layout and, when the chosen strategy reads every operand where it lies (no device
+// communicates, and each device's result is its kernel alone: apply_local), the estimated
+// seconds of all the mesh's devices' kernels run one after another (the cost model's
+// kernel_seconds); nullopt when the strategy moves data. Throws Error as apply_op does for
+// operands that do not fit the operator.
+struct OpRoute {
+  Layout output;
+  std::optional<double> local_kernels_s;
+};
+OpRoute route(const Op& op, const std::vector<Layout>& layouts);
+
+// apply_op's per-device form for a call whose strategy moves no data (route gives
+// local_kernels_s): `device`'s kernel on its shards, with no communicator. Returns the shard and
+// the result's layout.
+struct LocalResult {
+  Tensor local;
+  Layout layout;
+};
+LocalResult apply_local(const Op& op, const std::vector<Layout>& layouts,
+                        const std::vector<const Tensor*>& shards, DeviceId device);
 
 DTensor matmul(const DTensor& a, const DTensor& b);
 DTensor linear(const DTensor& x, const DTensor& w);

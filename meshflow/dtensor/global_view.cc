@@ -1,11 +1,17 @@
 #include "meshflow/dtensor/global_view.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
 
+#include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
 #include "meshflow/dtensor/dtensor.h"
 #include "meshflow/mesh/sharding.h"
+#include "meshflow/plan/cost_model.h"
 
 namespace meshflow {
 
@@ -41,16 +47,158 @@ class Results {
   std::map<DeviceId, Tensor> shards_;
 };
 
+// Where work that moves no data runs: on the calling thread, every device's part one after
+// another, or handed to the device threads, which share min(devices, cores) cores.
+struct Placing {
+  double here_s;     // seconds on the calling thread
+  double threads_s;  // seconds on the device threads, the handoff included
+  bool here() const { return here_s <= threads_s; }
+};
+
+// Returns the cost model's estimate for work of `serial_s` (every device's part, one after
+// another) on `devices` devices. Under mpi this process drives one device, on this thread.
+Placing estimate(const Session& session, std::size_t devices, double serial_s) {
+  static const unsigned machine_cores = std::max(1u, std::thread::hardware_concurrency());
+  const double cores = static_cast<double>(std::min<std::size_t>(devices, machine_cores));
+  const double handoff_s = default_machine().device_handoff_us * 1e-6;
+  if (session.backend() == Backend::kMpi || cores <= 1) return {serial_s, serial_s + handoff_s};
+  return {serial_s, handoff_s + serial_s / cores};
+}
+
+// Runs fn(device) for every device of `devices`, none of which communicates, where `here` says:
+// on the calling thread one after another, or concurrently on the device threads (never under
+// mpi, where `devices` holds at most this process's own device). Returns the seconds it took.
+double for_each_device(Session& session, const std::vector<DeviceId>& devices, bool here,
+                       const std::function<void(DeviceId)>& fn) {
+  const double start = steady_seconds();
+  if (here || session.backend() == Backend::kMpi) {
+    for (DeviceId d : devices) fn(d);
+  } else {
+    session.run(devices, [&](Communicator& comm) { fn(comm.device()); });
+  }
+  return steady_seconds() - start;
+}
+
+// Returns the seconds of copying `bytes` on one thread (reading them and writing them).
+double copy_seconds(std::int64_t bytes) {
+  return kernel_seconds(default_machine(), 0, 2 * static_cast<double>(bytes));
+}
+
+// apply_op's routes, decided once per (operator, operand layouts); a lookup copies no layout.
+struct Route {
+  Route(OpRoute r, Placing p) : decided(std::move(r)), here_s(p.here_s), threads_s(p.threads_s) {}
+  const OpRoute decided;
+  // Where no data moves: the fastest call run each way (the cost model's estimate until one has
+  // run that way). Calls run the faster way; every kExploreEvery-th call runs the other (unless
+  // running here beats even the handoff), so that one slow first try (buffers faulted in,
+  // threads woken) does not decide for good.
+  static constexpr std::uint64_t kExploreEvery = 32;
+  std::atomic<double> here_s, threads_s;
+  std::atomic<bool> here_run{false}, threads_run{false};  // the estimate was replaced
+  std::atomic<std::uint64_t> calls{0};
+
+  bool run_here() {
+    const double here = here_s.load();
+    const bool faster = Placing{here, threads_s.load()}.here();
+    // Work that takes less here than the handoff alone never goes to the threads.
+    if (faster && here <= default_machine().device_handoff_us * 1e-6) return true;
+    return calls.fetch_add(1) % kExploreEvery == kExploreEvery - 1 ? !faster : faster;
+  }
+  void took(bool here, double seconds) {
+    std::atomic<double>& best = here ? here_s : threads_s;
+    if (!(here ? here_run : threads_run).exchange(true)) {
+      best.store(seconds);
+      return;
+    }
+    double now = best.load();
+    while (seconds < now && !best.compare_exchange_weak(now, seconds)) {
+    }
+  }
+};
+
+class Routes {
+ public:
+  // Returns the route of `op` on `operands`; the reference stays valid (routes are never
+  // removed).
+  Route& get(const Session& session, const Op& op,
+             const std::vector<const GlobalTensor*>& operands) {
+    {
+      std::lock_guard lock(mu_);
+      auto it = routes_.find(KeyView{op, operands});
+      if (it != routes_.end()) return it->second;
+    }
+    Key key{op, {}};
+    for (const GlobalTensor* g : operands) key.layouts.push_back(g->layout);
+    OpRoute r = route(op, key.layouts);
+    const Placing p =
+        estimate(session, key.layouts[0].mesh.devices.size(), r.local_kernels_s.value_or(0));
+    std::lock_guard lock(mu_);
+    return routes_.try_emplace(std::move(key), std::move(r), p).first->second;
+  }
+
+ private:
+  struct Key {
+    Op op;
+    std::vector<Layout> layouts;
+    std::size_t size() const { return layouts.size(); }
+    const Layout& at(std::size_t i) const { return layouts[i]; }
+  };
+  struct KeyView {
+    const Op& op;
+    const std::vector<const GlobalTensor*>& operands;
+    std::size_t size() const { return operands.size(); }
+    const Layout& at(std::size_t i) const { return operands[i]->layout; }
+  };
+  struct Hash {
+    using is_transparent = void;
+    template <typename K>
+    std::size_t operator()(const K& k) const {
+      std::size_t h = hash_value(k.op);
+      for (std::size_t i = 0; i < k.size(); ++i) h = h * 31 + hash_value(k.at(i));
+      return h;
+    }
+  };
+  struct Equal {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      if (!(a.op == b.op) || a.size() != b.size()) return false;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (!(a.at(i) == b.at(i))) return false;
+      return true;
+    }
+  };
+  std::mutex mu_;
+  std::unordered_map<Key, Route, Hash, Equal> routes_;
+};
+
+Routes& routes() {
+  static Routes r;
+  return r;
+}
+
 }  // namespace
 
-GlobalTensor distribute(const Session& session, const Tensor& global, const DeviceMesh& mesh,
+GlobalTensor distribute(Session& session, TensorView global, const DeviceMesh& mesh,
                         std::vector<Placement> placements) {
-  Layout layout = make_layout(mesh, std::move(placements), global.shape(), global.dtype());
+  Layout layout = make_layout(mesh, std::move(placements), global.shape, global.dtype);
   check_shardable(layout);
-  GlobalTensor out{layout, {}};
-  for (DeviceId d : driven(session, mesh))
-    out.shards.emplace(d, slice(global, shard_box(layout, d)));
-  return out;
+  const std::vector<DeviceId> devices = driven(session, mesh);
+  std::int64_t bytes = 0;
+  for (DeviceId d : devices)
+    bytes += numel(local_shape(layout, d)) * static_cast<std::int64_t>(size_of(layout.dtype));
+  const std::size_t elem = size_of(layout.dtype);
+  Results results;
+  const bool here = estimate(session, devices.size(), copy_seconds(bytes)).here();
+  for_each_device(session, devices, here, [&](DeviceId d) {
+    const Box box = shard_box(layout, d);
+    Tensor shard = Tensor::uninitialized(layout.dtype, box.extent);
+    copy_box(ConstBuffer{global.data, &global.shape, elem}, box.offset,
+             MutableBuffer{shard.bytes(), &shard.shape(), elem},
+             std::vector<std::int64_t>(box.extent.size(), 0), box.extent);
+    results.put(d, std::move(shard));
+  });
+  return {std::move(layout), results.take()};
 }
 
 Tensor full_tensor(Session& session, const GlobalTensor& t) {
@@ -58,7 +206,17 @@ Tensor full_tensor(Session& session, const GlobalTensor& t) {
     std::vector<const Tensor*> shards;
     shards.reserve(t.shards.size());
     for (DeviceId d : t.layout.mesh.devices) shards.push_back(&t.shards.at(d));
-    return assemble(t.layout, shards);
+    Tensor out = Tensor::uninitialized(t.layout.dtype, t.layout.shape);
+    std::vector<DeviceId> representatives;
+    for (DeviceId d : t.layout.mesh.devices)
+      if (is_representative(t.layout, d)) representatives.push_back(d);
+    std::int64_t terms = 1;  // each element is read from every term of its Partial group
+    for (std::int64_t n : partial_group(t.layout).sizes) terms *= n;
+    const double serial_s = copy_seconds(static_cast<std::int64_t>(out.nbytes()) * terms);
+    const bool here = estimate(session, representatives.size(), serial_s).here();
+    for_each_device(session, representatives, here,
+                    [&](DeviceId d) { assemble_part(t.layout, shards, d, out); });
+    return out;
   }
   if (t.shards.empty()) {
     fail(ErrorKind::kInvalidArgument,
@@ -92,41 +250,45 @@ GlobalTensor apply_op(Session& session, const Op& op,
                       const std::vector<const GlobalTensor*>& operands) {
   MESHFLOW_CHECK(!operands.empty());
   const DeviceMesh& mesh = operands[0]->layout.mesh;
-  std::vector<TensorSpec> specs;
-  for (std::size_t i = 0; i < operands.size(); ++i) {
+  for (std::size_t i = 1; i < operands.size(); ++i) {
     const Layout& l = operands[i]->layout;
     if (!(l.mesh == mesh)) {
       fail(ErrorKind::kInvalidArgument,
            "{}: operand {} is on mesh {} but operand 0 is on mesh {}; redistribute it first",
            to_string(op.type), i, to_string(l.mesh), to_string(mesh));
     }
-    specs.push_back({l.shape, l.dtype});
   }
-  infer(op, specs);  // a wrong operand is one error here rather than one per device
-  Results results;
-  std::vector<Layout> layout(1);
-  std::once_flag layout_once;
-  session.run(mesh.devices, [&](Communicator& comm) {
-    std::vector<Layout> layouts;
+  // A wrong operand is one error here rather than one per device.
+  Route& r = routes().get(session, op, operands);
+  std::vector<Layout> layouts;
+  for (const GlobalTensor* g : operands) layouts.push_back(g->layout);
+  auto shards_of = [&](DeviceId d) {
     std::vector<const Tensor*> shards;
-    for (const GlobalTensor* g : operands) {
-      layouts.push_back(g->layout);
-      shards.push_back(&g->shards.at(comm.device()));
-    }
-    DTensor out = meshflow::apply_op(comm, op, std::move(layouts), shards);
-    std::call_once(layout_once, [&] { layout[0] = out.layout; });
-    results.put(comm.device(), std::move(out.local));
-  });
-  return {layout[0], results.take()};
+    for (const GlobalTensor* g : operands) shards.push_back(&g->shards.at(d));
+    return shards;
+  };
+  Results results;
+  if (r.decided.local_kernels_s) {
+    const bool here = r.run_here();
+    r.took(here, for_each_device(session, driven(session, mesh), here, [&](DeviceId d) {
+             results.put(d, apply_local(op, layouts, shards_of(d), d).local);
+           }));
+  } else {
+    session.run(mesh.devices, [&](Communicator& comm) {
+      results.put(comm.device(),
+                  meshflow::apply_op(comm, op, layouts, shards_of(comm.device())).local);
+    });
+  }
+  return {r.decided.output, results.take()};
 }
 
-GlobalTensor scalar(const Session& session, double value, DType dtype, const DeviceMesh& mesh) {
+GlobalTensor scalar(Session& session, double value, DType dtype, const DeviceMesh& mesh) {
   Tensor t(dtype, Shape{});
   visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     t.data<T>()[0] = static_cast<T>(value);
   });
-  return distribute(session, t, mesh, std::vector<Placement>(mesh.shape.size()));
+  return distribute(session, view(t), mesh, std::vector<Placement>(mesh.shape.size()));
 }
 
 }  // namespace meshflow

@@ -16,19 +16,25 @@ namespace meshflow {
 
 // Invariant: shards holds exactly the devices of layout.mesh the session drives, each with
 // local_shape(layout, device).
+//
+// Work that moves no data between devices (distributing, assembling, an operator whose strategy
+// reads every operand where it lies) runs on the calling thread when the cost model says all of
+// it costs less than handing it to the device threads (MachineModel::device_handoff_us), and on
+// the device threads otherwise.
 struct GlobalTensor {
   Layout layout;
   std::map<DeviceId, Tensor> shards;
 };
 
-// Returns `global` (which every process passes identically) laid out as `placements` on `mesh`;
-// no communication. Partial placements are refused, as DTensor's distribute_tensor refuses them.
-GlobalTensor distribute(const Session& session, const Tensor& global, const DeviceMesh& mesh,
+// Returns `global` (which every process passes identically, and which is read in place) laid out
+// as `placements` on `mesh`; no communication. Partial placements are refused, as DTensor's
+// distribute_tensor refuses them.
+GlobalTensor distribute(Session& session, TensorView global, const DeviceMesh& mesh,
                         std::vector<Placement> placements);
 
-// Returns the global tensor. threads: assembled here from the shards (Partial terms reduced, the
-// replica rule checked). mpi: collective over the mesh; every process of the mesh gets it, and a
-// process outside the mesh is refused.
+// Returns the global tensor. threads: assembled here from the shards (Partial terms reduced; one
+// replica of each box is read, as the global view keeps replicas equal). mpi: collective over
+// the mesh; every process of the mesh gets it, and a process outside the mesh is refused.
 Tensor full_tensor(Session& session, const GlobalTensor& t);
 
 // Returns t laid out as `placements` on `mesh` (t's own mesh or another: a cross-mesh move runs
@@ -42,6 +48,6 @@ GlobalTensor apply_op(Session& session, const Op& op,
 
 // Returns a Replicate tensor of shape [] holding `value` in `dtype` on `mesh` (a Python scalar
 // operand).
-GlobalTensor scalar(const Session& session, double value, DType dtype, const DeviceMesh& mesh);
+GlobalTensor scalar(Session& session, double value, DType dtype, const DeviceMesh& mesh);
 
 }  // namespace meshflow

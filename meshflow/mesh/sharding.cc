@@ -101,19 +101,34 @@ Tensor assemble(const Layout& layout, const std::vector<const Tensor*>& shards) 
     if (std::memcmp(a.bytes(), shards[i]->bytes(), a.nbytes()) != 0)
       fail_replicas_disagree(layout, mesh.devices[i]);
   }
-  const PartialGroup group = partial_group(layout);
-  Tensor global(layout.dtype, layout.shape);
-  for (DeviceId d : mesh.devices) {
-    if (!is_representative(layout, d)) continue;
-    const Box box = shard_box(layout, d);
-    std::vector<const std::byte*> terms;
-    for (DeviceId t : group_along(mesh, d, group.dims))
-      terms.push_back(shards[*find_device(mesh, t)]->bytes());
-    Tensor value = Tensor::uninitialized(layout.dtype, box.extent);
-    reduce_partial_terms(group.ops, group.sizes, layout.dtype, terms, value.bytes(), value.numel());
-    copy_box(value, full_box(value.shape()), global, box.offset);
-  }
+  Tensor global = Tensor::uninitialized(layout.dtype, layout.shape);
+  for (DeviceId d : mesh.devices) assemble_part(layout, shards, d, global);
   return global;
+}
+
+void assemble_part(const Layout& layout, const std::vector<const Tensor*>& shards, DeviceId device,
+                   Tensor& global) {
+  if (!is_representative(layout, device)) return;
+  const DeviceMesh& mesh = layout.mesh;
+  const Box box = shard_box(layout, device);
+  const PartialGroup group = partial_group(layout);
+  const Tensor& own = *shards[*find_device(mesh, device)];
+  if (group.dims.empty()) {
+    copy_box(own, full_box(own.shape()), global, box.offset);
+    return;
+  }
+  std::vector<const std::byte*> terms;
+  for (DeviceId t : group_along(mesh, device, group.dims))
+    terms.push_back(shards[*find_device(mesh, t)]->bytes());
+  const auto elem = static_cast<std::int64_t>(size_of(layout.dtype));
+  if (auto at = contiguous_offset(box, full_box(layout.shape))) {  // reduced where it belongs
+    reduce_partial_terms(group.ops, group.sizes, layout.dtype, terms, global.bytes() + *at * elem,
+                         numel(box.extent));
+    return;
+  }
+  Tensor value = Tensor::uninitialized(layout.dtype, box.extent);
+  reduce_partial_terms(group.ops, group.sizes, layout.dtype, terms, value.bytes(), value.numel());
+  copy_box(value, full_box(value.shape()), global, box.offset);
 }
 
 }  // namespace meshflow

@@ -51,4 +51,11 @@ Tensor assemble(const Layout& layout, const std::vector<Tensor>& shards);
 // The same, reading shards the caller keeps elsewhere (shards[i] for the i-th mesh device).
 Tensor assemble(const Layout& layout, const std::vector<const Tensor*>& shards);
 
+// One device's part of assemble, unchecked: when `device` is a representative, writes its box of
+// `global` (a tensor of the layout's shape), its Partial group's terms reduced; otherwise writes
+// nothing. The representatives' calls together write every element of `global` once, so they
+// may run concurrently. Shards as assemble takes them, already checked (or made by meshflow).
+void assemble_part(const Layout& layout, const std::vector<const Tensor*>& shards, DeviceId device,
+                   Tensor& global);
+
 }  // namespace meshflow

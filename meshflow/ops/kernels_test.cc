@@ -32,6 +32,21 @@ void expect_near(const Tensor& got, const std::vector<double>& want, double tol,
 
 Tensor run(const Op& op, const std::vector<const Tensor*>& in) { return compute(op, in); }
 
+// A kernel's work is the product of its labels' extents, read from the local shapes: a matrix
+// product's multiply-adds, an elementwise operator's elements, a reduction's inputs.
+TEST(WorkPoints, ProductOfEveryLabelsLocalExtent) {
+  const TensorSpec a{{4, 3}, DType::kFloat32}, b{{3, 5}, DType::kFloat32};
+  const Op mm{.type = OpType::kMatmul};
+  EXPECT_EQ(work_points(mm, {a, b}, {{4, 3}, {3, 5}}, {4, 5}), 60);
+  EXPECT_EQ(work_points(mm, {a, b}, {{2, 3}, {3, 5}}, {2, 5}), 30);  // rows sharded in two
+  const TensorSpec row{{5}, DType::kFloat32}, m{{4, 5}, DType::kFloat32};
+  EXPECT_EQ(work_points(Op{.type = OpType::kAdd}, {m, row}, {{4, 5}, {5}}, {4, 5}), 20);
+  const Op sum0 = normalize(Op{.type = OpType::kSum, .dims = {0}}, {m});
+  EXPECT_EQ(work_points(sum0, {m}, {{4, 5}}, {5}), 20);
+  const TensorSpec scalar{{}, DType::kFloat32};
+  EXPECT_EQ(work_points(Op{.type = OpType::kNeg}, {scalar}, {{}}, {}), 1);
+}
+
 TEST(Kernels, MatmulWithBatchedLeftOperandMatchesNaiveLoops) {
   for (DType dt : {DType::kFloat32, DType::kFloat64}) {
     const Tensor a = rnd({2, 3, 5}, 1, dt), b = rnd({5, 4}, 2, dt);

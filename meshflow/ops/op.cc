@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <functional>
+#include <map>
 
 #include "meshflow/core/error.h"
 #include "meshflow/ops/elementwise.h"
@@ -175,6 +176,25 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
   if (is_matmul_family(op.type)) return matmul_labels(op, in, out);
   if (is_reduction_family(op.type)) return reduction_labels(op, in, out);
   return softmax_labels(op, in, out);
+}
+
+double work_points(const Op& op, const std::vector<TensorSpec>& globals,
+                   const std::vector<Shape>& local, const Shape& local_out) {
+  MESHFLOW_CHECK(local.size() == globals.size());
+  const DimLabels labels = dim_labels(op, globals);
+  std::map<int, std::int64_t> extent;
+  auto take = [&](const std::vector<int>& dims, const Shape& shape) {
+    for (std::size_t d = 0; d < dims.size() && d < shape.size(); ++d) {
+      if (dims[d] == kBroadcastLabel) continue;
+      std::int64_t& e = extent[dims[d]];
+      e = std::max(e, shape[d]);
+    }
+  };
+  for (std::size_t i = 0; i < local.size(); ++i) take(labels.inputs[i], local[i]);
+  take(labels.output, local_out);
+  double points = 1;
+  for (const auto& [label, e] : extent) points *= static_cast<double>(e);
+  return points;
 }
 
 std::vector<int> label_range(int from, int to) {

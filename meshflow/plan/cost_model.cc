@@ -17,7 +17,8 @@ const MachineModel& default_machine() {
   // whatever its size and sustains ~4 GB/s of bus bandwidth per device. The network class is
   // a typical 100 Gb/s fabric, for meshes spanning nodes under mpi. One device's float32 GEMM
   // (OpenBLAS, one thread) runs ~100 GFLOP/s (`meshflow bench overlap`'s gemm_s: x [8192, 512]
-  // @ w [512, 512] in 43 ms).
+  // @ w [512, 512] in 43 ms). Waking 4 device threads for a global-view call and waiting for
+  // them costs ~50 us (`meshflow bench python`'s dispatch cases).
   static const MachineModel model{
       .links = {{"shared_memory", LinkClass{.bandwidth_gbps = 4.0, .latency_us = 2.0}},
                 {"network", LinkClass{.bandwidth_gbps = 10.0, .latency_us = 20.0}}},
@@ -27,6 +28,7 @@ const MachineModel& default_machine() {
       .collective_overhead_us = 40.0,
       .local_step_us = 0.001,
       .gemm_gflops = 100.0,
+      .device_handoff_us = 50.0,
   };
   return model;
 }
@@ -74,6 +76,9 @@ MachineModel machine_from_json(const nlohmann::json& json, std::string_view sour
     m.gemm_gflops = gemm->as_number(0, kMax);
     if (!(m.gemm_gflops > 0)) gemm->reject("must be > 0");
   }
+  m.device_handoff_us = default_machine().device_handoff_us;
+  if (auto handoff = root.find("device_handoff_us"))
+    m.device_handoff_us = handoff->as_number(0, kMax);
   return m;
 }
 
@@ -147,6 +152,11 @@ std::string_view to_string(GatherForm form) {
 
 double product_seconds(const MachineModel& machine, double flops) {
   return flops / (machine.gemm_gflops * 1e9);
+}
+
+double kernel_seconds(const MachineModel& machine, double points, double bytes) {
+  return std::max(product_seconds(machine, 2 * points),
+                  bytes / (2 * bytes_per_second(machine.memcpy_gbps)));
 }
 
 namespace {

@@ -29,6 +29,9 @@ struct MachineModel {
   double collective_overhead_us = 0;   // fixed cost of starting and finishing one collective
   double local_step_us = 0;  // fixed cost of a step done on each device alone (a tie-breaker)
   double gemm_gflops = 0;    // one device's matrix-product rate (decomposed collectives)
+  // threads: the cost of handing one job to the device threads and waiting for them all (a
+  // global-view call, comm/session.h); work cheaper than this runs on the calling thread.
+  double device_handoff_us = 0;
   bool operator==(const MachineModel&) const = default;
 };
 
@@ -41,7 +44,8 @@ const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 
 // Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us"}},
 // "default_link", "dim_links" (optional), "memcpy_gbps", "collective_overhead_us",
-// "local_step_us" and "gemm_gflops" (optional)}; throws Error naming the file and the bad field.
+// "local_step_us", "gemm_gflops" and "device_handoff_us" (optional)}; throws Error naming the file
+// and the bad field.
 MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
 MachineModel load_machine(const std::filesystem::path& path);
 
@@ -99,5 +103,10 @@ OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const Overla
 
 // Returns the seconds of `flops` of matrix product on one device.
 double product_seconds(const MachineModel& machine, double flops);
+
+// Returns the estimated seconds of one kernel on one device: `points` multiply-adds (or
+// elementwise steps) at the matrix-product rate, or the `bytes` it reads and writes at memcpy's
+// rate of traffic (a memcpy of n bytes reads n and writes n), whichever is longer.
+double kernel_seconds(const MachineModel& machine, double points, double bytes);
 
 }  // namespace meshflow

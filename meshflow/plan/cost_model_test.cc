@@ -72,5 +72,28 @@ TEST(OverlapTimeline, MachineFilesMayStateTheGemmRate) {
   }
 }
 
+// A kernel costs its multiply-adds at the GEMM rate or its memory traffic at memcpy speed,
+// whichever is longer; the device handoff is optional in machine files and named when malformed.
+TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
+  MachineModel m = unit_machine();  // 1 GFLOP/s
+  m.memcpy_gbps = 1;
+  EXPECT_NEAR(kernel_seconds(m, 1000, 10), 2000e-9, 1e-15);
+  EXPECT_NEAR(kernel_seconds(m, 10, 2000), 1000e-9, 1e-15);  // a 1000-byte copy's traffic
+  nlohmann::json j = {{"links", {{"l", {{"bandwidth_gbps", 1}, {"latency_us", 0}}}}},
+                      {"default_link", "l"},
+                      {"memcpy_gbps", 1},
+                      {"collective_overhead_us", 0}};
+  EXPECT_EQ(machine_from_json(j, "m.json").device_handoff_us, default_machine().device_handoff_us);
+  j["device_handoff_us"] = 7.5;
+  EXPECT_EQ(machine_from_json(j, "m.json").device_handoff_us, 7.5);
+  j["device_handoff_us"] = "slow";
+  try {
+    machine_from_json(j, "m.json");
+    ADD_FAILURE() << "a text handoff cost was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device_handoff_us"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace meshflow
