@@ -74,6 +74,18 @@ py::array to_numpy(Tensor t) {
   return py::array(numpy_dtype(owner->dtype()), shape, owner->bytes(), free);
 }
 
+// Returns a read-only NumPy view of `shard`, one of h's shards, that keeps h's tensor alive (no
+// copy: a DTensor never changes, so its shards must not be written through a view).
+py::array read_only_view(const Handle& h, const Tensor& shard) {
+  auto* owner = new Handle(h);
+  py::capsule keep(owner, [](void* p) { delete static_cast<Handle*>(p); });
+  std::vector<py::ssize_t> shape(shard.shape().begin(), shard.shape().end());
+  // The constructor wants a mutable pointer; the flag below makes the array read-only.
+  py::array a(numpy_dtype(shard.dtype()), shape, const_cast<std::byte*>(shard.bytes()), keep);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
 std::vector<Placement> placements_of(const std::string& text) { return parse_placements(text); }
 
 py::object json_to_python(const nlohmann::json& j) {
@@ -280,7 +292,7 @@ PYBIND11_MODULE(_meshflow, module) {
                       return s.empty() ? std::string("none") : s;
                     }());
              }
-             return to_numpy(it->second.clone());
+             return read_only_view(h, it->second);
            })
       .def("devices",
            [](const Handle& h) {

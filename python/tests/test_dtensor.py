@@ -76,6 +76,21 @@ def test_shards_are_the_chunk_rule(rng):
         assert np.array_equal(x.to_local(), a[lo:hi])
 
 
+def test_local_shards_are_read_only_views_that_outlive_the_dtensor(rng):
+    a = rng.standard_normal((8, 3))
+    x = mf.distribute_tensor(a, mf.DeviceMesh("4"), [mf.Shard(0)])
+    shards = x.local_shards()
+    d = next(iter(shards))
+    view = shards[d]
+    assert not view.flags.writeable and not view.flags.owndata  # no copy was made
+    with pytest.raises(ValueError):
+        view[0, 0] = 1.0
+    del x, shards
+    assert np.array_equal(view, a[2 * d:2 * d + 2])  # the view keeps the shard alive
+    writable = view.copy()
+    writable[0, 0] = 1.0
+
+
 def test_partial_from_an_operator_reduces(mesh, rng):
     a = rng.standard_normal((8, 6))
     x = mf.distribute_tensor(a, mesh, placements_of(mesh, ("S0", "R")))
