@@ -17,10 +17,11 @@ namespace meshflow {
 // Invariant: shards holds exactly the devices of layout.mesh the session drives, each with
 // local_shape(layout, device).
 //
-// Work that moves no data between devices (distributing, assembling, an operator whose strategy
-// reads every operand where it lies) runs on the calling thread when the cost model says all of
-// it costs less than handing it to the device threads (MachineModel::device_handoff_us), and on
-// the device threads otherwise.
+// On threads, work that moves no data between devices (distributing, assembling, an operator
+// whose strategy reads every operand where it lies) runs on the calling thread, every device's
+// part in turn, when that is sooner than handing it to the device threads: as the cost model
+// estimates it (kernel_seconds against MachineModel::device_handoff_us), and for an operator on
+// layouts it has run on before, as those calls measured it. Results are the same either way.
 struct GlobalTensor {
   Layout layout;
   std::map<DeviceId, Tensor> shards;
