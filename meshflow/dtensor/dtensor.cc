@@ -250,13 +250,15 @@ DTensor apply_op(Communicator& comm, const Op& op, const std::vector<Layout>& la
 
 OpRoute route(const Op& op, const std::vector<Layout>& layouts) {
   MESHFLOW_CHECK(!layouts.empty());
-  OpRoute r{.output = caches().strategies.get(op, layouts)->output, .local_kernels_s = 0.0};
+  const std::shared_ptr<const Strategy> strategy = caches().strategies.get(op, layouts);
+  // A device's program moves an operand exactly when the strategy reads it in another layout.
+  if (strategy->inputs != layouts) return {strategy->output, std::nullopt};
+  OpRoute r{.output = strategy->output, .local_kernels_s = 0.0};
   for (DeviceId device : layouts[0].mesh.devices) {
     const std::shared_ptr<const Dispatch> d = dispatch_for(op, layouts, device);
     std::vector<Shape> local;
     double bytes = static_cast<double>(numel(d->local_out) * size_of(r.output.dtype));
     for (std::size_t i = 0; i < layouts.size(); ++i) {
-      if (d->programs[i]) return {r.output, std::nullopt};
       local.push_back(local_shape(layouts[i], device));
       bytes += static_cast<double>(numel(local.back()) * size_of(layouts[i].dtype));
     }
