@@ -1,12 +1,12 @@
 // The `meshflow` Python module's native part (_meshflow): bindings only. Arrays cross as NumPy
-// arrays (copied into and out of meshflow's aligned tensors); every kernel, collective and wait
-// runs with the GIL released; meshflow::Error becomes the meshflow.Error subclass of its kind.
+// arrays: read in place going in, and coming out either handed over (a result meshflow made) or
+// viewed read-only (a DTensor's shard); every kernel, collective and wait runs with the GIL
+// released; meshflow::Error becomes the meshflow.Error subclass of its kind.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -322,6 +322,8 @@ PYBIND11_MODULE(_meshflow, module) {
              [](const py::array& a, const DeviceMesh& mesh, const std::string& placements) {
                // Read in place; `c` keeps the memory alive (a C-contiguous copy when `a` is not).
                const py::array c = py::array::ensure(a, py::array::c_style);
+               if (!c)
+                 fail(ErrorKind::kInvalidArgument, "the array cannot be read as a C-order array");
                const TensorView global{dtype_of(c.dtype()), Shape(c.shape(), c.shape() + c.ndim()),
                                        static_cast<const std::byte*>(c.data())};
                std::vector<Placement> ps = placements_of(placements);
