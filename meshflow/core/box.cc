@@ -182,9 +182,14 @@ void copy_box(const Tensor& src, const Box& src_box, Tensor& dst,
            src_box.extent);
 }
 
-Tensor slice(const Tensor& src, const Box& box) {
-  Tensor out = Tensor::uninitialized(src.dtype(), box.extent);  // copy_box writes every element
-  copy_box(src, box, out, std::vector<std::int64_t>(box.extent.size(), 0));
+Tensor slice(const Tensor& src, const Box& box) { return slice(view(src), box); }
+
+Tensor slice(TensorView src, const Box& box) {
+  Tensor out = Tensor::uninitialized(src.dtype, box.extent);  // copy_box writes every element
+  const std::size_t elem = size_of(src.dtype);
+  copy_box(ConstBuffer{src.data, &src.shape, elem}, box.offset,
+           MutableBuffer{out.bytes(), &out.shape(), elem},
+           std::vector<std::int64_t>(box.extent.size(), 0), box.extent);
   return out;
 }
 

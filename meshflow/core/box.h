@@ -75,5 +75,6 @@ void copy_box(const Tensor& src, const Box& src_box, Tensor& dst,
 
 // Returns a new tensor holding box `box` of `src`.
 Tensor slice(const Tensor& src, const Box& box);
+Tensor slice(TensorView src, const Box& box);
 
 }  // namespace meshflow

@@ -187,17 +187,10 @@ GlobalTensor distribute(Session& session, TensorView global, const DeviceMesh& m
   std::int64_t bytes = 0;
   for (DeviceId d : devices)
     bytes += numel(local_shape(layout, d)) * static_cast<std::int64_t>(size_of(layout.dtype));
-  const std::size_t elem = size_of(layout.dtype);
   Results results;
   const bool here = estimate(session, devices.size(), copy_seconds(bytes)).here();
-  for_each_device(session, devices, here, [&](DeviceId d) {
-    const Box box = shard_box(layout, d);
-    Tensor shard = Tensor::uninitialized(layout.dtype, box.extent);
-    copy_box(ConstBuffer{global.data, &global.shape, elem}, box.offset,
-             MutableBuffer{shard.bytes(), &shard.shape(), elem},
-             std::vector<std::int64_t>(box.extent.size(), 0), box.extent);
-    results.put(d, std::move(shard));
-  });
+  for_each_device(session, devices, here,
+                  [&](DeviceId d) { results.put(d, slice(global, shard_box(layout, d))); });
   return {std::move(layout), results.take()};
 }
 
