@@ -118,14 +118,20 @@ struct Route {
 
 class Routes {
  public:
-  // Returns the route of `op` on `operands`; the reference stays valid (routes are never
+  // A route with the operand layouts it was found for (the key's: no copy per call).
+  struct Found {
+    const std::vector<Layout>& layouts;
+    Route& route;
+  };
+
+  // Returns the route of `op` on `operands`; the references stay valid (routes are never
   // removed).
-  Route& get(const Session& session, const Op& op,
-             const std::vector<const GlobalTensor*>& operands) {
+  Found get(const Session& session, const Op& op,
+            const std::vector<const GlobalTensor*>& operands) {
     {
       std::lock_guard lock(mu_);
       auto it = routes_.find(KeyView{op, operands});
-      if (it != routes_.end()) return it->second;
+      if (it != routes_.end()) return {it->first.layouts, it->second};
     }
     Key key{op, {}};
     for (const GlobalTensor* g : operands) key.layouts.push_back(g->layout);
@@ -133,7 +139,8 @@ class Routes {
     const Placing p =
         estimate(session, key.layouts[0].mesh.devices.size(), r.local_kernels_s.value_or(0));
     std::lock_guard lock(mu_);
-    return routes_.try_emplace(std::move(key), std::move(r), p).first->second;
+    auto it = routes_.try_emplace(std::move(key), std::move(r), p).first;
+    return {it->first.layouts, it->second};
   }
 
  private:
@@ -252,9 +259,9 @@ GlobalTensor apply_op(Session& session, const Op& op,
     }
   }
   // A wrong operand is one error here rather than one per device.
-  Route& r = routes().get(session, op, operands);
-  std::vector<Layout> layouts;
-  for (const GlobalTensor* g : operands) layouts.push_back(g->layout);
+  const Routes::Found found = routes().get(session, op, operands);
+  const std::vector<Layout>& layouts = found.layouts;
+  Route& r = found.route;
   auto shards_of = [&](DeviceId d) {
     std::vector<const Tensor*> shards;
     for (const GlobalTensor* g : operands) shards.push_back(&g->shards.at(d));
