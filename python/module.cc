@@ -93,21 +93,19 @@ py::object json_to_python(const nlohmann::json& j) {
 }
 
 Handle binary(OpType type, const GlobalTensor& a, const py::object& b, bool reflected) {
-  Op op{.type = type};
-  if (py::isinstance<Handle>(b)) {
-    const GlobalTensor& other = *b.cast<const Handle&>();
+  auto apply = [&](const GlobalTensor& other) {
     py::gil_scoped_release release;
+    const Op op{.type = type};
     return hold(reflected ? apply_op(session(), op, {&other, &a})
                           : apply_op(session(), op, {&a, &other}));
-  }
+  };
+  if (py::isinstance<Handle>(b)) return apply(*b.cast<const Handle&>());
   if (!py::isinstance<py::float_>(b) && !py::isinstance<py::int_>(b)) {
     fail(ErrorKind::kInvalidArgument,
          "{}: operand of Python type {} is neither a DTensor nor a number", to_string(type),
          std::string(py::str(py::type::of(b).attr("__name__"))));
   }
-  const GlobalTensor s = scalar(session(), b.cast<double>(), a.layout.dtype, a.layout.mesh);
-  py::gil_scoped_release release;
-  return hold(reflected ? apply_op(session(), op, {&s, &a}) : apply_op(session(), op, {&a, &s}));
+  return apply(scalar(session(), b.cast<double>(), a.layout.dtype, a.layout.mesh));
 }
 
 // Attributes of `meshflow.ops.<name>(..., **attrs)`.
