@@ -55,11 +55,16 @@ TEST(OverlapTimeline, TransferBoundLoopsAreAsLongAsTheirTransfers) {
   EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, 510e-9, 1e-12);
 }
 
+// A machine file with only its required fields.
+nlohmann::json required_fields_json() {
+  return {{"links", {{"l", {{"bandwidth_gbps", 1}, {"latency_us", 0}}}}},
+          {"default_link", "l"},
+          {"memcpy_gbps", 1},
+          {"collective_overhead_us", 0}};
+}
+
 TEST(OverlapTimeline, MachineFilesMayStateTheGemmRate) {
-  nlohmann::json j = {{"links", {{"l", {{"bandwidth_gbps", 1}, {"latency_us", 0}}}}},
-                      {"default_link", "l"},
-                      {"memcpy_gbps", 1},
-                      {"collective_overhead_us", 0}};
+  nlohmann::json j = required_fields_json();
   EXPECT_EQ(machine_from_json(j, "m.json").gemm_gflops, default_machine().gemm_gflops);
   j["gemm_gflops"] = 250;
   EXPECT_EQ(machine_from_json(j, "m.json").gemm_gflops, 250);
@@ -79,10 +84,7 @@ TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
   m.memcpy_gbps = 1;
   EXPECT_NEAR(kernel_seconds(m, 1000, 10), 2000e-9, 1e-15);
   EXPECT_NEAR(kernel_seconds(m, 10, 2000), 1000e-9, 1e-15);  // a 1000-byte copy's traffic
-  nlohmann::json j = {{"links", {{"l", {{"bandwidth_gbps", 1}, {"latency_us", 0}}}}},
-                      {"default_link", "l"},
-                      {"memcpy_gbps", 1},
-                      {"collective_overhead_us", 0}};
+  nlohmann::json j = required_fields_json();
   EXPECT_EQ(machine_from_json(j, "m.json").device_handoff_us, default_machine().device_handoff_us);
   j["device_handoff_us"] = 7.5;
   EXPECT_EQ(machine_from_json(j, "m.json").device_handoff_us, 7.5);
