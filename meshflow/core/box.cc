@@ -2,9 +2,11 @@
 #include "meshflow/core/box.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/limits.h"
 
 namespace meshflow {
 
@@ -118,9 +120,17 @@ void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, Muta
   check_region(*src.shape, src_offset, extent, "source");
   check_region(*dst.shape, dst_offset, extent, "destination");
   const std::size_t rank = extent.size();
+  MESHFLOW_CHECK(rank <= static_cast<std::size_t>(kMaxTensorRank), "copy_box rank {}", rank);
   if (meshflow::numel(extent) == 0) return;
-  const std::vector<std::int64_t> src_strides = row_major_strides(*src.shape);
-  const std::vector<std::int64_t> dst_strides = row_major_strides(*dst.shape);
+  // Strides on the stack: copy_box runs once per piece of every exchange, and a heap
+  // allocation per call shows up next to kilobyte-sized copies.
+  std::array<std::int64_t, kMaxTensorRank> src_strides, dst_strides, index;
+  for (std::size_t d = rank, s_acc = 1, t_acc = 1; d-- > 0;) {
+    src_strides[d] = static_cast<std::int64_t>(s_acc);
+    dst_strides[d] = static_cast<std::int64_t>(t_acc);
+    s_acc *= static_cast<std::size_t>((*src.shape)[d]);
+    t_acc *= static_cast<std::size_t>((*dst.shape)[d]);
+  }
 
   // Merge trailing dims: dims [split, rank) form one contiguous run in both buffers when every
   // dim after `split` is spanned fully by the region in both shapes.
@@ -150,7 +160,7 @@ void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, Muta
   const std::size_t inner = split - 1;
   const std::int64_t inner_count = extent[inner];
   const std::int64_t s_step = src_strides[inner] * es, t_step = dst_strides[inner] * es;
-  std::vector<std::int64_t> index(inner, 0);
+  std::fill_n(index.begin(), inner, 0);
   while (true) {
     const std::byte* si = s;
     std::byte* ti = t;

@@ -409,6 +409,7 @@ Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Complet
         share(*group_, seq, 0, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
           const SourcePiece& q = pieces[i];
           const ExchangeBoxesOptions& src = *p[q.src];
+          std::vector<std::int64_t> src_off, dst_off, extent;  // reused: no allocation per copy
           for (int d = 0; d < n; ++d) {
             const int r = (q.src + d) % n;
             const auto& sends = src.send[r];
@@ -416,8 +417,9 @@ Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Complet
               const Box& from = sends[j];
               const Box& to = p[r]->recv[q.src][j];
               if (numel(from) == 0) continue;
-              std::vector<std::int64_t> src_off = from.offset, dst_off = to.offset,
-                                        extent = to.extent;
+              src_off.assign(from.offset.begin(), from.offset.end());
+              dst_off.assign(to.offset.begin(), to.offset.end());
+              extent.assign(to.extent.begin(), to.extent.end());
               if (!extent.empty()) {
                 const std::int64_t lo = std::max(q.lo, from.offset[0]);
                 const std::int64_t hi = std::min(q.hi, from.offset[0] + from.extent[0]);
