@@ -146,6 +146,16 @@ void check_every_operator(Backend backend, int trials) {
   check_operator(backend, {.type = OpType::kSoftmaxCrossEntropy},
                  {{{5, 6}}, {{5}, DType::kInt64, false, labels}}, 72, trials);
   check_operator(backend, {.type = OpType::kMse}, {{{5, 6}}, {{5, 6}}}, 73, trials);
+  // views: splits and merges of (possibly unevenly) sharded dims, size-1 dims, a -1, and
+  // transposes of sharded tensors
+  check_operator(backend, {.type = OpType::kReshape, .shape = {2, 3, 5}}, {{{6, 5}}}, 74, trials);
+  check_operator(backend, {.type = OpType::kReshape, .shape = {-1}}, {{{6, 5}}}, 75, trials);
+  check_operator(backend, {.type = OpType::kReshape, .shape = {16, 6}}, {{{12, 8}}}, 76, trials);
+  check_operator(backend, {.type = OpType::kReshape, .shape = {5, 1, 2, 4}}, {{{5, 8, 1}}}, 77,
+                 trials);
+  check_operator(backend, {.type = OpType::kTranspose, .dims = {1, 0}}, {{{5, 6}}}, 78, trials);
+  check_operator(backend, {.type = OpType::kTranspose, .dims = {2, 0, 1}}, {{{3, 5, 4}}}, 79,
+                 trials);
   // float32 and integer operands, fewer draws
   const int few = (trials + 1) / 2;
   check_operator(backend, {.type = OpType::kMatmul},

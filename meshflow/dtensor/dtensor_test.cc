@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/comm/recording.h"
@@ -14,6 +16,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/mesh/sharding.h"
+#include "meshflow/ops/strategy.h"
 #include "tests/dtensor_check.h"
 
 namespace meshflow {
@@ -76,11 +79,14 @@ Layout L(std::string_view mesh, std::string_view placements, Shape shape) {
                      DType::kFloat64);
 }
 
-Counted counted_op(OpType type, const std::vector<Layout>& layouts) {
-  const Op op{.type = type};
+Counted counted_op(const Op& op, const std::vector<Layout>& layouts) {
   return run_counted(
       layouts, [&](const std::vector<const DTensor*>& in) { return apply_op(op, in); },
       [&](const std::vector<const Tensor*>& in) { return compute(op, in); });
+}
+
+Counted counted_op(OpType type, const std::vector<Layout>& layouts) {
+  return counted_op(Op{.type = type}, layouts);
 }
 
 std::string kinds(const CallLog& log) {
@@ -161,6 +167,66 @@ TEST(DTensorPartial, ColumnThenRowParallelLinearNeedsExactlyOneReduction) {
         return compute({.type = OpType::kLinear}, {&a, in[2]});
       });
   EXPECT_EQ(c.calls.size(), 1u) << kinds(c.calls);
+}
+
+// Views on sharded tensors: each case runs on threads against the single-device view, and the
+// strategy chosen and device 0's communication must be what testdata/view_golden.txt says. Small
+// tensors gather where the cost model's latency favours it; large ones take the cheapest layout
+// where the view is exact.
+TEST(DTensorViews, CatalogueOfViewsMovesWhatTheGoldenFileSays) {
+  auto reshape = [](Shape shape) {
+    return Op{.type = OpType::kReshape, .shape = std::move(shape)};
+  };
+  auto transpose = [](std::vector<int> dims) {
+    return Op{.type = OpType::kTranspose, .dims = std::move(dims)};
+  };
+  const std::vector<std::pair<Op, Layout>> cases = {
+      // DTensor's wrong result (pytorch#179502): S(1) does not map, S(0) does
+      {reshape({16, 6}), L("4", "S(1)", {12, 8})},
+      {reshape({16, 6}), L("4", "S(0)", {12, 8})},
+      {reshape({1024, 48}), L("4", "S(1)", {768, 64})},
+      // a split of a sharded dim: heads divisible by the mesh keep the shard, no movement
+      {reshape({4, 6, 4, 4}), L("4", "S(2)", {4, 6, 16})},
+      {reshape({4, 6, 2, 8}), L("4", "S(2)", {4, 6, 16})},
+      {reshape({64, 16, 2, 64}), L("4", "S(2)", {64, 16, 128})},
+      // uneven and empty shards
+      {reshape({10, 2, 3}), L("4", "S(0)", {10, 6})},
+      {reshape({60}), L("4", "S(0)", {10, 6})},
+      {reshape({2, 2, 2}), L("4", "S(0)", {2, 4})},
+      {reshape({12}), L("4", "S(0)", {3, 4})},
+      // merges of two sharded dims and of a sharded head dim
+      {reshape({24, 8}), L("2x2", "S(0),S(1)", {4, 6, 8})},
+      {reshape({4, 6, 16}), L("2x2", "S(0),S(2)", {4, 6, 4, 4})},
+      {reshape({-1}), L("2x2", "S(0),S(1)", {4, 4})},
+      // size-1 dims, Partial
+      {reshape({12}), L("4", "S(1)", {1, 12})},
+      {reshape({3, 1, 8}), L("4", "P(sum)", {24})},
+      // transposes relabel placements
+      {transpose({1, 0}), L("4", "S(0)", {6, 5})},
+      {transpose({2, 0, 1}), L("2x2", "S(0),S(1)", {4, 6, 8})},
+      {transpose({}), L("2x2", "P(sum),S(1)", {4, 6})},
+  };
+  std::string got;
+  for (const auto& [op, in] : cases) {
+    const Counted c = counted_op(op, {in});
+    const Strategy s = choose_strategy(op, {in});
+    got +=
+        fmt::format("{} mesh {}: {} {} -> {} {}  (reads {})\n", to_string(op), to_string(in.mesh),
+                    to_string(in.placements), to_string(in.shape), to_string(c.placements),
+                    to_string(s.output.shape), to_string(s.inputs[0].placements));
+    for (const RecordedCall& call : c.calls) got += "    " + to_string(call) + "\n";
+    if (c.calls.empty()) got += "    no communication\n";
+  }
+  const std::string path = std::string(MESHFLOW_DTENSOR_TESTDATA) + "/view_golden.txt";
+  std::ifstream file(path);
+  std::stringstream want;
+  want << file.rdbuf();
+  if (got != want.str()) {
+    std::ofstream("view_golden.actual.txt") << got;
+    FAIL() << "the catalogue differs from " << path
+           << "; the new text is in view_golden.actual.txt in the test's working directory:\n"
+           << got;
+  }
 }
 
 TEST(DTensorApi, DistributeFromOneDeviceAndRedistributeRules) {

@@ -8,6 +8,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/json_field.h"
+#include "meshflow/core/limits.h"
 #include "meshflow/graph/source.h"
 
 namespace meshflow {
@@ -136,7 +137,8 @@ struct Reader {
   }
 
   void node(const JsonField& f) {
-    only_keys(f, {"name", "op", "inputs", "dims", "dim", "degree", "mesh", "placements"}, "a node");
+    only_keys(f, {"name", "op", "inputs", "dims", "dim", "shape", "degree", "mesh", "placements"},
+              "a node");
     const std::string name = f.member("name").as_string();
     const std::string op_name = f.member("op").as_string();
     const JsonField inputs_field = f.member("inputs");
@@ -173,6 +175,10 @@ struct Reader {
     }
     if (auto d = f.find("dims")) op.dims = int_list(*d);
     if (auto d = f.find("dim")) op.dim = static_cast<int>(d->as_int(-64, 64));
+    if (auto d = f.find("shape")) {
+      for (std::size_t i = 0; i < d->size(); ++i)
+        op.shape.push_back(d->at(i).as_int(-1, kMaxTensorBytes));
+    }
     add_compute(model.pcg, name, op, std::move(inputs), std::move(m), std::move(ps));
   }
 

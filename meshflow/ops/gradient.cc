@@ -99,6 +99,16 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
                b.op(OpType::kMatmulGradB, {input(0), kG})};
       if (in.size() == 3) grads.push_back(b.sum_to(kG, in[2].shape, out));
       break;
+    case OpType::kReshape:
+      grads = {b.add(Op{.type = OpType::kReshape, .shape = in[0].shape}, {kG})};
+      break;
+    case OpType::kTranspose: {
+      std::vector<int> inverse(op.dims.size());
+      for (std::size_t j = 0; j < op.dims.size(); ++j)
+        inverse[static_cast<std::size_t>(op.dims[j])] = static_cast<int>(j);
+      grads = {b.add(Op{.type = OpType::kTranspose, .dims = inverse}, {kG})};
+      break;
+    }
     default:
       fail(ErrorKind::kInvalidArgument, "{} has no gradient rule (it is itself a gradient)",
            to_string(op.type));

@@ -283,6 +283,8 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
   sce.push_back(std::move(labels));
   check_gradients({.type = OpType::kSoftmaxCrossEntropy}, std::move(sce));
   check_gradients({.type = OpType::kMse}, tensors(rnd({3, 4}, 13), rnd({3, 4}, 14)));
+  check_gradients({.type = OpType::kReshape, .shape = {4, -1}}, tensors(rnd({2, 3, 4}, 15)));
+  check_gradients({.type = OpType::kTranspose, .dims = {1, 2, 0}}, tensors(rnd({2, 3, 4}, 16)));
 }
 
 TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {

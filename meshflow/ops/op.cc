@@ -10,6 +10,7 @@
 #include "meshflow/ops/matmul.h"
 #include "meshflow/ops/reduction.h"
 #include "meshflow/ops/softmax.h"
+#include "meshflow/ops/view.h"
 
 namespace meshflow {
 
@@ -39,6 +40,8 @@ constexpr std::array kOps = {
     OpInfo{OpType::kSoftmax, "softmax", 1, 1},
     OpInfo{OpType::kSoftmaxCrossEntropy, "softmax_cross_entropy", 2, 2},
     OpInfo{OpType::kMse, "mse", 2, 2},
+    OpInfo{OpType::kReshape, "reshape", 1, 1},
+    OpInfo{OpType::kTranspose, "transpose", 1, 1},
     OpInfo{OpType::kMatmulGradA, "matmul_grad_a", 2, 2},
     OpInfo{OpType::kMatmulGradB, "matmul_grad_b", 2, 2},
     OpInfo{OpType::kReluGrad, "relu_grad", 2, 2},
@@ -84,7 +87,7 @@ std::string to_string(const Op& op) {
     attrs.push_back(fmt::format("dims=[{}]", fmt::join(op.dims, ",")));
   if (op.type == OpType::kSoftmax || op.type == OpType::kSoftmaxGrad)
     attrs.push_back(fmt::format("dim={}", op.dim));
-  if (op.type == OpType::kSumTo || op.type == OpType::kBroadcastTo)
+  if (op.type == OpType::kSumTo || op.type == OpType::kBroadcastTo || op.type == OpType::kReshape)
     attrs.push_back("shape=" + to_string(op.shape));
   if (op.scale != 1) attrs.push_back(fmt::format("scale={}", op.scale));
   if (!attrs.empty()) s += fmt::format("({})", fmt::join(attrs, ", "));
@@ -141,6 +144,7 @@ Op normalize(const Op& op, const std::vector<TensorSpec>& in) {
     if (in[0].shape.empty()) fail(ErrorKind::kInvalidArgument, "{}: operand is a scalar", name);
     out.dim = normalize_dim(name, op.dim, in[0].shape.size());
   }
+  if (is_view_family(op.type)) out = normalize_view(out, in);
   return out;
 }
 
@@ -150,6 +154,7 @@ TensorSpec infer(const Op& raw, const std::vector<TensorSpec>& in) {
     return infer_elementwise(op, in);
   if (is_matmul_family(op.type)) return infer_matmul(op, in);
   if (is_reduction_family(op.type)) return infer_reduction(op, in);
+  if (is_view_family(op.type)) return infer_view(op, in);
   return infer_softmax(op, in);
 }
 
@@ -166,6 +171,7 @@ Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
     return elementwise_kernel(op, locals);
   if (is_matmul_family(op.type)) return matmul_kernel(op, locals);
   if (is_reduction_family(op.type)) return reduction_kernel(op, locals, globals);
+  if (is_view_family(op.type)) return view_kernel(op, locals, globals);
   return softmax_kernel(op, locals, globals);
 }
 
@@ -175,12 +181,14 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
     return elementwise_labels(op, in, out);
   if (is_matmul_family(op.type)) return matmul_labels(op, in, out);
   if (is_reduction_family(op.type)) return reduction_labels(op, in, out);
+  if (is_view_family(op.type)) return view_labels(op, in, out);
   return softmax_labels(op, in, out);
 }
 
 double work_points(const Op& op, const std::vector<TensorSpec>& globals,
                    const std::vector<Shape>& local, const Shape& local_out) {
   MESHFLOW_CHECK(local.size() == globals.size());
+  if (is_view_family(op.type)) return static_cast<double>(numel(local_out));  // one copy
   const DimLabels labels = dim_labels(op, globals);
   std::map<int, std::int64_t> extent;
   auto take = [&](const std::vector<int>& dims, const Shape& shape) {

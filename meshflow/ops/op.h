@@ -1,7 +1,7 @@
 // Operators: what an operator is (its type and attributes), its shape and dtype rule, its
 // sharding rule (dim labels), and the one entry point that runs its CPU kernel on local tensors.
-// Each family keeps these in its own file (elementwise, matmul, reduction, softmax); this file
-// dispatches to them.
+// Each family keeps these in its own file (elementwise, matmul, reduction, softmax, view); this
+// file dispatches to them.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,8 @@ enum class OpType {
   kSoftmax,              // over `dim`
   kSoftmaxCrossEntropy,  // (logits[B, C], labels[B]) -> mean over B of -log softmax[label]
   kMse,                  // (a, b) -> mean of (a - b)^2
+  kReshape,              // C order to `shape` (one -1 allowed)
+  kTranspose,            // dims permuted: result dim j is operand dim dims[j] (empty: reversed)
   // gradients
   kMatmulGradA,  // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
   kMatmulGradB,  // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
@@ -53,9 +55,10 @@ enum class OpType {
 // equal operators compare (and hash) equal.
 struct Op {
   OpType type = OpType::kAdd;
-  std::vector<int> dims;  // sum, mean: reduced dims; broadcast_to: inserted dims (sorted)
+  std::vector<int> dims;  // sum, mean: reduced dims; broadcast_to: inserted dims (sorted);
+                          // transpose: the permutation
   int dim = -1;           // softmax, softmax_grad
-  Shape shape;            // sum_to, broadcast_to: the result's shape
+  Shape shape;            // sum_to, broadcast_to, reshape: the result's shape
   double scale = 1;       // broadcast_to
   bool operator==(const Op&) const = default;
 };

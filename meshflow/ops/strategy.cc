@@ -5,6 +5,7 @@
 #include <map>
 
 #include "meshflow/core/error.h"
+#include "meshflow/ops/view.h"
 
 namespace meshflow {
 
@@ -148,6 +149,8 @@ std::vector<Strategy> strategies(const Op& raw, const std::vector<Layout>& input
         valid = c.has_value();
         if (valid) s.cost_s += *c;
       }
+      // A reshape's shards map only where reshape_keeps_shards says so (ops/view.h).
+      if (valid && op.type == OpType::kReshape) valid = reshape_keeps_shards(s.inputs[0], s.output);
       if (valid) result.push_back(std::move(s));
     } catch (const Error&) {
       // an invalid layout (an integer P(avg)): not a strategy

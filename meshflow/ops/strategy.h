@@ -17,7 +17,7 @@
 //     Replicate, with no division. Partial(max/min), P·P and every non-linear operator reduce
 //     first (their only strategies take Replicate or Shard operands).
 // Labels listed unshardable (softmax's dim, a loss's class dim) are never sharded: strategies
-// gather them.
+// gather them. A reshape keeps only the strategies whose shards map exactly (ops/view.h).
 #pragma once
 
 #include <memory>

@@ -7,7 +7,7 @@ from . import _meshflow
 
 _NAMES = [
     "matmul", "linear", "add", "sub", "mul", "div", "neg", "relu", "gelu", "tanh", "sigmoid",
-    "exp", "sum", "mean", "softmax", "softmax_cross_entropy", "mse",
+    "exp", "sum", "mean", "softmax", "softmax_cross_entropy", "mse", "reshape", "transpose",
     "matmul_grad_a", "matmul_grad_b", "relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad",
     "softmax_grad", "softmax_cross_entropy_grad", "mse_grad", "sum_to", "broadcast_to",
 ]

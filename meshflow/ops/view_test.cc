@@ -1,0 +1,127 @@
+// Views: reshape's dim groups, the kernels against index arithmetic written here, the shard
+// mapping rule on hand-worked layouts, and the errors a user can cause.
+#include "meshflow/ops/view.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+
+#include "meshflow/core/error.h"
+#include "meshflow/core/random.h"
+
+namespace meshflow {
+namespace {
+
+std::string groups_text(const Shape& from, const Shape& to) {
+  std::string s;
+  for (const DimGroup& g : reshape_groups(from, to))
+    s += fmt::format("{}[{},{})->[{},{})", s.empty() ? "" : " ", g.in_begin, g.in_end, g.out_begin,
+                     g.out_end);
+  return s;
+}
+
+TEST(ReshapeGroups, ShortestRunsOfDimsWithEqualProducts) {
+  EXPECT_EQ(groups_text({4, 6, 16}, {4, 6, 4, 4}), "[0,1)->[0,1) [1,2)->[1,2) [2,3)->[2,4)");
+  EXPECT_EQ(groups_text({12, 8}, {16, 6}), "[0,2)->[0,2)");
+  EXPECT_EQ(groups_text({2, 3, 4}, {6, 4}), "[0,2)->[0,1) [2,3)->[1,2)");
+  EXPECT_EQ(groups_text({1, 12}, {12}), "[0,1)->[0,0) [1,2)->[0,1)");
+  EXPECT_EQ(groups_text({24}, {3, 1, 8}), "[0,1)->[0,3)");
+  EXPECT_EQ(groups_text({3, 8}, {3, 1, 8}), "[0,1)->[0,1) [1,1)->[1,2) [1,2)->[2,3)");
+  EXPECT_EQ(groups_text({1}, {1, 1}), "[0,1)->[0,1) [1,1)->[1,2)");
+  EXPECT_EQ(groups_text({}, {1}), "[0,0)->[0,1)");
+  EXPECT_EQ(groups_text({0, 3}, {3, 0}), "[0,2)->[0,2)");
+}
+
+TEST(ViewKernels, TransposeMatchesIndexArithmeticForEveryDtype) {
+  for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kInt32, DType::kInt64}) {
+    const Tensor x = random_tensor(dtype, {3, 5, 4}, 7);
+    const Tensor y = compute({.type = OpType::kTranspose, .dims = {2, 0, -2}}, {&x});
+    ASSERT_EQ(y.shape(), (Shape{4, 3, 5}));
+    const std::size_t es = size_of(dtype);
+    for (std::int64_t a = 0; a < 4; ++a)
+      for (std::int64_t b = 0; b < 3; ++b)
+        for (std::int64_t c = 0; c < 5; ++c) {
+          const std::byte* want = x.bytes() + ((b * 5 + c) * 4 + a) * static_cast<std::int64_t>(es);
+          const std::byte* got = y.bytes() + ((a * 3 + b) * 5 + c) * static_cast<std::int64_t>(es);
+          ASSERT_EQ(std::memcmp(want, got, es), 0) << to_string(dtype) << " at " << a << b << c;
+        }
+  }
+  const Tensor m = random_tensor(DType::kFloat32, {2, 3}, 8);
+  const Tensor t = compute({.type = OpType::kTranspose}, {&m});  // no dims: reversed
+  ASSERT_EQ(t.shape(), (Shape{3, 2}));
+  EXPECT_EQ(t.data<float>()[1], m.data<float>()[3]);  // t[0][1] = m[1][0]
+}
+
+TEST(ViewKernels, ReshapeKeepsTheBytesInCOrderAndResolvesMinusOne) {
+  const Tensor x = random_tensor(DType::kFloat64, {6, 5}, 9);
+  const Tensor y = compute({.type = OpType::kReshape, .shape = {3, -1, 5}}, {&x});
+  ASSERT_EQ(y.shape(), (Shape{3, 2, 5}));
+  EXPECT_EQ(std::memcmp(x.bytes(), y.bytes(), x.nbytes()), 0);
+  const Tensor e(DType::kFloat32, {0, 4});
+  EXPECT_EQ(compute({.type = OpType::kReshape, .shape = {4, 0, 3}}, {&e}).shape(),
+            (Shape{4, 0, 3}));
+}
+
+Layout L(std::string_view mesh, std::string_view placements, Shape shape) {
+  return make_layout(parse_mesh(mesh), parse_placements(placements), std::move(shape));
+}
+
+TEST(ReshapeKeepsShards, ExactlyWhenEveryDeviceHoldsTheSameFlatRange) {
+  // [12, 8] -> [16, 6] on 4: rows 3 x 8 = 24 = 4 x 6 per device; a column shard is no block.
+  EXPECT_TRUE(reshape_keeps_shards(L("4", "S(0)", {12, 8}), L("4", "S(0)", {16, 6})));
+  EXPECT_FALSE(reshape_keeps_shards(L("4", "S(1)", {12, 8}), L("4", "S(0)", {16, 6})));
+  // a split keeps the shard on the outer factor when the chunks agree
+  EXPECT_TRUE(reshape_keeps_shards(L("4", "S(1)", {2, 16}), L("4", "S(1)", {2, 4, 4})));
+  EXPECT_FALSE(reshape_keeps_shards(L("4", "S(1)", {2, 16}), L("4", "S(1)", {2, 2, 8})));
+  // uneven: 10 rows over 4 are 3,3,3,1 rows of 6; 60 over 4 are 15 each
+  EXPECT_TRUE(reshape_keeps_shards(L("4", "S(0)", {10, 6}), L("4", "S(0)", {10, 2, 3})));
+  EXPECT_FALSE(reshape_keeps_shards(L("4", "S(0)", {10, 6}), L("4", "S(0)", {60})));
+  // empty shards map to empty shards
+  EXPECT_TRUE(reshape_keeps_shards(L("4", "S(0)", {2, 4}), L("4", "S(0)", {2, 2, 2})));
+  // two mesh dims sharding one merged dim, outer mesh dim first
+  EXPECT_TRUE(reshape_keeps_shards(L("2x2", "S(0),S(0)", {4, 6}), L("2x2", "S(0),S(0)", {24})));
+  EXPECT_FALSE(reshape_keeps_shards(L("2x2", "S(0),S(1)", {4, 6}), L("2x2", "S(0),S(0)", {24})));
+  // Partial and Replicate must match mesh dim by mesh dim
+  EXPECT_TRUE(reshape_keeps_shards(L("4", "P(sum)", {24}), L("4", "P(sum)", {4, 6})));
+  EXPECT_FALSE(reshape_keeps_shards(L("4", "P(sum)", {24}), L("4", "R", {4, 6})));
+  EXPECT_FALSE(reshape_keeps_shards(L("4", "S(0)", {24}), L("4", "R", {4, 6})));
+}
+
+std::string message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ViewKernels, BadViewsAreOneClearErrorNamingTheOperator) {
+  const Tensor x = random_tensor(DType::kFloat32, {3, 4}, 1);
+  EXPECT_EQ(message([&] {
+              compute({.type = OpType::kReshape, .shape = {5, 2}}, {&x});
+            }),
+            "reshape: cannot reshape 3x4 (12 elements) into 5x2 (10)");
+  EXPECT_EQ(message([&] {
+              compute({.type = OpType::kReshape, .shape = {5, -1}}, {&x});
+            }),
+            "reshape: cannot reshape 3x4 (12 elements) into 5x-1");
+  EXPECT_EQ(message([&] {
+              compute({.type = OpType::kReshape, .shape = {-1, -1}}, {&x});
+            }),
+            "reshape: shape -1x-1 has -1 (extents are >= 0, with at most one -1)");
+  EXPECT_EQ(message([&] {
+              compute({.type = OpType::kTranspose, .dims = {0, 0}}, {&x});
+            }),
+            "transpose: dims [0,0] are not a permutation of the 2 dims of the operand");
+  EXPECT_EQ(message([&] { compute({.type = OpType::kTranspose, .dims = {0}}, {&x}); }),
+            "transpose: dims [0] are not a permutation of the 2 dims of the operand");
+  EXPECT_EQ(message([&] {
+              compute({.type = OpType::kTranspose, .dims = {0, 2}}, {&x});
+            }),
+            "transpose: dims [0,2] are not a permutation of the 2 dims of the operand");
+}
+
+}  // namespace
+}  // namespace meshflow
