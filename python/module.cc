@@ -121,9 +121,11 @@ Op make_op(const std::string& name, const py::dict& attrs) {
       op.shape = value.cast<std::vector<std::int64_t>>();
     } else if (k == "scale") {
       op.scale = value.cast<double>();
+    } else if (k == "eps") {
+      op.eps = value.cast<double>();
     } else {
       fail(ErrorKind::kInvalidArgument,
-           "{}: unknown attribute \"{}\" (operators take dims, dim, shape or scale)", name, k);
+           "{}: unknown attribute \"{}\" (operators take dims, dim, shape, scale or eps)", name, k);
     }
   }
   return op;

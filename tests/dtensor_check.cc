@@ -156,6 +156,8 @@ void check_every_operator(Backend backend, int trials) {
   check_operator(backend, {.type = OpType::kTranspose, .dims = {1, 0}}, {{{5, 6}}}, 78, trials);
   check_operator(backend, {.type = OpType::kTranspose, .dims = {2, 0, 1}}, {{{3, 5, 4}}}, 79,
                  trials);
+  check_operator(backend, {.type = OpType::kLayerNorm}, {{{5, 6}}, {{6}}, {{6}}}, 85, trials);
+  check_operator(backend, {.type = OpType::kLayerNorm}, {{{2, 3, 4}}, {{4}}, {{4}}}, 86, trials);
   // float32 and integer operands, fewer draws
   const int few = (trials + 1) / 2;
   check_operator(backend, {.type = OpType::kMatmul},

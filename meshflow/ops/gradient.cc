@@ -99,6 +99,13 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
                b.op(OpType::kMatmulGradB, {input(0), kG})};
       if (in.size() == 3) grads.push_back(b.sum_to(kG, in[2].shape, out));
       break;
+    case OpType::kLayerNorm: {
+      const Op gx{.type = OpType::kLayerNormGradX, .eps = op.eps};
+      const Op gw{.type = OpType::kLayerNormGradW, .eps = op.eps};
+      grads = {b.add(gx, {kG, input(0), input(1)}), b.add(gw, {kG, input(0)}),
+               b.sum_to(kG, in[2].shape, out)};
+      break;
+    }
     case OpType::kReshape:
       grads = {b.add(Op{.type = OpType::kReshape, .shape = in[0].shape}, {kG})};
       break;

@@ -205,6 +205,23 @@ TEST(Kernels, SoftmaxAndLossesMatchNaiveFormulas) {
   }
 }
 
+TEST(Kernels, LayerNormMatchesItsFormulaWithTheBiasedVariance) {
+  const Tensor x = rnd({3, 7}, 1), w = rnd({7}, 2), b = rnd({7}, 3);
+  const Tensor y = run({.type = OpType::kLayerNorm, .eps = 0.01}, {&x, &w, &b});
+  std::vector<double> want;
+  for (int r = 0; r < 3; ++r) {
+    double mean = 0, sq = 0;
+    for (int j = 0; j < 7; ++j) mean += at(x, r * 7 + j) / 7;
+    for (int j = 0; j < 7; ++j) sq += (at(x, r * 7 + j) - mean) * (at(x, r * 7 + j) - mean);
+    for (int j = 0; j < 7; ++j)
+      want.push_back((at(x, r * 7 + j) - mean) / std::sqrt(sq / 7 + 0.01) * at(w, j) + at(b, j));
+  }
+  expect_near(y, want, 1e-12, "layer_norm");
+  const Tensor xf = rnd({2, 4}, 4, DType::kFloat32), wf = rnd({4}, 5, DType::kFloat32);
+  const Tensor bf = rnd({4}, 6, DType::kFloat32);
+  EXPECT_EQ(run({.type = OpType::kLayerNorm}, {&xf, &wf, &bf}).dtype(), DType::kFloat32);
+}
+
 TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {
   Tensor a(DType::kInt32, {2}), b(DType::kInt32, {2});
   a.data<std::int32_t>()[0] = 2147483647;
@@ -283,6 +300,8 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
   sce.push_back(std::move(labels));
   check_gradients({.type = OpType::kSoftmaxCrossEntropy}, std::move(sce));
   check_gradients({.type = OpType::kMse}, tensors(rnd({3, 4}, 13), rnd({3, 4}, 14)));
+  check_gradients({.type = OpType::kLayerNorm, .eps = 1e-3},
+                  tensors(rnd({2, 3, 5}, 17), rnd({5}, 18), rnd({5}, 19)));
   check_gradients({.type = OpType::kReshape, .shape = {4, -1}}, tensors(rnd({2, 3, 4}, 15)));
   check_gradients({.type = OpType::kTranspose, .dims = {1, 2, 0}}, tensors(rnd({2, 3, 4}, 16)));
 }
@@ -311,6 +330,11 @@ TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
   EXPECT_EQ(message([&] { run({.type = OpType::kSum, .dims = {2}}, {&a}); }),
             "sum: dim 2 is out of range for a 2-d operand");
   EXPECT_EQ(message([&] { run({.type = OpType::kAdd}, {&a}); }), "add takes 2 operands, got 1");
+  const Tensor w = rnd({3}, 3);
+  EXPECT_EQ(message([&] {
+              run({.type = OpType::kLayerNorm}, {&a, &w, &w});
+            }),
+            "layer_norm: operand 1 is 3 but x 3x4 needs 4");
 }
 
 }  // namespace

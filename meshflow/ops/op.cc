@@ -7,6 +7,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/ops/elementwise.h"
+#include "meshflow/ops/layer_norm.h"
 #include "meshflow/ops/matmul.h"
 #include "meshflow/ops/reduction.h"
 #include "meshflow/ops/softmax.h"
@@ -42,6 +43,7 @@ constexpr std::array kOps = {
     OpInfo{OpType::kMse, "mse", 2, 2},
     OpInfo{OpType::kReshape, "reshape", 1, 1},
     OpInfo{OpType::kTranspose, "transpose", 1, 1},
+    OpInfo{OpType::kLayerNorm, "layer_norm", 3, 3},
     OpInfo{OpType::kMatmulGradA, "matmul_grad_a", 2, 2},
     OpInfo{OpType::kMatmulGradB, "matmul_grad_b", 2, 2},
     OpInfo{OpType::kReluGrad, "relu_grad", 2, 2},
@@ -53,6 +55,8 @@ constexpr std::array kOps = {
     OpInfo{OpType::kMseGrad, "mse_grad", 3, 3},
     OpInfo{OpType::kSumTo, "sum_to", 1, 1},
     OpInfo{OpType::kBroadcastTo, "broadcast_to", 1, 1},
+    OpInfo{OpType::kLayerNormGradX, "layer_norm_grad_x", 3, 3},
+    OpInfo{OpType::kLayerNormGradW, "layer_norm_grad_w", 2, 2},
 };
 
 const OpInfo& info(OpType type) {
@@ -90,6 +94,7 @@ std::string to_string(const Op& op) {
   if (op.type == OpType::kSumTo || op.type == OpType::kBroadcastTo || op.type == OpType::kReshape)
     attrs.push_back("shape=" + to_string(op.shape));
   if (op.scale != 1) attrs.push_back(fmt::format("scale={}", op.scale));
+  if (is_layer_norm_family(op.type)) attrs.push_back(fmt::format("eps={}", op.eps));
   if (!attrs.empty()) s += fmt::format("({})", fmt::join(attrs, ", "));
   return s;
 }
@@ -101,6 +106,7 @@ std::size_t hash_value(const Op& op) {
   mix(static_cast<std::size_t>(op.dim));
   for (std::int64_t s : op.shape) mix(static_cast<std::size_t>(s));
   mix(std::hash<double>{}(op.scale));
+  mix(std::hash<double>{}(op.eps));
   return h;
 }
 
@@ -155,6 +161,7 @@ TensorSpec infer(const Op& raw, const std::vector<TensorSpec>& in) {
   if (is_matmul_family(op.type)) return infer_matmul(op, in);
   if (is_reduction_family(op.type)) return infer_reduction(op, in);
   if (is_view_family(op.type)) return infer_view(op, in);
+  if (is_layer_norm_family(op.type)) return infer_layer_norm(op, in);
   return infer_softmax(op, in);
 }
 
@@ -172,6 +179,7 @@ Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
   if (is_matmul_family(op.type)) return matmul_kernel(op, locals);
   if (is_reduction_family(op.type)) return reduction_kernel(op, locals, globals);
   if (is_view_family(op.type)) return view_kernel(op, locals, globals);
+  if (is_layer_norm_family(op.type)) return layer_norm_kernel(op, locals);
   return softmax_kernel(op, locals, globals);
 }
 
@@ -182,6 +190,7 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
   if (is_matmul_family(op.type)) return matmul_labels(op, in, out);
   if (is_reduction_family(op.type)) return reduction_labels(op, in, out);
   if (is_view_family(op.type)) return view_labels(op, in, out);
+  if (is_layer_norm_family(op.type)) return layer_norm_labels(op, in);
   return softmax_labels(op, in, out);
 }
 

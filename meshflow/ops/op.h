@@ -1,6 +1,7 @@
 // Operators: what an operator is (its type and attributes), its shape and dtype rule, its
 // sharding rule (dim labels), and the one entry point that runs its CPU kernel on local tensors.
-// Each family keeps these in its own file (elementwise, matmul, reduction, softmax, view); this
+// Each family keeps these in its own file (elementwise, matmul, reduction, softmax, view,
+// layer_norm); this
 // file dispatches to them.
 #pragma once
 
@@ -37,6 +38,7 @@ enum class OpType {
   kMse,                  // (a, b) -> mean of (a - b)^2
   kReshape,              // C order to `shape` (one -1 allowed)
   kTranspose,            // dims permuted: result dim j is operand dim dims[j] (empty: reversed)
+  kLayerNorm,            // (x[..., D], w[D], b[D]) over the last dim, `eps`
   // gradients
   kMatmulGradA,  // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
   kMatmulGradB,  // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
@@ -49,6 +51,8 @@ enum class OpType {
   kMseGrad,                  // (a, b, g[]) -> g * 2 (a - b) / numel
   kSumTo,                    // (g) -> g summed down to `shape` (the inverse of broadcasting)
   kBroadcastTo,              // (g) -> g with `dims` inserted, broadcast to `shape`, times `scale`
+  kLayerNormGradX,           // (g, x, w) -> the gradient of x, `eps`
+  kLayerNormGradW,           // (g, x) -> Σ over leading dims of g * x̂, [D], `eps`
 };
 
 // An operator with its attributes. Fields an operator does not use keep their defaults, so
@@ -60,6 +64,7 @@ struct Op {
   int dim = -1;           // softmax, softmax_grad
   Shape shape;            // sum_to, broadcast_to, reshape: the result's shape
   double scale = 1;       // broadcast_to
+  double eps = 1e-5;      // layer_norm and its gradients
   bool operator==(const Op&) const = default;
 };
 

@@ -1,6 +1,6 @@
 """Every operator of meshflow's ops/ on DTensors: ``meshflow.ops.sum(x, dims=[0])``.
 
-Attributes are keyword arguments (dims, dim, shape, scale), as the model file names them.
+Attributes are keyword arguments (dims, dim, shape, scale, eps), as the model file names them.
 """
 
 from . import _meshflow
@@ -8,8 +8,10 @@ from . import _meshflow
 _NAMES = [
     "matmul", "linear", "add", "sub", "mul", "div", "neg", "relu", "gelu", "tanh", "sigmoid",
     "exp", "sum", "mean", "softmax", "softmax_cross_entropy", "mse", "reshape", "transpose",
+    "layer_norm",
     "matmul_grad_a", "matmul_grad_b", "relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad",
     "softmax_grad", "softmax_cross_entropy_grad", "mse_grad", "sum_to", "broadcast_to",
+    "layer_norm_grad_x", "layer_norm_grad_w",
 ]
 
 

@@ -1,0 +1,134 @@
+#include "meshflow/ops/layer_norm.h"
+
+#include <cmath>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+bool is_layer_norm_family(OpType t) {
+  return t == OpType::kLayerNorm || t == OpType::kLayerNormGradX || t == OpType::kLayerNormGradW;
+}
+
+TensorSpec infer_layer_norm(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  check_operand_dtypes(op.type, in, true);
+  const Shape& x = in[op.type == OpType::kLayerNorm ? 0 : 1].shape;
+  if (x.empty()) fail(ErrorKind::kShapeMismatch, "{}: operand x is a scalar", name);
+  const Shape d{x.back()};
+  if (op.type != OpType::kLayerNorm && in[0].shape != x) {
+    fail(ErrorKind::kShapeMismatch, "{}: gradient {} and x {} differ", name, to_string(in[0].shape),
+         to_string(x));
+  }
+  // w and b (layer_norm), w (layer_norm_grad_x) are [D]
+  const std::size_t first_param = op.type == OpType::kLayerNorm ? 1 : 2;
+  for (std::size_t i = first_param; i < in.size(); ++i) {
+    if (in[i].shape != d) {
+      fail(ErrorKind::kShapeMismatch, "{}: operand {} is {} but x {} needs {}", name, i,
+           to_string(in[i].shape), to_string(x), to_string(d));
+    }
+  }
+  if (!(op.eps > 0)) fail(ErrorKind::kInvalidArgument, "{}: eps {} is not > 0", name, op.eps);
+  return {op.type == OpType::kLayerNormGradW ? d : x, in[0].dtype};
+}
+
+namespace {
+
+// The mean and 1 / sqrt(var + eps) of one row of d elements.
+template <typename T>
+std::pair<double, double> row_stats(const T* x, std::int64_t d, double eps) {
+  double mean = 0;
+  for (std::int64_t j = 0; j < d; ++j) mean += x[j];
+  mean /= static_cast<double>(d);
+  double var = 0;
+  for (std::int64_t j = 0; j < d; ++j) var += (x[j] - mean) * (x[j] - mean);
+  var /= static_cast<double>(d);
+  return {mean, 1 / std::sqrt(var + eps)};
+}
+
+template <typename T>
+Tensor run(const Op& op, const std::vector<const Tensor*>& in) {
+  const bool forward = op.type == OpType::kLayerNorm;
+  const Tensor& x = *in[forward ? 0 : 1];
+  const std::int64_t d = x.shape().back();
+  const std::int64_t rows = d == 0 ? 0 : x.numel() / d;
+  const T* px = x.data<T>().data();
+  if (op.type == OpType::kLayerNormGradW) {
+    Tensor gw(x.dtype(), {d});
+    std::vector<double> acc(static_cast<std::size_t>(d), 0.0);
+    const T* pg = in[0]->data<T>().data();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto [mean, rstd] = row_stats(px + r * d, d, op.eps);
+      for (std::int64_t j = 0; j < d; ++j)
+        acc[static_cast<std::size_t>(j)] += pg[r * d + j] * (px[r * d + j] - mean) * rstd;
+    }
+    for (std::int64_t j = 0; j < d; ++j)
+      gw.data<T>()[static_cast<std::size_t>(j)] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
+    return gw;
+  }
+  Tensor y = Tensor::uninitialized(x.dtype(), x.shape());
+  T* py = y.data<T>().data();
+  if (forward) {
+    const T* w = in[1]->data<T>().data();
+    const T* b = in[2]->data<T>().data();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto [mean, rstd] = row_stats(px + r * d, d, op.eps);
+      for (std::int64_t j = 0; j < d; ++j)
+        py[r * d + j] = static_cast<T>((px[r * d + j] - mean) * rstd * w[j] + b[j]);
+    }
+    return y;
+  }
+  // gx = rstd * (gw - mean(gw) - x̂ * mean(gw * x̂)), gw = g * w
+  const T* pg = in[0]->data<T>().data();
+  const T* w = in[2]->data<T>().data();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = px + r * d;
+    const T* gr = pg + r * d;
+    const auto [mean, rstd] = row_stats(xr, d, op.eps);
+    double m1 = 0, m2 = 0;
+    for (std::int64_t j = 0; j < d; ++j) {
+      const double gw = static_cast<double>(gr[j]) * w[j];
+      m1 += gw;
+      m2 += gw * (xr[j] - mean) * rstd;
+    }
+    m1 /= static_cast<double>(d);
+    m2 /= static_cast<double>(d);
+    for (std::int64_t j = 0; j < d; ++j) {
+      const double gw = static_cast<double>(gr[j]) * w[j];
+      py[r * d + j] = static_cast<T>(rstd * (gw - m1 - (xr[j] - mean) * rstd * m2));
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor layer_norm_kernel(const Op& op, const std::vector<const Tensor*>& in) {
+  return in[0]->dtype() == DType::kFloat64 ? run<double>(op, in) : run<float>(op, in);
+}
+
+DimLabels layer_norm_labels(const Op& op, const std::vector<TensorSpec>& in) {
+  DimLabels l;
+  const int r = static_cast<int>(in[op.type == OpType::kLayerNorm ? 0 : 1].shape.size());
+  const std::vector<int> x = label_range(0, r), d = {r - 1};
+  l.unshardable = d;
+  switch (op.type) {
+    case OpType::kLayerNorm:
+      l.inputs = {x, d, d};
+      l.output = x;
+      break;
+    case OpType::kLayerNormGradX:
+      l.inputs = {x, x, d};
+      l.output = x;
+      l.factors = {0};
+      break;
+    default:  // layer_norm_grad_w: the leading dims are summed away
+      l.inputs = {x, x};
+      l.output = d;
+      l.factors = {0};
+      break;
+  }
+  return l;
+}
+
+}  // namespace meshflow
