@@ -158,6 +158,13 @@ void check_every_operator(Backend backend, int trials) {
                  trials);
   check_operator(backend, {.type = OpType::kLayerNorm}, {{{5, 6}}, {{6}}, {{6}}}, 85, trials);
   check_operator(backend, {.type = OpType::kLayerNorm}, {{{2, 3, 4}}, {{4}}, {{4}}}, 86, trials);
+  auto vocab7 = [](Tensor& t) {
+    for (std::int64_t& x : t.data<std::int64_t>()) x = ((x % 7) + 7) % 7;
+  };
+  check_operator(backend, {.type = OpType::kEmbedding},
+                 {{{5}, DType::kInt64, false, vocab7}, {{7, 6}}}, 87, trials);
+  check_operator(backend, {.type = OpType::kEmbedding},
+                 {{{2, 3}, DType::kInt64, false, vocab7}, {{7, 4}}}, 88, trials);
   // float32 and integer operands, fewer draws
   const int few = (trials + 1) / 2;
   check_operator(backend, {.type = OpType::kMatmul},

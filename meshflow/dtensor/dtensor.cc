@@ -25,6 +25,7 @@ struct Dispatch {
   std::shared_ptr<const Strategy> strategy;
   std::vector<std::shared_ptr<const DeviceProgram>> programs;
   std::vector<TensorSpec> globals;
+  ShardOffsets offsets;  // where this device's operand shards start (as the strategy reads them)
   Shape local_out;
 };
 
@@ -87,6 +88,7 @@ std::shared_ptr<const Dispatch> dispatch_for(const Op& op, const std::vector<Lay
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Layout& to = d->strategy->inputs[i];
     d->programs.push_back(inputs[i] == to ? nullptr : c.plans.program(inputs[i], to, device));
+    d->offsets.push_back(shard_box(to, device).offset);
   }
   d->local_out = local_shape(d->strategy->output, device);
   std::lock_guard lock(c.mu);
@@ -211,7 +213,7 @@ namespace {
 // Runs the dispatch's kernel on operands already laid out as its strategy reads them.
 Tensor kernel(const Dispatch& d, const std::vector<const Tensor*>& locals) {
   const double k0 = profile ? steady_seconds() : 0;
-  Tensor out = run_kernel(d.op, locals, d.globals);
+  Tensor out = run_kernel(d.op, locals, d.globals, d.offsets);
   if (profile) profile->kernel_s += steady_seconds() - k0;
   MESHFLOW_CHECK(out.shape() == d.local_out, "{}: kernel gave {} where {} expects {}",
                  to_string(d.op), to_string(out.shape()), to_string(d.strategy->output),

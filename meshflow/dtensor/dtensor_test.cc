@@ -229,6 +229,29 @@ TEST(DTensorViews, CatalogueOfViewsMovesWhatTheGoldenFileSays) {
   }
 }
 
+TEST(DTensorEmbedding, VocabularyShardedTableGivesPartialSumWithoutCommunication) {
+  Layout ids = L("4", "R", {3, 5});
+  ids.dtype = DType::kInt64;
+  const Layout table = L("4", "S(0)", {10, 6});
+  // random_shards draws any int64: both sides take the ids modulo the vocabulary
+  const Op op{.type = OpType::kEmbedding};
+  const Counted c = run_counted(
+      {ids, table},
+      [&](const std::vector<const DTensor*>& in) {
+        Tensor local = in[0]->local.clone();
+        for (std::int64_t& x : local.data<std::int64_t>()) x = ((x % 10) + 10) % 10;
+        const DTensor fixed{std::move(local), in[0]->layout, in[0]->comm};
+        return apply_op(op, {&fixed, in[1]});
+      },
+      [&](const std::vector<const Tensor*>& in) {
+        Tensor fixed = in[0]->clone();
+        for (std::int64_t& x : fixed.data<std::int64_t>()) x = ((x % 10) + 10) % 10;
+        return compute(op, {&fixed, in[1]});
+      });
+  EXPECT_EQ(kinds(c.calls), "none");
+  EXPECT_EQ(to_string(c.placements), "P(sum)");
+}
+
 TEST(DTensorApi, DistributeFromOneDeviceAndRedistributeRules) {
   const DeviceMesh mesh = parse_mesh("2x2");
   const Tensor global = random_tensor(DType::kFloat32, {7, 5}, 5);

@@ -172,8 +172,13 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         }
         auto call = kernel_call(n);
         for (DeviceId d : on) {
+          ShardOffsets offsets;
+          for (ValueId v : n.inputs)
+            offsets.push_back(shard_box(*pcg.nodes[static_cast<std::size_t>(v)].layout, d).offset);
           g.devices[index[d]].tasks.push_back(
-              Task{.out = id, .phase = n.phase, .work = ComputeTask{call, local_shape(layout, d)}});
+              Task{.out = id,
+                   .phase = n.phase,
+                   .work = ComputeTask{call, local_shape(layout, d), std::move(offsets)}});
         }
         break;
       }

@@ -29,8 +29,9 @@ struct KernelCall {
 struct ComputeTask {
   std::shared_ptr<const KernelCall> call;
   Shape local_out;
+  ShardOffsets offsets;  // where this device's argument shards start (run_kernel's)
   bool operator==(const ComputeTask& o) const {
-    return *call == *o.call && local_out == o.local_out;
+    return *call == *o.call && local_out == o.local_out && offsets == o.offsets;
   }
 };
 

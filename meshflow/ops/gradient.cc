@@ -106,6 +106,10 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
                b.sum_to(kG, in[2].shape, out)};
       break;
     }
+    case OpType::kEmbedding:
+      grads = {std::nullopt,
+               b.add(Op{.type = OpType::kEmbeddingGrad, .shape = in[1].shape}, {input(0), kG})};
+      break;
     case OpType::kReshape:
       grads = {b.add(Op{.type = OpType::kReshape, .shape = in[0].shape}, {kG})};
       break;

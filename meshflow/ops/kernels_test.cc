@@ -32,6 +32,21 @@ void expect_near(const Tensor& got, const std::vector<double>& want, double tol,
 
 Tensor run(const Op& op, const std::vector<const Tensor*>& in) { return compute(op, in); }
 
+// Random ids in [0, vocab), repeats included.
+Tensor ids(const Shape& shape, std::int64_t vocab, DType dtype = DType::kInt64) {
+  Tensor t = random_tensor(dtype, shape, 21);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    if (dtype == DType::kInt64) {
+      t.data<std::int64_t>()[k] = ((t.data<std::int64_t>()[k] % vocab) + vocab) % vocab;
+    } else {
+      t.data<std::int32_t>()[k] =
+          static_cast<std::int32_t>(((t.data<std::int32_t>()[k] % vocab) + vocab) % vocab);
+    }
+  }
+  return t;
+}
+
 // A kernel's work is the product of its labels' extents, read from the local shapes: a matrix
 // product's multiply-adds, an elementwise operator's elements, a reduction's inputs.
 TEST(WorkPoints, ProductOfEveryLabelsLocalExtent) {
@@ -222,6 +237,28 @@ TEST(Kernels, LayerNormMatchesItsFormulaWithTheBiasedVariance) {
   EXPECT_EQ(run({.type = OpType::kLayerNorm}, {&xf, &wf, &bf}).dtype(), DType::kFloat32);
 }
 
+TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
+  for (DType id_type : {DType::kInt32, DType::kInt64}) {
+    const Tensor i = ids({2, 5}, 6, id_type), table = rnd({6, 3}, 1);
+    const Tensor y = run({.type = OpType::kEmbedding}, {&i, &table});
+    ASSERT_EQ(y.shape(), (Shape{2, 5, 3}));
+    const Tensor g = rnd({2, 5, 3}, 2);
+    const Tensor gt = run({.type = OpType::kEmbeddingGrad, .shape = {6, 3}}, {&i, &g});
+    std::vector<double> want_y, want_g(18, 0.0);
+    for (std::int64_t k = 0; k < 10; ++k) {
+      const std::int64_t row = id_type == DType::kInt64
+                                   ? i.data<std::int64_t>()[static_cast<std::size_t>(k)]
+                                   : i.data<std::int32_t>()[static_cast<std::size_t>(k)];
+      for (std::int64_t j = 0; j < 3; ++j) {
+        want_y.push_back(at(table, row * 3 + j));
+        want_g[static_cast<std::size_t>(row * 3 + j)] += at(g, k * 3 + j);
+      }
+    }
+    expect_near(y, want_y, 0, "embedding");
+    expect_near(gt, want_g, 1e-15, "embedding_grad");
+  }
+}
+
 TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {
   Tensor a(DType::kInt32, {2}), b(DType::kInt32, {2});
   a.data<std::int32_t>()[0] = 2147483647;
@@ -302,6 +339,7 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
   check_gradients({.type = OpType::kMse}, tensors(rnd({3, 4}, 13), rnd({3, 4}, 14)));
   check_gradients({.type = OpType::kLayerNorm, .eps = 1e-3},
                   tensors(rnd({2, 3, 5}, 17), rnd({5}, 18), rnd({5}, 19)));
+  check_gradients({.type = OpType::kEmbedding}, tensors(ids({2, 3}, 7), rnd({7, 4}, 20)));
   check_gradients({.type = OpType::kReshape, .shape = {4, -1}}, tensors(rnd({2, 3, 4}, 15)));
   check_gradients({.type = OpType::kTranspose, .dims = {1, 2, 0}}, tensors(rnd({2, 3, 4}, 16)));
 }
@@ -331,6 +369,16 @@ TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
             "sum: dim 2 is out of range for a 2-d operand");
   EXPECT_EQ(message([&] { run({.type = OpType::kAdd}, {&a}); }), "add takes 2 operands, got 1");
   const Tensor w = rnd({3}, 3);
+  Tensor bad_ids(DType::kInt64, {2});
+  bad_ids.data<std::int64_t>()[1] = 4;
+  EXPECT_EQ(message([&] {
+              run({.type = OpType::kEmbedding}, {&bad_ids, &a});
+            }),
+            "embedding: id 4 is out of range for a table of 3 rows");
+  EXPECT_EQ(message([&] {
+              run({.type = OpType::kEmbedding}, {&a, &a});
+            }),
+            "embedding: ids are float64; they must be int32 or int64");
   EXPECT_EQ(message([&] {
               run({.type = OpType::kLayerNorm}, {&a, &w, &w});
             }),

@@ -7,6 +7,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/ops/elementwise.h"
+#include "meshflow/ops/embedding.h"
 #include "meshflow/ops/layer_norm.h"
 #include "meshflow/ops/matmul.h"
 #include "meshflow/ops/reduction.h"
@@ -44,6 +45,7 @@ constexpr std::array kOps = {
     OpInfo{OpType::kReshape, "reshape", 1, 1},
     OpInfo{OpType::kTranspose, "transpose", 1, 1},
     OpInfo{OpType::kLayerNorm, "layer_norm", 3, 3},
+    OpInfo{OpType::kEmbedding, "embedding", 2, 2},
     OpInfo{OpType::kMatmulGradA, "matmul_grad_a", 2, 2},
     OpInfo{OpType::kMatmulGradB, "matmul_grad_b", 2, 2},
     OpInfo{OpType::kReluGrad, "relu_grad", 2, 2},
@@ -57,6 +59,7 @@ constexpr std::array kOps = {
     OpInfo{OpType::kBroadcastTo, "broadcast_to", 1, 1},
     OpInfo{OpType::kLayerNormGradX, "layer_norm_grad_x", 3, 3},
     OpInfo{OpType::kLayerNormGradW, "layer_norm_grad_w", 2, 2},
+    OpInfo{OpType::kEmbeddingGrad, "embedding_grad", 2, 2},
 };
 
 const OpInfo& info(OpType type) {
@@ -91,7 +94,8 @@ std::string to_string(const Op& op) {
     attrs.push_back(fmt::format("dims=[{}]", fmt::join(op.dims, ",")));
   if (op.type == OpType::kSoftmax || op.type == OpType::kSoftmaxGrad)
     attrs.push_back(fmt::format("dim={}", op.dim));
-  if (op.type == OpType::kSumTo || op.type == OpType::kBroadcastTo || op.type == OpType::kReshape)
+  if (op.type == OpType::kSumTo || op.type == OpType::kBroadcastTo || op.type == OpType::kReshape ||
+      op.type == OpType::kEmbeddingGrad)
     attrs.push_back("shape=" + to_string(op.shape));
   if (op.scale != 1) attrs.push_back(fmt::format("scale={}", op.scale));
   if (is_layer_norm_family(op.type)) attrs.push_back(fmt::format("eps={}", op.eps));
@@ -162,6 +166,7 @@ TensorSpec infer(const Op& raw, const std::vector<TensorSpec>& in) {
   if (is_reduction_family(op.type)) return infer_reduction(op, in);
   if (is_view_family(op.type)) return infer_view(op, in);
   if (is_layer_norm_family(op.type)) return infer_layer_norm(op, in);
+  if (is_embedding_family(op.type)) return infer_embedding(op, in);
   return infer_softmax(op, in);
 }
 
@@ -173,13 +178,14 @@ Tensor compute(const Op& op, const std::vector<const Tensor*>& inputs) {
 }
 
 Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
-                  const std::vector<TensorSpec>& globals) {
+                  const std::vector<TensorSpec>& globals, const ShardOffsets& offsets) {
   if (is_binary(op.type) || is_unary(op.type) || is_unary_grad(op.type))
     return elementwise_kernel(op, locals);
   if (is_matmul_family(op.type)) return matmul_kernel(op, locals);
   if (is_reduction_family(op.type)) return reduction_kernel(op, locals, globals);
   if (is_view_family(op.type)) return view_kernel(op, locals, globals);
   if (is_layer_norm_family(op.type)) return layer_norm_kernel(op, locals);
+  if (is_embedding_family(op.type)) return embedding_kernel(op, locals, globals, offsets);
   return softmax_kernel(op, locals, globals);
 }
 
@@ -191,13 +197,16 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
   if (is_reduction_family(op.type)) return reduction_labels(op, in, out);
   if (is_view_family(op.type)) return view_labels(op, in, out);
   if (is_layer_norm_family(op.type)) return layer_norm_labels(op, in);
+  if (is_embedding_family(op.type)) return embedding_labels(op, in);
   return softmax_labels(op, in, out);
 }
 
 double work_points(const Op& op, const std::vector<TensorSpec>& globals,
                    const std::vector<Shape>& local, const Shape& local_out) {
   MESHFLOW_CHECK(local.size() == globals.size());
-  if (is_view_family(op.type)) return static_cast<double>(numel(local_out));  // one copy
+  // one copy (views), one row copy or add per id (embedding)
+  if (is_view_family(op.type) || is_embedding_family(op.type))
+    return static_cast<double>(numel(local_out));
   const DimLabels labels = dim_labels(op, globals);
   std::map<int, std::int64_t> extent;
   auto take = [&](const std::vector<int>& dims, const Shape& shape) {

@@ -1,7 +1,7 @@
 // Operators: what an operator is (its type and attributes), its shape and dtype rule, its
 // sharding rule (dim labels), and the one entry point that runs its CPU kernel on local tensors.
 // Each family keeps these in its own file (elementwise, matmul, reduction, softmax, view,
-// layer_norm); this
+// layer_norm, embedding); this
 // file dispatches to them.
 #pragma once
 
@@ -39,6 +39,7 @@ enum class OpType {
   kReshape,              // C order to `shape` (one -1 allowed)
   kTranspose,            // dims permuted: result dim j is operand dim dims[j] (empty: reversed)
   kLayerNorm,            // (x[..., D], w[D], b[D]) over the last dim, `eps`
+  kEmbedding,            // (ids[...] int32/int64, table[V, D]) -> table[ids], [..., D]
   // gradients
   kMatmulGradA,  // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
   kMatmulGradB,  // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
@@ -53,6 +54,7 @@ enum class OpType {
   kBroadcastTo,              // (g) -> g with `dims` inserted, broadcast to `shape`, times `scale`
   kLayerNormGradX,           // (g, x, w) -> the gradient of x, `eps`
   kLayerNormGradW,           // (g, x) -> Σ over leading dims of g * x̂, [D], `eps`
+  kEmbeddingGrad,            // (ids, g[..., D]) -> g's rows added at ids into zeros of `shape`
 };
 
 // An operator with its attributes. Fields an operator does not use keep their defaults, so
@@ -62,7 +64,7 @@ struct Op {
   std::vector<int> dims;  // sum, mean: reduced dims; broadcast_to: inserted dims (sorted);
                           // transpose: the permutation
   int dim = -1;           // softmax, softmax_grad
-  Shape shape;            // sum_to, broadcast_to, reshape: the result's shape
+  Shape shape;            // sum_to, broadcast_to, reshape, embedding_grad: the result's shape
   double scale = 1;       // broadcast_to
   double eps = 1e-5;      // layer_norm and its gradients
   bool operator==(const Op&) const = default;
@@ -104,12 +106,17 @@ Op normalize(const Op& op, const std::vector<TensorSpec>& inputs);
 // single-device reference every distributed result is compared with.
 Tensor compute(const Op& op, const std::vector<const Tensor*>& inputs);
 
+// Where a device's operand shards start in the global operands: per operand, per dim (empty:
+// every shard starts at 0, as on one device). Kernels that index by global position read it
+// (embedding's vocabulary rows, attention's causal mask).
+using ShardOffsets = std::vector<std::vector<std::int64_t>>;
+
 // Runs the operator's CPU kernel on local tensors; `op` is as normalize returns it. `globals` are
 // the global operand specs (reductions divide by global counts, so a shard's mean is its term of
 // the global mean); for a single device they are the locals' own specs. Returns a tensor of the
 // local result shape the locals imply.
 Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
-                  const std::vector<TensorSpec>& globals);
+                  const std::vector<TensorSpec>& globals, const ShardOffsets& offsets = {});
 
 // The sharding rule of an operator (ops/strategy.h turns it into strategies): dims of operands
 // and result that carry the same label index the same elements; a label on operands but not on

@@ -8,10 +8,10 @@ from . import _meshflow
 _NAMES = [
     "matmul", "linear", "add", "sub", "mul", "div", "neg", "relu", "gelu", "tanh", "sigmoid",
     "exp", "sum", "mean", "softmax", "softmax_cross_entropy", "mse", "reshape", "transpose",
-    "layer_norm",
+    "layer_norm", "embedding",
     "matmul_grad_a", "matmul_grad_b", "relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad",
     "softmax_grad", "softmax_cross_entropy_grad", "mse_grad", "sum_to", "broadcast_to",
-    "layer_norm_grad_x", "layer_norm_grad_w",
+    "layer_norm_grad_x", "layer_norm_grad_w", "embedding_grad",
 ]
 
 

@@ -1,0 +1,122 @@
+#include "meshflow/ops/embedding.h"
+
+#include <cstring>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+bool is_embedding_family(OpType t) {
+  return t == OpType::kEmbedding || t == OpType::kEmbeddingGrad;
+}
+
+TensorSpec infer_embedding(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  const TensorSpec& ids = in[0];
+  if (ids.dtype != DType::kInt32 && ids.dtype != DType::kInt64) {
+    fail(ErrorKind::kInvalidArgument, "{}: ids are {}; they must be int32 or int64", name,
+         to_string(ids.dtype));
+  }
+  const TensorSpec& rows = in[1];  // the table, or the gradient
+  if (!is_floating(rows.dtype)) {
+    fail(ErrorKind::kInvalidArgument, "{}: operand 1 is {}; {} takes float32 or float64", name,
+         to_string(rows.dtype), name);
+  }
+  if (op.type == OpType::kEmbedding) {
+    if (rows.shape.size() != 2) {
+      fail(ErrorKind::kShapeMismatch, "{}: the table is {}; it must be [V, D]", name,
+           to_string(rows.shape));
+    }
+    Shape out = ids.shape;
+    out.push_back(rows.shape[1]);
+    return {out, rows.dtype};
+  }
+  Shape want = ids.shape;
+  want.push_back(op.shape.size() == 2 ? op.shape[1] : -1);
+  if (op.shape.size() != 2 || rows.shape != want) {
+    fail(ErrorKind::kShapeMismatch, "{}: gradient {} does not fit ids {} and a table of {}", name,
+         to_string(rows.shape), to_string(ids.shape), to_string(op.shape));
+  }
+  return {op.shape, rows.dtype};
+}
+
+namespace {
+
+template <typename I>
+std::int64_t id_at(const Tensor& ids, std::int64_t i) {
+  return static_cast<std::int64_t>(ids.data<I>()[static_cast<std::size_t>(i)]);
+}
+
+template <typename T, typename I>
+Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t vocab,
+           std::int64_t first_row) {
+  const std::int64_t d = rows.shape().back(), n = ids.numel();
+  auto checked = [&](std::int64_t i) {
+    const std::int64_t id = id_at<I>(ids, i);
+    if (id < 0 || id >= vocab) {
+      fail(ErrorKind::kInvalidArgument, "{}: id {} is out of range for a table of {} rows",
+           to_string(op.type), id, vocab);
+    }
+    return id;
+  };
+  if (op.type == OpType::kEmbedding) {
+    // rows: this device's table rows [first_row, first_row + local rows)
+    const std::int64_t local_rows = rows.shape()[0];
+    Shape out = ids.shape();
+    out.push_back(d);
+    Tensor y(rows.dtype(), out);  // zeros where another device owns the row
+    const T* t = rows.data<T>().data();
+    T* py = y.data<T>().data();
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t r = checked(i) - first_row;
+      if (r >= 0 && r < local_rows) std::memcpy(py + i * d, t + r * d, sizeof(T) * d);
+    }
+    return y;
+  }
+  Tensor grad(rows.dtype(), {vocab, d});
+  const T* g = rows.data<T>().data();
+  T* pg = grad.data<T>().data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    T* dst = pg + checked(i) * d;
+    for (std::int64_t j = 0; j < d; ++j) dst[j] += g[i * d + j];
+  }
+  return grad;
+}
+
+template <typename T>
+Tensor run_typed(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t vocab,
+                 std::int64_t first_row) {
+  return ids.dtype() == DType::kInt64 ? run<T, std::int64_t>(op, ids, rows, vocab, first_row)
+                                      : run<T, std::int32_t>(op, ids, rows, vocab, first_row);
+}
+
+}  // namespace
+
+Tensor embedding_kernel(const Op& op, const std::vector<const Tensor*>& in,
+                        const std::vector<TensorSpec>& globals, const ShardOffsets& offsets) {
+  const bool forward = op.type == OpType::kEmbedding;
+  const std::int64_t vocab = forward ? globals[1].shape[0] : op.shape[0];
+  const std::int64_t first_row = forward && offsets.size() > 1 ? offsets[1][0] : 0;
+  return in[1]->dtype() == DType::kFloat64 ? run_typed<double>(op, *in[0], *in[1], vocab, first_row)
+                                           : run_typed<float>(op, *in[0], *in[1], vocab, first_row);
+}
+
+DimLabels embedding_labels(const Op& op, const std::vector<TensorSpec>& in) {
+  const int k = static_cast<int>(in[0].shape.size());
+  const std::vector<int> ids = label_range(0, k);
+  const int v = k, d = k + 1;  // the vocabulary and the embedding width
+  std::vector<int> with_d = ids;
+  with_d.push_back(d);
+  DimLabels l;
+  l.factors = {1};  // linear in the table (forward) or the gradient
+  if (op.type == OpType::kEmbedding) {
+    l.inputs = {ids, {v, d}};
+    l.output = with_d;  // v is summed away: a vocabulary shard gives a Partial(sum) term
+  } else {
+    l.inputs = {ids, with_d};
+    l.output = {v, d};  // v is the result's alone, so never sharded
+  }
+  return l;
+}
+
+}  // namespace meshflow
