@@ -123,9 +123,12 @@ Op make_op(const std::string& name, const py::dict& attrs) {
       op.scale = value.cast<double>();
     } else if (k == "eps") {
       op.eps = value.cast<double>();
+    } else if (k == "causal") {
+      op.causal = value.cast<bool>();
     } else {
       fail(ErrorKind::kInvalidArgument,
-           "{}: unknown attribute \"{}\" (operators take dims, dim, shape, scale or eps)", name, k);
+           "{}: unknown attribute \"{}\" (operators take dims, dim, shape, scale, eps or causal)",
+           name, k);
     }
   }
   return op;

@@ -165,6 +165,11 @@ void check_every_operator(Backend backend, int trials) {
                  {{{5}, DType::kInt64, false, vocab7}, {{7, 6}}}, 87, trials);
   check_operator(backend, {.type = OpType::kEmbedding},
                  {{{2, 3}, DType::kInt64, false, vocab7}, {{7, 4}}}, 88, trials);
+  for (bool causal : {false, true}) {
+    check_operator(backend, {.type = OpType::kAttention, .causal = causal},
+                   {{{2, 6, 3}}, {{2, 6, 3}}, {{2, 6, 4}}}, 89, trials);
+  }
+  check_operator(backend, {.type = OpType::kAttention}, {{{5, 3}}, {{7, 3}}, {{7, 2}}}, 90, trials);
   // float32 and integer operands, fewer draws
   const int few = (trials + 1) / 2;
   check_operator(backend, {.type = OpType::kMatmul},

@@ -96,6 +96,11 @@ double JsonField::as_number(double lo, double hi) const {
   return v;
 }
 
+bool JsonField::as_bool() const {
+  if (!value_->is_boolean()) reject(fmt::format("must be true or false, got {}", shown()));
+  return value_->get<bool>();
+}
+
 std::string JsonField::as_string() const {
   if (!value_->is_string()) reject(fmt::format("must be a string, got {}", shown()));
   return value_->get<std::string>();

@@ -44,6 +44,8 @@ class JsonField {
   // Returns this finite number within [lo, hi].
   double as_number(double lo, double hi) const;
   std::string as_string() const;
+  // Returns this boolean (true or false, nothing else).
+  bool as_bool() const;
   // Throws naming the field: `problem` says what is wrong ("must be ...").
   [[noreturn]] void reject(std::string_view problem) const;
 

@@ -110,6 +110,13 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
       grads = {std::nullopt,
                b.add(Op{.type = OpType::kEmbeddingGrad, .shape = in[1].shape}, {input(0), kG})};
       break;
+    case OpType::kAttention: {
+      const std::vector<GradRef> args = {input(0), input(1), input(2), kG};
+      grads = {b.add(Op{.type = OpType::kAttentionGradQ, .causal = op.causal}, args),
+               b.add(Op{.type = OpType::kAttentionGradK, .causal = op.causal}, args),
+               b.add(Op{.type = OpType::kAttentionGradV, .causal = op.causal}, args)};
+      break;
+    }
     case OpType::kReshape:
       grads = {b.add(Op{.type = OpType::kReshape, .shape = in[0].shape}, {kG})};
       break;

@@ -259,6 +259,46 @@ TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
   }
 }
 
+// softmax(q kᵀ / √Dk, masked above the diagonal when causal) v, one score at a time.
+std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal) {
+  const std::int64_t b = q.shape()[0], sq = q.shape()[1], dk = q.shape()[2];
+  const std::int64_t sk = k.shape()[1], dv = v.shape()[2];
+  std::vector<double> out;
+  for (std::int64_t n = 0; n < b; ++n)
+    for (std::int64_t i = 0; i < sq; ++i) {
+      std::vector<double> s;
+      double mx = -1e300, sum = 0;
+      for (std::int64_t j = 0; j < sk; ++j) {
+        double dot = 0;
+        for (std::int64_t c = 0; c < dk; ++c)
+          dot += at(q, (n * sq + i) * dk + c) * at(k, (n * sk + j) * dk + c);
+        s.push_back(causal && j > i ? -1e300 : dot / std::sqrt(static_cast<double>(dk)));
+        mx = std::max(mx, s.back());
+      }
+      for (double& x : s) sum += x = x <= -1e300 ? 0 : std::exp(x - mx);
+      for (std::int64_t c = 0; c < dv; ++c) {
+        double acc = 0;
+        for (std::int64_t j = 0; j < sk; ++j)
+          acc += s[static_cast<std::size_t>(j)] / sum * at(v, (n * sk + j) * dv + c);
+        out.push_back(acc);
+      }
+    }
+  return out;
+}
+
+TEST(Kernels, AttentionMatchesNaiveScoresAcrossRowBlocks) {
+  // 70 query rows: two blocks of the kernel's row loop
+  const Tensor q = rnd({2, 70, 5}, 1), k = rnd({2, 70, 5}, 2), v = rnd({2, 70, 3}, 3);
+  for (bool causal : {false, true}) {
+    expect_near(run({.type = OpType::kAttention, .causal = causal}, {&q, &k, &v}),
+                naive_attention(q, k, v, causal), 1e-12, causal ? "causal" : "full");
+  }
+  const Tensor q2 = rnd({1, 3, 4}, 4), k2 = rnd({1, 9, 4}, 5), v2 = rnd({1, 9, 2}, 6);
+  expect_near(run({.type = OpType::kAttention}, {&q2, &k2, &v2}),
+              naive_attention(q2, k2, v2, false), 1e-12, "Sq != Sk");
+}
+
 TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {
   Tensor a(DType::kInt32, {2}), b(DType::kInt32, {2});
   a.data<std::int32_t>()[0] = 2147483647;
@@ -340,6 +380,12 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
   check_gradients({.type = OpType::kLayerNorm, .eps = 1e-3},
                   tensors(rnd({2, 3, 5}, 17), rnd({5}, 18), rnd({5}, 19)));
   check_gradients({.type = OpType::kEmbedding}, tensors(ids({2, 3}, 7), rnd({7, 4}, 20)));
+  for (bool causal : {false, true}) {
+    check_gradients({.type = OpType::kAttention, .causal = causal},
+                    tensors(rnd({2, 5, 3}, 22), rnd({2, 5, 3}, 23), rnd({2, 5, 4}, 24)));
+  }
+  check_gradients({.type = OpType::kAttention},
+                  tensors(rnd({3, 3}, 25), rnd({6, 3}, 26), rnd({6, 2}, 27)));
   check_gradients({.type = OpType::kReshape, .shape = {4, -1}}, tensors(rnd({2, 3, 4}, 15)));
   check_gradients({.type = OpType::kTranspose, .dims = {1, 2, 0}}, tensors(rnd({2, 3, 4}, 16)));
 }
@@ -369,6 +415,11 @@ TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
             "sum: dim 2 is out of range for a 2-d operand");
   EXPECT_EQ(message([&] { run({.type = OpType::kAdd}, {&a}); }), "add takes 2 operands, got 1");
   const Tensor w = rnd({3}, 3);
+  const Tensor q = rnd({2, 3, 4}, 4), kk = rnd({2, 5, 3}, 5);
+  EXPECT_EQ(message([&] {
+              run({.type = OpType::kAttention}, {&q, &kk, &kk});
+            }),
+            "attention: q 2x3x4, k 2x5x3, v 2x5x3 disagree in Dk (the last dim of q and k)");
   Tensor bad_ids(DType::kInt64, {2});
   bad_ids.data<std::int64_t>()[1] = 4;
   EXPECT_EQ(message([&] {

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "meshflow/core/error.h"
+#include "meshflow/ops/attention.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/ops/embedding.h"
 #include "meshflow/ops/layer_norm.h"
@@ -46,6 +47,7 @@ constexpr std::array kOps = {
     OpInfo{OpType::kTranspose, "transpose", 1, 1},
     OpInfo{OpType::kLayerNorm, "layer_norm", 3, 3},
     OpInfo{OpType::kEmbedding, "embedding", 2, 2},
+    OpInfo{OpType::kAttention, "attention", 3, 3},
     OpInfo{OpType::kMatmulGradA, "matmul_grad_a", 2, 2},
     OpInfo{OpType::kMatmulGradB, "matmul_grad_b", 2, 2},
     OpInfo{OpType::kReluGrad, "relu_grad", 2, 2},
@@ -60,6 +62,9 @@ constexpr std::array kOps = {
     OpInfo{OpType::kLayerNormGradX, "layer_norm_grad_x", 3, 3},
     OpInfo{OpType::kLayerNormGradW, "layer_norm_grad_w", 2, 2},
     OpInfo{OpType::kEmbeddingGrad, "embedding_grad", 2, 2},
+    OpInfo{OpType::kAttentionGradQ, "attention_grad_q", 4, 4},
+    OpInfo{OpType::kAttentionGradK, "attention_grad_k", 4, 4},
+    OpInfo{OpType::kAttentionGradV, "attention_grad_v", 4, 4},
 };
 
 const OpInfo& info(OpType type) {
@@ -99,6 +104,7 @@ std::string to_string(const Op& op) {
     attrs.push_back("shape=" + to_string(op.shape));
   if (op.scale != 1) attrs.push_back(fmt::format("scale={}", op.scale));
   if (is_layer_norm_family(op.type)) attrs.push_back(fmt::format("eps={}", op.eps));
+  if (op.causal) attrs.push_back("causal");
   if (!attrs.empty()) s += fmt::format("({})", fmt::join(attrs, ", "));
   return s;
 }
@@ -111,6 +117,7 @@ std::size_t hash_value(const Op& op) {
   for (std::int64_t s : op.shape) mix(static_cast<std::size_t>(s));
   mix(std::hash<double>{}(op.scale));
   mix(std::hash<double>{}(op.eps));
+  mix(op.causal ? 1 : 0);
   return h;
 }
 
@@ -167,6 +174,7 @@ TensorSpec infer(const Op& raw, const std::vector<TensorSpec>& in) {
   if (is_view_family(op.type)) return infer_view(op, in);
   if (is_layer_norm_family(op.type)) return infer_layer_norm(op, in);
   if (is_embedding_family(op.type)) return infer_embedding(op, in);
+  if (is_attention_family(op.type)) return infer_attention(op, in);
   return infer_softmax(op, in);
 }
 
@@ -186,6 +194,7 @@ Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
   if (is_view_family(op.type)) return view_kernel(op, locals, globals);
   if (is_layer_norm_family(op.type)) return layer_norm_kernel(op, locals);
   if (is_embedding_family(op.type)) return embedding_kernel(op, locals, globals, offsets);
+  if (is_attention_family(op.type)) return attention_kernel(op, locals, offsets);
   return softmax_kernel(op, locals, globals);
 }
 
@@ -198,6 +207,7 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
   if (is_view_family(op.type)) return view_labels(op, in, out);
   if (is_layer_norm_family(op.type)) return layer_norm_labels(op, in);
   if (is_embedding_family(op.type)) return embedding_labels(op, in);
+  if (is_attention_family(op.type)) return attention_labels(op, in);
   return softmax_labels(op, in, out);
 }
 
@@ -207,6 +217,7 @@ double work_points(const Op& op, const std::vector<TensorSpec>& globals,
   // one copy (views), one row copy or add per id (embedding)
   if (is_view_family(op.type) || is_embedding_family(op.type))
     return static_cast<double>(numel(local_out));
+  if (is_attention_family(op.type)) return attention_work(op, local);
   const DimLabels labels = dim_labels(op, globals);
   std::map<int, std::int64_t> extent;
   auto take = [&](const std::vector<int>& dims, const Shape& shape) {

@@ -1,7 +1,7 @@
 // Operators: what an operator is (its type and attributes), its shape and dtype rule, its
 // sharding rule (dim labels), and the one entry point that runs its CPU kernel on local tensors.
 // Each family keeps these in its own file (elementwise, matmul, reduction, softmax, view,
-// layer_norm, embedding); this
+// layer_norm, embedding, attention); this
 // file dispatches to them.
 #pragma once
 
@@ -40,6 +40,7 @@ enum class OpType {
   kTranspose,            // dims permuted: result dim j is operand dim dims[j] (empty: reversed)
   kLayerNorm,            // (x[..., D], w[D], b[D]) over the last dim, `eps`
   kEmbedding,            // (ids[...] int32/int64, table[V, D]) -> table[ids], [..., D]
+  kAttention,            // (q[..., Sq, Dk], k[..., Sk, Dk], v[..., Sk, Dv]), `causal`
   // gradients
   kMatmulGradA,  // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
   kMatmulGradB,  // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
@@ -55,6 +56,9 @@ enum class OpType {
   kLayerNormGradX,           // (g, x, w) -> the gradient of x, `eps`
   kLayerNormGradW,           // (g, x) -> Σ over leading dims of g * x̂, [D], `eps`
   kEmbeddingGrad,            // (ids, g[..., D]) -> g's rows added at ids into zeros of `shape`
+  kAttentionGradQ,           // (q, k, v, g) -> the gradient of q, `causal`
+  kAttentionGradK,           // (q, k, v, g) -> the gradient of k, `causal`
+  kAttentionGradV,           // (q, k, v, g) -> the gradient of v, `causal`
 };
 
 // An operator with its attributes. Fields an operator does not use keep their defaults, so
@@ -67,6 +71,7 @@ struct Op {
   Shape shape;            // sum_to, broadcast_to, reshape, embedding_grad: the result's shape
   double scale = 1;       // broadcast_to
   double eps = 1e-5;      // layer_norm and its gradients
+  bool causal = false;    // attention and its gradients
   bool operator==(const Op&) const = default;
 };
 

@@ -1,6 +1,6 @@
 """Every operator of meshflow's ops/ on DTensors: ``meshflow.ops.sum(x, dims=[0])``.
 
-Attributes are keyword arguments (dims, dim, shape, scale, eps), as the model file names them.
+Attributes are keyword arguments (dims, dim, shape, scale, eps, causal), as the model file names them.
 """
 
 from . import _meshflow
@@ -8,10 +8,11 @@ from . import _meshflow
 _NAMES = [
     "matmul", "linear", "add", "sub", "mul", "div", "neg", "relu", "gelu", "tanh", "sigmoid",
     "exp", "sum", "mean", "softmax", "softmax_cross_entropy", "mse", "reshape", "transpose",
-    "layer_norm", "embedding",
+    "layer_norm", "embedding", "attention",
     "matmul_grad_a", "matmul_grad_b", "relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad",
     "softmax_grad", "softmax_cross_entropy_grad", "mse_grad", "sum_to", "broadcast_to",
     "layer_norm_grad_x", "layer_norm_grad_w", "embedding_grad",
+    "attention_grad_q", "attention_grad_k", "attention_grad_v",
 ]
 
 

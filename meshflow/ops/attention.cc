@@ -1,0 +1,192 @@
+#include "meshflow/ops/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "meshflow/core/error.h"
+#include "meshflow/ops/matmul.h"
+
+namespace meshflow {
+
+bool is_attention_family(OpType t) {
+  return t == OpType::kAttention || t == OpType::kAttentionGradQ || t == OpType::kAttentionGradK ||
+         t == OpType::kAttentionGradV;
+}
+
+namespace {
+
+// Query rows per block: the scores of a block are kBlockRows x Sk.
+constexpr std::int64_t kBlockRows = 64;
+
+struct Dims {
+  std::int64_t batch = 1, sq = 0, sk = 0, dk = 0, dv = 0;
+};
+
+Dims dims_of(const Shape& q, const Shape& k, const Shape& v) {
+  Dims d;
+  for (std::size_t i = 0; i + 2 < q.size(); ++i) d.batch *= q[i];
+  d.sq = q[q.size() - 2];
+  d.dk = q.back();
+  d.sk = k[k.size() - 2];
+  d.dv = v.back();
+  return d;
+}
+
+}  // namespace
+
+TensorSpec infer_attention(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  check_operand_dtypes(op.type, in, true);
+  const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
+  auto mismatch = [&](std::string_view what) {
+    fail(ErrorKind::kShapeMismatch, "{}: q {}, k {}, v {} {}", name, to_string(q), to_string(k),
+         to_string(v), what);
+  };
+  if (q.size() < 2 || k.size() != q.size() || v.size() != q.size())
+    mismatch("must have the same rank, at least 2 ([..., S, D])");
+  for (std::size_t i = 0; i + 2 < q.size(); ++i)
+    if (k[i] != q[i] || v[i] != q[i]) mismatch("disagree in their leading dims");
+  if (k.back() != q.back()) mismatch("disagree in Dk (the last dim of q and k)");
+  if (v[v.size() - 2] != k[k.size() - 2]) mismatch("disagree in Sk (dim -2 of k and v)");
+  Shape out = q;
+  out.back() = v.back();
+  if (op.type != OpType::kAttention) {
+    if (in[3].shape != out) {
+      fail(ErrorKind::kShapeMismatch, "{}: gradient {} is not the result's shape {}", name,
+           to_string(in[3].shape), to_string(out));
+    }
+    if (op.type == OpType::kAttentionGradK) return {k, in[0].dtype};
+    if (op.type == OpType::kAttentionGradV) return {v, in[0].dtype};
+    return {q, in[0].dtype};
+  }
+  return {out, in[0].dtype};
+}
+
+namespace {
+
+template <typename T>
+Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_off,
+           std::int64_t k_off) {
+  const Tensor &q = *in[0], &k = *in[1], &v = *in[2];
+  const Dims d = dims_of(q.shape(), k.shape(), v.shape());
+  const T scale =
+      static_cast<T>(1 / std::sqrt(static_cast<double>(std::max<std::int64_t>(1, d.dk))));
+  const OpType type = op.type;
+  Shape out_shape = type == OpType::kAttentionGradK   ? k.shape()
+                    : type == OpType::kAttentionGradV ? v.shape()
+                    : type == OpType::kAttentionGradQ ? q.shape()
+                                                      : q.shape();
+  if (type == OpType::kAttention) out_shape.back() = d.dv;
+  Tensor out(q.dtype(), out_shape);  // zeros: gradients of k and v accumulate over blocks
+  if (d.sk == 0 || d.sq == 0) return out;
+  const T* g = type == OpType::kAttention ? nullptr : in[3]->data<T>().data();
+  std::vector<T> p(static_cast<std::size_t>(kBlockRows * d.sk));
+  std::vector<T> dp(type == OpType::kAttention || type == OpType::kAttentionGradV
+                        ? 0
+                        : static_cast<std::size_t>(kBlockRows * d.sk));
+  for (std::int64_t b = 0; b < d.batch; ++b) {
+    const T* qb = q.data<T>().data() + b * d.sq * d.dk;
+    const T* kb = k.data<T>().data() + b * d.sk * d.dk;
+    const T* vb = v.data<T>().data() + b * d.sk * d.dv;
+    T* ob = out.data<T>().data() + b * (out.numel() / d.batch);
+    for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
+      const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
+      // P = softmax(scale * q kᵀ, masked) for this block of query rows
+      gemm<T>(false, true, rows, d.sk, d.dk, qb + r0 * d.dk, d.dk, kb, d.dk, T(0), p.data(), d.sk);
+      for (std::int64_t i = 0; i < rows; ++i) {
+        T* row = p.data() + i * d.sk;
+        // keys after the query's global position are masked when causal
+        const std::int64_t last = op.causal ? std::min(d.sk, q_off + r0 + i - k_off + 1) : d.sk;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j] * scale);
+        T sum = 0;
+        for (std::int64_t j = 0; j < last; ++j) sum += row[j] = std::exp(row[j] * scale - mx);
+        const T inv = sum > 0 ? 1 / sum : 0;
+        for (std::int64_t j = 0; j < d.sk; ++j) row[j] = j < last ? row[j] * inv : 0;
+      }
+      const T* gb = g ? g + (b * d.sq + r0) * d.dv : nullptr;
+      if (type == OpType::kAttention) {
+        gemm<T>(false, false, rows, d.dv, d.sk, p.data(), d.sk, vb, d.dv, T(0), ob + r0 * d.dv,
+                d.dv);
+        continue;
+      }
+      if (type == OpType::kAttentionGradV) {  // dv += Pᵀ g
+        gemm<T>(true, false, d.sk, d.dv, rows, p.data(), d.sk, gb, d.dv, T(1), ob, d.dv);
+        continue;
+      }
+      // dS = P ⊙ (dP − rowsum(dP ⊙ P)) * scale, dP = g vᵀ
+      gemm<T>(false, true, rows, d.sk, d.dv, gb, d.dv, vb, d.dv, T(0), dp.data(), d.sk);
+      for (std::int64_t i = 0; i < rows; ++i) {
+        T* pr = p.data() + i * d.sk;
+        T* dr = dp.data() + i * d.sk;
+        T dot = 0;
+        for (std::int64_t j = 0; j < d.sk; ++j) dot += pr[j] * dr[j];
+        for (std::int64_t j = 0; j < d.sk; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+      }
+      if (type == OpType::kAttentionGradQ) {  // dq = dS k
+        gemm<T>(false, false, rows, d.dk, d.sk, dp.data(), d.sk, kb, d.dk, T(0), ob + r0 * d.dk,
+                d.dk);
+      } else {  // dk += dSᵀ q
+        gemm<T>(true, false, d.sk, d.dk, rows, dp.data(), d.sk, qb + r0 * d.dk, d.dk, T(1), ob,
+                d.dk);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor attention_kernel(const Op& op, const std::vector<const Tensor*>& in,
+                        const ShardOffsets& offsets) {
+  const std::size_t seq = in[0]->shape().size() - 2;
+  const std::int64_t q_off = offsets.size() > 0 ? offsets[0][seq] : 0;
+  const std::int64_t k_off = offsets.size() > 1 ? offsets[1][seq] : 0;
+  return in[0]->dtype() == DType::kFloat64 ? run<double>(op, in, q_off, k_off)
+                                           : run<float>(op, in, q_off, k_off);
+}
+
+DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& in) {
+  const int nb = static_cast<int>(in[0].shape.size()) - 2;
+  std::vector<int> lead = label_range(0, nb);
+  const int sq = nb, dk = nb + 1, sk = nb + 2, dv = nb + 3;
+  auto with = [&](int a, int b) {
+    std::vector<int> l = lead;
+    l.push_back(a);
+    l.push_back(b);
+    return l;
+  };
+  DimLabels l;
+  l.inputs = {with(sq, dk), with(sk, dk), with(sk, dv)};
+  l.unshardable = {dk, sk};
+  switch (op.type) {
+    case OpType::kAttention:
+      l.output = with(sq, dv);
+      l.factors = {2};  // linear in v
+      break;
+    case OpType::kAttentionGradQ:
+      l.output = with(sq, dk);
+      break;
+    case OpType::kAttentionGradK:
+      l.output = with(sk, dk);
+      break;
+    default:
+      l.output = with(sk, dv);
+      break;
+  }
+  if (op.type != OpType::kAttention) {
+    l.inputs.push_back(with(sq, dv));  // g
+    l.factors = {3};                   // linear in g
+  }
+  return l;
+}
+
+double attention_work(const Op& op, const std::vector<Shape>& local) {
+  const Dims d = dims_of(local[0], local[1], local[2]);
+  const double per =
+      static_cast<double>(d.batch) * static_cast<double>(d.sq) * static_cast<double>(d.sk);
+  return per * static_cast<double>(op.type == OpType::kAttention ? d.dk + d.dv : d.dk + 2 * d.dv);
+}
+
+}  // namespace meshflow

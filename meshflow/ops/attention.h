@@ -1,0 +1,26 @@
+// Scaled dot-product attention: attention(q[..., Sq, Dk], k[..., Sk, Dk], v[..., Sk, Dv])
+// {causal} = softmax(q @ kᵀ / √Dk, with -∞ where key position > query position when causal) @ v,
+// the leading dims (batch, heads) paired, and its gradients attention_grad_q/k/v(q, k, v, g), each
+// recomputing the probabilities. Kernels run a block of query rows at a time (batched GEMMs
+// through OpenBLAS, a numerically stable softmax), so no buffer larger than a block of rows by Sk
+// exists. Sharding: batch and heads shard freely; a query-sequence shard keeps k and v whole (the
+// causal mask reads the shard's global offset); Dv shards through v; Dk and Sk are never sharded.
+#pragma once
+
+#include <vector>
+
+#include "meshflow/ops/op.h"
+
+namespace meshflow {
+
+bool is_attention_family(OpType type);  // attention and its three gradients
+
+TensorSpec infer_attention(const Op& op, const std::vector<TensorSpec>& inputs);
+// offsets (op.h): q's and k's sequence shard starts place the causal diagonal.
+Tensor attention_kernel(const Op& op, const std::vector<const Tensor*>& in,
+                        const ShardOffsets& offsets);
+DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& inputs);
+// Multiply-adds of the kernel on local operands: two products of Sq x Sk by Dk and Dv.
+double attention_work(const Op& op, const std::vector<Shape>& local);
+
+}  // namespace meshflow
