@@ -117,6 +117,41 @@ def test_gradient_operators(mesh, rng):
           np.broadcast_to(v, (3, 4)) * 0.5)
 
 
+@pytest.mark.parametrize("shape,spec,target", [
+    ((12, 8), ("S1",), (16, 6)),             # DTensor's wrong answer (pytorch#179502)
+    ((12, 8), ("S0", "S1"), (16, 6)),
+    ((10, 6), ("S0",), (60,)),                # uneven shards
+    ((3, 4), ("S0", "S1"), (2, 6)),           # empty shards on 4 devices
+    ((4, 6, 16), ("S0", "S2"), (4, 6, 4, 4)),  # split a sharded dim
+    ((4, 6, 8), ("S0", "S1"), (24, 8)),       # merge two sharded dims
+    ((4, 6, 8), ("S2", "S1"), (-1,)),
+])
+def test_reshape_matches_numpy_on_every_layout(mesh, rng, shape, spec, target):
+    a = rng.standard_normal(shape)
+    close(mf.ops.reshape(dist(mesh, a, *spec), shape=list(target)), a.reshape(target))
+
+
+def test_transpose_layer_norm_embedding_attention(mesh, rng):
+    a = rng.standard_normal((4, 6, 5))
+    close(mf.ops.transpose(dist(mesh, a, "S0", "S1"), dims=[2, 0, 1]), a.transpose(2, 0, 1))
+    close(mf.ops.transpose(dist(mesh, a, "S1")), a.transpose())
+    w, b = rng.standard_normal(5), rng.standard_normal(5)
+    mean, var = a.mean(-1, keepdims=True), a.var(-1, keepdims=True)
+    close(mf.ops.layer_norm(dist(mesh, a, "S0", "S1"), dist(mesh, w), dist(mesh, b), eps=1e-3),
+          (a - mean) / np.sqrt(var + 1e-3) * w + b)
+    table = rng.standard_normal((10, 3))
+    ids = rng.integers(0, 10, size=(4, 5))
+    close(mf.ops.embedding(dist(mesh, ids, "S0"), dist(mesh, table, "S0")), table[ids])
+    q, k, v = (rng.standard_normal((2, 8, 4)) for _ in range(3))
+    for causal in (False, True):
+        s = q @ k.transpose(0, 2, 1) / 2.0
+        if causal:
+            s = np.where(np.triu(np.ones((8, 8), bool), 1), -np.inf, s)
+        want = softmax(s) @ v
+        close(mf.ops.attention(dist(mesh, q, "S0", "S1"), dist(mesh, k, "S1"), dist(mesh, v, "S2"),
+                               causal=causal), want)
+
+
 def test_operator_errors(mesh, rng):
     x = dist(mesh, rng.standard_normal((4, 3)), "S0")
     y = dist(mesh, rng.standard_normal((5, 3)), "S0")
@@ -126,6 +161,13 @@ def test_operator_errors(mesh, rng):
         mf.ops.sum(x, axis=[0])
     with pytest.raises(mf.Error, match="unknown"):
         mf.ops.apply("conv", x)
+    with pytest.raises(mf.ShapeMismatchError, match="cannot reshape 4x3"):
+        mf.ops.reshape(x, shape=[5, 2])
+    with pytest.raises(mf.InvalidArgumentError, match="not a permutation"):
+        mf.ops.transpose(x, dims=[0, 0])
+    ids = dist(mesh, np.array([1, 7]), "R")
+    with pytest.raises(mf.InvalidArgumentError, match="id 7 is out of range for a table of 4 rows"):
+        mf.ops.embedding(ids, x)
     other = mf.distribute_tensor(np.ones((4, 3)), mf.DeviceMesh(shape=(2,), devices=[0, 1]))
     with pytest.raises(mf.InvalidArgumentError, match="redistribute it first"):
         x * other
