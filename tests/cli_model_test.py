@@ -58,8 +58,9 @@ def model(name):
 
 
 ALL = ["dp_mlp", "tp_mlp", "dp_tp_mlp", "tp_sp_mlp", "dp_tp_sp_mlp", "pipeline_mlp",
-       "ff_repartition_relu", "ff_repartition_combine_relu", "ff_repartition_linear_reduction_relu"]
-trained = ["tp_mlp", "dp_tp_mlp", "pipeline_mlp"] if mpirun else ALL
+       "ff_repartition_relu", "ff_repartition_combine_relu", "ff_repartition_linear_reduction_relu",
+       "tp_attention_block"]
+trained = ["tp_mlp", "dp_tp_mlp", "pipeline_mlp", "tp_attention_block"] if mpirun else ALL
 # --overlap: the sequence-parallel TP and DP x TP examples with their all-gathers and
 # reduce-scatters decomposed around the products (and every example, where it changes nothing);
 # on threads the cost model reads gathered blocks in place, so the permute and broadcast forms
