@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
+#include <optional>
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/limits.h"
