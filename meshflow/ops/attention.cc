@@ -75,7 +75,6 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
   const OpType type = op.type;
   Shape out_shape = type == OpType::kAttentionGradK   ? k.shape()
                     : type == OpType::kAttentionGradV ? v.shape()
-                    : type == OpType::kAttentionGradQ ? q.shape()
                                                       : q.shape();
   if (type == OpType::kAttention) out_shape.back() = d.dv;
   Tensor out(q.dtype(), out_shape);  // zeros: gradients of k and v accumulate over blocks

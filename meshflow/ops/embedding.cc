@@ -1,6 +1,7 @@
 #include "meshflow/ops/embedding.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "meshflow/core/error.h"
 
@@ -83,13 +84,6 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
   return grad;
 }
 
-template <typename T>
-Tensor run_typed(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t vocab,
-                 std::int64_t first_row) {
-  return ids.dtype() == DType::kInt64 ? run<T, std::int64_t>(op, ids, rows, vocab, first_row)
-                                      : run<T, std::int32_t>(op, ids, rows, vocab, first_row);
-}
-
 }  // namespace
 
 Tensor embedding_kernel(const Op& op, const std::vector<const Tensor*>& in,
@@ -97,8 +91,16 @@ Tensor embedding_kernel(const Op& op, const std::vector<const Tensor*>& in,
   const bool forward = op.type == OpType::kEmbedding;
   const std::int64_t vocab = forward ? globals[1].shape[0] : op.shape[0];
   const std::int64_t first_row = forward && offsets.size() > 1 ? offsets[1][0] : 0;
-  return in[1]->dtype() == DType::kFloat64 ? run_typed<double>(op, *in[0], *in[1], vocab, first_row)
-                                           : run_typed<float>(op, *in[0], *in[1], vocab, first_row);
+  return visit_dtype(in[0]->dtype(), [&](auto id) -> Tensor {
+    using I = decltype(id);
+    if constexpr (std::is_integral_v<I>) {
+      return in[1]->dtype() == DType::kFloat64
+                 ? run<double, I>(op, *in[0], *in[1], vocab, first_row)
+                 : run<float, I>(op, *in[0], *in[1], vocab, first_row);
+    } else {
+      MESHFLOW_CHECK(false, "{} with {} ids", to_string(op.type), to_string(in[0]->dtype()));
+    }
+  });
 }
 
 DimLabels embedding_labels(const Op& op, const std::vector<TensorSpec>& in) {

@@ -107,11 +107,6 @@ void transpose_into(const T* in, const Shape& in_shape, const std::vector<int>& 
   }
 }
 
-template <std::size_t kBytes>
-struct Word {
-  std::byte b[kBytes];
-};
-
 // The local result shape of a reshape of a shard of `local` shape (see view_kernel).
 Shape local_reshape(const Shape& global_in, const Shape& global_out, const Shape& local) {
   Shape out = global_out;
@@ -197,26 +192,10 @@ Tensor view_kernel(const Op& op, const std::vector<const Tensor*>& in,
   Shape out;
   for (int d : op.dims) out.push_back(x.shape()[static_cast<std::size_t>(d)]);
   Tensor y = Tensor::uninitialized(x.dtype(), out);
-  auto run = [&](auto word) {
-    using W = decltype(word);
-    transpose_into(reinterpret_cast<const W*>(x.bytes()), x.shape(), op.dims,
-                   reinterpret_cast<W*>(y.bytes()));
-  };
-  switch (size_of(x.dtype())) {
-    case 1:
-      run(Word<1>{});
-      break;
-    case 2:
-      run(Word<2>{});
-      break;
-    case 4:
-      run(Word<4>{});
-      break;
-    default:
-      MESHFLOW_CHECK(size_of(x.dtype()) == 8, "transpose of {}", to_string(x.dtype()));
-      run(Word<8>{});
-      break;
-  }
+  visit_dtype(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    transpose_into(x.data<T>().data(), x.shape(), op.dims, y.data<T>().data());
+  });
   return y;
 }
 
