@@ -125,12 +125,8 @@ void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, Muta
   // Strides on the stack: copy_box runs once per piece of every exchange, and a heap
   // allocation per call shows up next to kilobyte-sized copies.
   std::array<std::int64_t, kMaxTensorRank> src_strides, dst_strides, index;
-  for (std::size_t d = rank, s_acc = 1, t_acc = 1; d-- > 0;) {
-    src_strides[d] = static_cast<std::int64_t>(s_acc);
-    dst_strides[d] = static_cast<std::int64_t>(t_acc);
-    s_acc *= static_cast<std::size_t>((*src.shape)[d]);
-    t_acc *= static_cast<std::size_t>((*dst.shape)[d]);
-  }
+  row_major_strides(*src.shape, src_strides);
+  row_major_strides(*dst.shape, dst_strides);
 
   // Merge trailing dims: dims [split, rank) form one contiguous run in both buffers when every
   // dim after `split` is spanned fully by the region in both shapes.

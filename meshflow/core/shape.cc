@@ -47,9 +47,16 @@ Shape parse_shape(std::string_view text) {
   return shape;
 }
 
+void row_major_strides(const Shape& shape, std::span<std::int64_t> out) {
+  MESHFLOW_CHECK(out.size() >= shape.size());
+  if (shape.empty()) return;
+  out[shape.size() - 1] = 1;
+  for (std::size_t i = shape.size(); i-- > 1;) out[i - 1] = out[i] * shape[i];
+}
+
 std::vector<std::int64_t> row_major_strides(const Shape& shape) {
-  std::vector<std::int64_t> strides(shape.size(), 1);
-  for (std::size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  std::vector<std::int64_t> strides(shape.size());
+  row_major_strides(shape, strides);
   return strides;
 }
 

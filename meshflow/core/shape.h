@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,5 +24,7 @@ Shape parse_shape(std::string_view text);
 
 // Returns row-major strides (in elements) of `shape`.
 std::vector<std::int64_t> row_major_strides(const Shape& shape);
+// Writes them to out[0, shape.size()) instead, for callers that keep them off the heap.
+void row_major_strides(const Shape& shape, std::span<std::int64_t> out);
 
 }  // namespace meshflow
