@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""Writes the GPT example: its token data and one model file per layout (the same model, the same
+weights, placed six ways). Run it from any folder; the files land beside this script (or in the folder
+given as its one argument), and running it again rewrites them unchanged (the data is seeded).
+
+The model: a token embedding plus a learned position embedding, BLOCKS pre-norm blocks (causal
+multi-head self-attention, then a GELU MLP, each added back into the residual stream), a final
+layer norm, an LM head and the softmax cross-entropy of the next token.
+
+The layouts, on 4 devices unless named:
+  one       1 device, every tensor whole
+  dp        data parallel: the batch split, every weight replicated
+  tp        Megatron tensor parallel: q, k, v and the MLP's first weight split by columns (heads
+            split over devices), the output projections by rows; embeddings and head replicated
+  tp_vocab  tp with a vocabulary-parallel token embedding and LM head
+  sp        tp_vocab with sequence parallelism: the residual stream, the layer norms and the
+            residual adds split on the sequence dim, gathered into each block's first products
+            and reduce-scattered out of its last
+  dp_tp     data x tensor parallel on a 2x2 mesh: the batch split over dp, tp as above over tp
+"""
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+here = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent)
+BATCH, SEQ, DIM, HEADS, VOCAB, BLOCKS = 4, 8, 16, 4, 32, 2
+HIDDEN = 4 * DIM
+
+
+def layouts():
+    """Per layout: its mesh, and the placements of each kind of tensor and residual value."""
+    r1, r2 = ["R"], ["R", "R"]
+    tp = {"col": ["S(1)"], "row": ["S(0)"], "vec": r1, "embed": r1, "head": r1,
+          "residual": r1, "split": ["S(2)"]}
+    return {
+        "one": {"mesh": "1", "data": r1, "col": r1, "row": r1, "vec": r1, "embed": r1,
+                "head": r1},
+        "dp": {"mesh": "4", "data": ["S(0)"], "col": r1, "row": r1, "vec": r1, "embed": r1,
+               "head": r1},
+        "tp": {"mesh": "4", "data": r1, **tp},
+        "tp_vocab": {"mesh": "4", "data": r1, **tp, "embed": ["S(0)"], "head": ["S(1)"],
+                     "logits": ["S(2)"]},
+        "sp": {"mesh": "4", "data": r1, **tp, "embed": ["S(0)"], "head": ["S(1)"],
+               "logits": ["S(2)"], "residual": ["S(1)"], "gather": r1},
+        "dp_tp": {"mesh": "2x2", "data": ["S(0)", "R"], "col": ["R", "S(1)"],
+                  "row": ["R", "S(0)"], "vec": r2, "embed": r2, "head": r2,
+                  "residual": ["S(0)", "R"], "split": ["S(0)", "S(2)"]},
+    }
+
+
+def model(layout):
+    p = layout
+    tensors, nodes = {}, []
+    seed = iter(range(1, 1000))
+
+    def weight(name, shape, kind, init):
+        tensors[name] = {"shape": shape, "weight": {**init, "seed": next(seed)}, "mesh": "m",
+                         "placements": p[kind]}
+        return name
+
+    def node(name, op, inputs, **attrs):
+        nodes.append({"name": name, "op": op, "inputs": inputs, **attrs})
+        return name
+
+    def pinned(name, op, inputs, kind, **attrs):
+        # Tensor-parallel layouts pin the residual stream and the column-parallel products, so
+        # the example shows Megatron's layout itself rather than whatever the cost model finds
+        # cheapest at this toy size; the others leave every value to sharding propagation.
+        if kind in p:
+            attrs["placements"] = p[kind]
+        return node(name, op, inputs, **attrs)
+
+    def residual(name, op, inputs):
+        return pinned(name, op, inputs, "residual")
+
+    def layer_norm(name, x):
+        w = weight(f"{name}_w", [DIM], "vec", {"uniform": [0.9, 1.1]})
+        b = weight(f"{name}_b", [DIM], "vec", {"normal": 0.02})
+        n = residual(name, "layer_norm", [x, w, b])
+        if "gather" not in p:
+            return n
+        # Sequence parallelism's all-gather into the column-parallel products (its backward a
+        # reduce-scatter), written as FlexFlow's combine.
+        return node(f"{name}_all", "combine", [n], dim=1, degree=4, placements=p["gather"])
+
+    dh = DIM // HEADS
+    tensors["tokens"] = {"shape": [BATCH, SEQ], "dtype": "int64", "input": "tokens.npy",
+                         "mesh": "m", "placements": p["data"]}
+    tensors["next"] = {"shape": [BATCH * SEQ], "dtype": "int64", "input": "next_tokens.npy",
+                       "mesh": "m", "placements": p["data"]}
+    tok = weight("tok", [VOCAB, DIM], "embed", {"normal": 0.5})
+    pos = weight("pos", [SEQ, DIM], "vec", {"normal": 0.1})
+    node("e", "embedding", ["tokens", tok])
+    x = residual("x0", "add", ["e", pos])
+    for i in range(BLOCKS):
+        b = f"b{i}"
+        n = layer_norm(f"{b}_ln1", x)
+        heads = []
+        for part in "qkv":
+            w = weight(f"{b}_w{part}", [DIM, DIM], "col", {"normal": 0.3})
+            pinned(f"{b}_{part}", "linear", [n, w], "split")
+            node(f"{b}_{part}4", "reshape", [f"{b}_{part}"], shape=[BATCH, SEQ, HEADS, dh])
+            heads.append(node(f"{b}_{part}h", "transpose", [f"{b}_{part}4"], dims=[0, 2, 1, 3]))
+        node(f"{b}_att", "attention", heads, causal=True)
+        node(f"{b}_at", "transpose", [f"{b}_att"], dims=[0, 2, 1, 3])
+        node(f"{b}_a", "reshape", [f"{b}_at"], shape=[BATCH, SEQ, DIM])
+        wo = weight(f"{b}_wo", [DIM, DIM], "row", {"normal": 0.3})
+        node(f"{b}_o", "linear", [f"{b}_a", wo])
+        x = residual(f"{b}_x1", "add", [x, f"{b}_o"])
+        n = layer_norm(f"{b}_ln2", x)
+        w1 = weight(f"{b}_w1", [DIM, HIDDEN], "col", {"normal": 0.2})
+        w2 = weight(f"{b}_w2", [HIDDEN, DIM], "row", {"normal": 0.1})
+        pinned(f"{b}_h", "linear", [n, w1], "split")
+        node(f"{b}_g", "gelu", [f"{b}_h"])
+        node(f"{b}_m", "linear", [f"{b}_g", w2])
+        x = residual(f"{b}_x2", "add", [x, f"{b}_m"])
+    n = layer_norm("lnf", x)
+    head = weight("head", [DIM, VOCAB], "head", {"normal": 0.3})
+    pinned("logits", "linear", [n, head], "logits")
+    node("flat", "reshape", ["logits"], shape=[BATCH * SEQ, VOCAB])
+    node("loss", "softmax_cross_entropy", ["flat", "next"])
+    return {"meshes": {"m": p["mesh"]}, "tensors": tensors, "nodes": nodes, "loss": "loss",
+            "outputs": ["loss"]}
+
+
+def write_json(path, m):
+    """One tensor or node per line, so a diff of two layouts reads line by line."""
+    lines = ["{", f'  "meshes": {json.dumps(m["meshes"])},', '  "tensors": {']
+    items = [f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in m["tensors"].items()]
+    lines += [",\n".join(items), "  },", '  "nodes": [']
+    lines += [",\n".join(f"    {json.dumps(n)}" for n in m["nodes"]), "  ],"]
+    lines += [f'  "loss": {json.dumps(m["loss"])},', f'  "outputs": {json.dumps(m["outputs"])}', "}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+rng = np.random.default_rng(2026)
+np.save(here / "tokens.npy", rng.integers(0, VOCAB, size=(BATCH, SEQ)).astype(np.int64))
+np.save(here / "next_tokens.npy", rng.integers(0, VOCAB, size=BATCH * SEQ).astype(np.int64))
+for name, layout in layouts().items():
+    write_json(here / f"gpt_{name}.json", model(layout))

@@ -1,0 +1,65 @@
+"""The GPT example (examples/models/gpt): make_gpt.py writes exactly the files checked in; every
+layout trains 3 steps equal to one device (--check) on threads, and the TP and DP x TP layouts
+under mpirun -n 4; every layout's losses are the one-device losses; the sequence-parallel layout
+moves, per block forward, two all-gathers into the products and two reduce-scatters out of them,
+and nothing else but its embedding's reduce-scatter and its logits' gathers.
+Usage: cli_gpt_test.py MESHFLOW GPT_DIR [--mpi MPIRUN]"""
+import filecmp
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from checks import check, finish, run_meshflow
+
+meshflow, gpt = sys.argv[1], sys.argv[2]
+mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
+TOLERANCE = 1e-5  # float32 rounding of sums in another order
+LAYOUTS = ["one", "dp", "tp", "tp_vocab", "sp", "dp_tp"]
+
+
+def model(layout):
+    return os.path.join(gpt, f"gpt_{layout}.json")
+
+
+if not mpirun:
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["/usr/bin/python3", os.path.join(gpt, "make_gpt.py"), tmp], check=True)
+        written = sorted(os.listdir(tmp))
+        check(written == sorted(f for f in os.listdir(gpt) if f != "make_gpt.py" and
+                                f != "README.md"), f"make_gpt.py writes {written}")
+        for f in written:
+            check(filecmp.cmp(os.path.join(tmp, f), os.path.join(gpt, f), shallow=False),
+                  f"{f} is not what make_gpt.py writes")
+
+losses = {}
+for layout in (["tp", "dp_tp"] if mpirun else LAYOUTS):
+    r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--check", "--json"],
+                     mpirun, 4 if mpirun else None, timeout=300)
+    check(r.returncode == 0, f"train {layout}: {r.stderr}")
+    if r.returncode != 0:
+        continue
+    out = json.loads(r.stdout)
+    for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
+        check(out["check"][key] <= TOLERANCE, f"{layout} {key} = {out['check'][key]}")
+    losses[layout] = [s["loss"] for s in out["steps"]]
+    check(losses[layout][2] < losses[layout][0], f"{layout}: the loss falls {losses[layout]}")
+if "one" in losses:
+    for layout, l in losses.items():
+        check(max(abs(a - b) for a, b in zip(l, losses["one"])) <= TOLERANCE,
+              f"{layout} losses {l} against one device's {losses['one']}")
+
+if not mpirun:
+    r = run_meshflow(meshflow, ["explain", model("sp"), "--json"], None, None, timeout=300)
+    check(r.returncode == 0, r.stderr)
+    forward = [(m["value"], m["steps"]) for m in json.loads(r.stdout)["moves"]
+               if m["pass"] == "forward"]
+    want = [("x0", ["reduce_scatter"])]
+    for b in ["b0", "b1"]:
+        want += [(f"{b}_ln1", ["all_gather"]), (f"{b}_o", ["reduce_scatter"]),
+                 (f"{b}_ln2", ["all_gather"]), (f"{b}_m", ["reduce_scatter"])]
+    want += [("lnf", ["all_gather"]), ("flat", ["all_gather"])]
+    check(forward == want, f"sequence-parallel forward moves {forward}")
+
+finish()
