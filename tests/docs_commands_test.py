@@ -1,4 +1,5 @@
-"""Runs every command block fenced as `sh` in the README, docs/user_guide.md and docs/models.md, in
+"""Runs every command block fenced as `sh` in the README, docs/user_guide.md, docs/models.md and
+the GPT example's README, in
 order, as a user would type them from the repository root with the build in place (here: a
 scratch folder whose `build/dev` is this build tree and whose `examples` is the repository's, so
 the repository stays clean). Fails on the first command
@@ -13,7 +14,7 @@ import tempfile
 source, build = sys.argv[1:3]
 failures = 0
 checked = 0
-for doc in ["README.md", "docs/user_guide.md", "docs/models.md"]:
+for doc in ["README.md", "docs/user_guide.md", "docs/models.md", "examples/models/gpt/README.md"]:
     text = open(os.path.join(source, doc)).read()
     blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
     with tempfile.TemporaryDirectory() as tmp:
