@@ -55,7 +55,7 @@ if not mpirun:
     check(r.returncode == 0, r.stderr)
     forward = [(m["value"], m["steps"]) for m in json.loads(r.stdout)["moves"]
                if m["pass"] == "forward"]
-    want = [("x0", ["reduce_scatter"])]
+    want = [("e", ["reduce_scatter"])]
     for b in ["b0", "b1"]:
         want += [(f"{b}_ln1", ["all_gather"]), (f"{b}_o", ["reduce_scatter"]),
                  (f"{b}_ln2", ["all_gather"]), (f"{b}_m", ["reduce_scatter"])]

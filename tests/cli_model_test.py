@@ -132,7 +132,8 @@ with tempfile.TemporaryDirectory() as tmp:
         decomposed = [m for m in json.loads(r.stdout)["moves"] if "overlapped_with" in m]
         check([(m["value"], m["overlapped_with"], m["steps"]) for m in decomposed] ==
               [("t", "h", gather), ("o", "o:kernel", ["permute"] * 3),
-               ("grad:o", "bwd:o/0", gather)], f"{backend}: {decomposed}")
+               ("grad:o", "bwd:o/0", gather), ("grad:t", "bwd:h/0", ["permute"] * 3)],
+              f"{backend}: {decomposed}")
     r = run("explain", model("tp_sp_mlp"), "--overlap", "--backend", "mpi", "--gather-form",
             "in_place")
     check(r.returncode != 0 and r.stderr.count("\n") == 1 and

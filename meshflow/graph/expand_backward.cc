@@ -66,6 +66,16 @@ struct Expander {
     }
     it->second = add_compute(fresh("bwd:" + node(x).name + "/sum"), Op{.type = OpType::kAdd},
                              {it->second, contribution}, mesh);
+    prefer_layout_of(x, it->second);
+  }
+
+  // Lets layout inference steer gradient `g` toward forward value x's layout (Partial read as
+  // Replicate: every term of a sum receives the whole gradient), when g is computed on x's mesh.
+  void prefer_layout_of(ValueId x, ValueId g) {
+    Node& n = pcg.nodes[static_cast<std::size_t>(g)];
+    const Layout& l = *node(x).layout;
+    if (n.kind == NodeKind::kCompute && !n.prefer && *n.mesh == l.mesh)
+      n.prefer = gradient_placements(l);
   }
 
   void backward_compute(ValueId id, ValueId g, const std::vector<bool>& needs) {
@@ -116,6 +126,9 @@ struct Expander {
     }
     for (std::size_t i = 0; i < operands.size(); ++i) {
       if (!needs[static_cast<std::size_t>(operands[i])] || !program.input_grads[i]) continue;
+      // A step made here for this operand (not the incoming gradient passed through).
+      if (program.input_grads[i]->kind == GradRef::Kind::kStep)
+        prefer_layout_of(operands[i], value(*program.input_grads[i]));
       contribute(operands[i], value(*program.input_grads[i]));
     }
   }

@@ -20,7 +20,12 @@ void lay_out_compute(const Pcg& pcg, Node& n, StrategyCache& cache) {
   }
   std::shared_ptr<const Strategy> s;
   try {
-    s = cache.get(n.op, seen);
+    // A pin's move, or a preference's, is part of a strategy's price.
+    std::optional<ResultTarget> target;
+    if (n.placements) target = ResultTarget{.placements = *n.placements};
+    if (!n.placements && n.prefer)
+      target = ResultTarget{.placements = *n.prefer, .keep_partial = true};
+    s = cache.get(n.op, seen, target);
   } catch (const Error& e) {
     fail(e.kind(), "node \"{}\": {}", n.name, e.what());
   }

@@ -33,7 +33,9 @@ Pcg infer_layouts(Pcg pcg, const PlanOptions& options = {});
 // are its gradient program's steps on the node's mesh (only those the weights need); a
 // parallel op's is a move of its gradient to gradient_placements of its input; a gradient made
 // on another mesh than its value's is moved there keeping its placements; several
-// contributions are summed by add nodes. Throws Error when the graph has no loss.
+// contributions are summed by add nodes. Every step or sum that makes an operand's gradient on
+// that operand's mesh has `prefer` = gradient_placements of the operand's layout. Throws Error
+// when the graph has no loss.
 Pcg expand_backward(Pcg pcg);
 
 // The update phase. Before: expand_backward ran. After: one Phase::kUpdate node "sgd:<w>" =

@@ -83,6 +83,11 @@ struct Node {
   // result's placements; a move names its target (placements unset: keep the input's).
   std::optional<DeviceMesh> mesh;
   std::optional<std::vector<Placement>> placements;
+  // A compute node's preferred result placements on its mesh, set by expand_backward (a
+  // gradient prefers its forward value's layout, Partial read as Replicate, and a Partial
+  // gradient of a replicated value is fine as it is): layout inference prices each strategy's
+  // result by its move there, as it does a pin's, but does not move it.
+  std::optional<std::vector<Placement>> prefer;
   // For moves: the value moved and the node it is moved for (explain's "value"/"consumer").
   std::string moved_value, consumer;
   // Filled by infer_layouts: the value's layout, and for compute and update nodes the layouts

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "meshflow/core/error.h"
@@ -165,8 +166,33 @@ std::vector<Strategy> strategies(const Op& raw, const std::vector<Layout>& input
 }
 
 Strategy choose_strategy(const Op& op, const std::vector<Layout>& inputs,
-                         const PlanOptions& options) {
+                         const PlanOptions& options, const std::optional<ResultTarget>& target) {
   std::vector<Strategy> all = strategies(op, inputs, options);
+  if (target) {
+    MESHFLOW_CHECK(target->placements.size() == all[0].output.placements.size(), "{}",
+                   to_string(op));
+    // A result that cannot reach the target (Shard -> Partial) is priced out, not dropped: a
+    // pin the planner refuses is copy insertion's error to report. (The largest finite double,
+    // not infinity, so the tie tolerance below stays a number.)
+    std::map<std::vector<Placement>, double> memo;
+    for (Strategy& s : all) {
+      std::vector<Placement> want = target->placements;
+      for (std::size_t m = 0; m < want.size(); ++m) {
+        if (target->keep_partial && want[m].is_replicate() && s.output.placements[m].is_partial())
+          want[m] = s.output.placements[m];
+      }
+      auto [it, fresh] = memo.try_emplace(s.output.placements, 0.0);
+      if (fresh && s.output.placements != want) {
+        const Layout to = make_layout(s.output.mesh, want, s.output.shape, s.output.dtype);
+        try {
+          it->second = plan_redistribute(s.output, to, options).est_s;
+        } catch (const Error&) {
+          it->second = std::numeric_limits<double>::max();
+        }
+      }
+      s.cost_s += it->second;
+    }
+  }
   auto sharded = [](const Strategy& s) {
     std::int64_t d = shard_degree(s.output);
     for (const Layout& l : s.inputs) d += shard_degree(l);
@@ -185,18 +211,19 @@ Strategy choose_strategy(const Op& op, const std::vector<Layout>& inputs,
 std::size_t StrategyCache::KeyHash::operator()(const Key& k) const {
   std::size_t h = hash_value(k.op);
   for (const Layout& l : k.inputs) h = h * 31 + hash_value(l);
+  if (k.target) h = h * 31 + k.target->placements.size() + (k.target->keep_partial ? 7 : 0);
   return h;
 }
 
-std::shared_ptr<const Strategy> StrategyCache::get(const Op& op,
-                                                   const std::vector<Layout>& inputs) {
-  Key key{op, inputs};
+std::shared_ptr<const Strategy> StrategyCache::get(const Op& op, const std::vector<Layout>& inputs,
+                                                   const std::optional<ResultTarget>& target) {
+  Key key{op, inputs, target};
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) return it->second;
   }
-  auto s = std::make_shared<const Strategy>(choose_strategy(op, inputs, options_));
+  auto s = std::make_shared<const Strategy>(choose_strategy(op, inputs, options_, target));
   std::lock_guard lock(mu_);
   return entries_.try_emplace(std::move(key), std::move(s)).first->second;
 }

@@ -22,6 +22,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -47,22 +48,35 @@ std::string to_text(const Strategy& strategy);
 std::vector<Strategy> strategies(const Op& op, const std::vector<Layout>& inputs,
                                  const PlanOptions& options = {});
 
+// Where a result is headed: a pin it will be moved to, or the layout a gradient should land in.
+struct ResultTarget {
+  std::vector<Placement> placements;
+  // A Partial result is left as it is on mesh dims the target replicates (a gradient's partial
+  // sums are reduced once, after every contribution is added).
+  bool keep_partial = false;
+  bool operator==(const ResultTarget&) const = default;
+};
+
 // Returns the cheapest strategy (ties: the most shard degree over result and operands, then the
-// first in strategies' order). Deterministic.
+// first in strategies' order). Deterministic. With `target`, each result is also priced by its
+// move to the target, and Strategy::cost_s includes that move.
 Strategy choose_strategy(const Op& op, const std::vector<Layout>& inputs,
-                         const PlanOptions& options = {});
+                         const PlanOptions& options = {},
+                         const std::optional<ResultTarget>& target = std::nullopt);
 
 // choose_strategy cached by (op, operand layouts): a repeated operator costs one hash lookup.
 // Thread-safe.
 class StrategyCache {
  public:
   explicit StrategyCache(PlanOptions options = {}) : options_(options) {}
-  std::shared_ptr<const Strategy> get(const Op& op, const std::vector<Layout>& inputs);
+  std::shared_ptr<const Strategy> get(const Op& op, const std::vector<Layout>& inputs,
+                                      const std::optional<ResultTarget>& target = std::nullopt);
 
  private:
   struct Key {
     Op op;
     std::vector<Layout> inputs;
+    std::optional<ResultTarget> target;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {

@@ -117,6 +117,32 @@ TEST(Strategy, PartialFlowsThroughLinearOperatorsWithoutCommunication) {
   EXPECT_EQ(choose_strategy({.type = OpType::kMul}, {p, r}).cost_s, 0);
 }
 
+TEST(Strategy, ATargetPricesTheResultsMoveThere) {
+  // x[64, 16] R @ w[16, 4] S(0): alone, the contraction's P(sum) result costs only x's local
+  // chunk. Pinned to R, its all-reduce (256 elements) costs more than gathering w (64) first.
+  // A gradient's preference for R keeps the P(sum): its reduction comes once, after every
+  // contribution is summed.
+  const Op mm{.type = OpType::kMatmul};
+  const std::vector<Layout> in = {L("4", "R", {64, 16}), L("4", "S(0)", {16, 4})};
+  const std::vector<Placement> r = parse_placements("R");
+  EXPECT_EQ(to_string(choose_strategy(mm, in).output.placements), "P(sum)");
+  const Strategy pinned = choose_strategy(mm, in, {}, ResultTarget{.placements = r});
+  EXPECT_EQ(to_string(pinned.output.placements), "R");
+  EXPECT_EQ(to_string(pinned.inputs[1].placements), "R");
+  EXPECT_GT(pinned.cost_s, 0);
+  const Strategy preferred =
+      choose_strategy(mm, in, {}, ResultTarget{.placements = r, .keep_partial = true});
+  EXPECT_EQ(to_string(preferred.output.placements), "P(sum)");
+  EXPECT_EQ(preferred.cost_s, choose_strategy(mm, in).cost_s);
+  // A target the result cannot reach (Shard -> Partial) prices it out, and a reachable one wins.
+  const Strategy partial = choose_strategy(mm, in, {}, ResultTarget{parse_placements("P(sum)")});
+  EXPECT_EQ(to_string(partial.output.placements), "P(sum)");
+  // The cache keys on the target.
+  StrategyCache cache;
+  EXPECT_EQ(to_string(cache.get(mm, in)->output.placements), "P(sum)");
+  EXPECT_EQ(to_string(cache.get(mm, in, ResultTarget{.placements = r})->output.placements), "R");
+}
+
 TEST(Strategy, NonLinearOperatorsAndProductsOfPartialsReduceFirst) {
   const Layout p = L("4", "P(sum)", {64, 64});
   for (OpType t : {OpType::kRelu, OpType::kExp, OpType::kTanh}) {
