@@ -316,6 +316,21 @@ DTensor softmax_cross_entropy(const DTensor& logits, const DTensor& labels) {
   return binary(OpType::kSoftmaxCrossEntropy, logits, labels);
 }
 DTensor mse(const DTensor& a, const DTensor& b) { return binary(OpType::kMse, a, b); }
+DTensor reshape(const DTensor& a, Shape shape) {
+  return apply_op(Op{.type = OpType::kReshape, .shape = std::move(shape)}, {&a});
+}
+DTensor transpose(const DTensor& a, std::vector<int> dims) {
+  return apply_op(Op{.type = OpType::kTranspose, .dims = std::move(dims)}, {&a});
+}
+DTensor layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, double eps) {
+  return apply_op(Op{.type = OpType::kLayerNorm, .eps = eps}, {&x, &w, &b});
+}
+DTensor embedding(const DTensor& ids, const DTensor& table) {
+  return binary(OpType::kEmbedding, ids, table);
+}
+DTensor attention(const DTensor& q, const DTensor& k, const DTensor& v, bool causal) {
+  return apply_op(Op{.type = OpType::kAttention, .causal = causal}, {&q, &k, &v});
+}
 
 std::vector<std::optional<DTensor>> backward(const Op& op,
                                              const std::vector<const DTensor*>& operands,

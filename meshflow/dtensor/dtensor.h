@@ -108,6 +108,13 @@ DTensor mean(const DTensor& a, std::vector<int> dims);
 DTensor softmax(const DTensor& a, int dim = -1);
 DTensor softmax_cross_entropy(const DTensor& logits, const DTensor& labels);
 DTensor mse(const DTensor& a, const DTensor& b);
+// Transformer operators (DESIGN's meaning; op.h): a view keeps its shards where that is exact
+// and otherwise moves the operand to the cheapest layout where it is (ops/view.h).
+DTensor reshape(const DTensor& a, Shape shape);
+DTensor transpose(const DTensor& a, std::vector<int> dims = {});
+DTensor layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, double eps = 1e-5);
+DTensor embedding(const DTensor& ids, const DTensor& table);
+DTensor attention(const DTensor& q, const DTensor& k, const DTensor& v, bool causal = false);
 
 // Where this thread's operator calls spend their time, accumulated while attached (for
 // benchmarks: `meshflow bench ops` splits a forward pass into kernels, data movement and

@@ -273,6 +273,41 @@ TEST(DTensorApi, DistributeFromOneDeviceAndRedistributeRules) {
   });
 }
 
+TEST(DTensorApi, TransformerFunctionsApplyTheirOperators) {
+  // Heads split from a width-sharded [B, S, D], causal attention, heads merged back, a layer
+  // norm; and a vocabulary-sharded embedding: each equal to the operator on whole tensors.
+  const Tensor x = random_tensor(DType::kFloat64, {2, 8, 8}, 11);
+  const Tensor w = random_tensor(DType::kFloat64, {8}, 12);
+  const Tensor b = random_tensor(DType::kFloat64, {8}, 13);
+  const Tensor table = random_tensor(DType::kFloat64, {10, 8}, 14);
+  Tensor ids(DType::kInt64, {2, 8});
+  for (std::int64_t i = 0; i < ids.numel(); ++i) ids.data<std::int64_t>()[i] = (i * 7 + 3) % 10;
+  auto whole = [](const Op& op, std::vector<const Tensor*> in) { return compute(op, in); };
+  const Op heads{.type = OpType::kReshape, .shape = {2, 8, 2, 4}};
+  const Op swap{.type = OpType::kTranspose, .dims = {0, 2, 1, 3}};
+  const Tensor x4 = whole(heads, {&x});
+  const Tensor xh = whole(swap, {&x4});
+  const Tensor att = whole(Op{.type = OpType::kAttention, .causal = true}, {&xh, &xh, &xh});
+  const Tensor back = whole(swap, {&att});
+  const Tensor merged = whole(Op{.type = OpType::kReshape, .shape = {2, 8, 8}}, {&back});
+  const Tensor want = whole(Op{.type = OpType::kLayerNorm, .eps = 1e-3}, {&merged, &w, &b});
+  const Tensor looked_up = whole(Op{.type = OpType::kEmbedding}, {&ids, &table});
+  launch({.devices = first_devices(4)}, [&](Communicator& comm) {
+    const DeviceMesh mesh = parse_mesh("4");
+    auto on = [&](const Tensor& t, const char* p) {
+      return distribute_tensor(comm, t, mesh, parse_placements(p));
+    };
+    const DTensor dx = on(x, "S(2)"), dw = on(w, "R"), db = on(b, "R");
+    const DTensor h = transpose(reshape(dx, {2, 8, 2, 4}), {0, 2, 1, 3});
+    const DTensor a = attention(h, h, h, /*causal=*/true);
+    const DTensor y = layer_norm(reshape(transpose(a, {0, 2, 1, 3}), {2, 8, 8}), dw, db, 1e-3);
+    EXPECT_EQ(compare_close(full_tensor(y), want, 1e-12, 1e-12), std::nullopt);
+    const DTensor e = embedding(on(ids, "R"), on(table, "S(0)"));
+    EXPECT_EQ(to_string(e.layout.placements), "P(sum)");
+    EXPECT_EQ(compare_close(full_tensor(e), looked_up, 1e-12, 1e-12), std::nullopt);
+  });
+}
+
 TEST(DTensorApi, BadOperandsAreOneErrorNamingTheOperatorAndLayout) {
   const Tensor a = random_tensor(DType::kFloat32, {4, 4}, 1);
   launch({.devices = first_devices(4)}, [&](Communicator& comm) {
