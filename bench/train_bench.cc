@@ -9,9 +9,12 @@
 #include <memory>
 
 #include "bench/collectives_bench.h"
+#include "bench/gpt_model.h"
+#include "meshflow/comm/recording.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/compile.h"
+#include "meshflow/graph/source.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/runtime/model_runner.h"
 
@@ -55,24 +58,22 @@ Model mlp(const TrainBenchOptions& o, const std::string& mesh_text, const fs::pa
   return m;
 }
 
-// Returns PyTorch's step times for the same MLP on `threads` threads, or nothing when torch
-// does not import (Debian's python3-torch is optional).
-std::vector<double> pytorch_steps(const TrainBenchOptions& o, int threads, int steps) {
+// Returns the step times of PyTorch running `model` (Python that defines `step()`, one SGD step)
+// on `threads` threads, or nothing when torch does not import (Debian's python3-torch is
+// optional).
+std::vector<double> pytorch_steps(const TrainBenchOptions& o, const std::string& model, int threads,
+                                  int steps) {
   const std::string script = fmt::format(
-      "import json, time, torch\n"
+      "import json, math, time, torch\n"
       "torch.set_num_threads({threads}); torch.manual_seed(0)\n"
-      "x = torch.randn({b}, {i}); y = torch.randint(0, {i}, ({b},))\n"
-      "m = torch.nn.Sequential(torch.nn.Linear({i}, {h}), torch.nn.ReLU(), torch.nn.Linear({h}, "
-      "{i}))\n"
-      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+      "F = torch.nn.functional\n"
+      "{model}"
       "times = []\n"
       "for s in range({steps}):\n"
-      "    t = time.perf_counter(); opt.zero_grad()\n"
-      "    loss = torch.nn.functional.cross_entropy(m(x), y); loss.backward(); opt.step()\n"
-      "    times.append(time.perf_counter() - t)\n"
+      "    t = time.perf_counter(); step(); times.append(time.perf_counter() - t)\n"
       "print(json.dumps(times[{warmup}:]))\n",
-      fmt::arg("threads", threads), fmt::arg("b", o.batch), fmt::arg("i", o.in),
-      fmt::arg("h", o.hidden), fmt::arg("steps", steps + o.warmup), fmt::arg("warmup", o.warmup));
+      fmt::arg("threads", threads), fmt::arg("model", model), fmt::arg("steps", steps + o.warmup),
+      fmt::arg("warmup", o.warmup));
   const fs::path file = fs::temp_directory_path() / fmt::format("meshflow_torch_{}.py", ::getpid());
   {
     std::FILE* f = std::fopen(file.c_str(), "w");
@@ -96,15 +97,9 @@ std::vector<double> pytorch_steps(const TrainBenchOptions& o, int threads, int s
   }
 }
 
-BenchResult train_step_case(const TrainBenchOptions& o, const std::string& mesh_text,
-                            const fs::path& labels) {
-  const Model m = mlp(o, mesh_text, labels);
-  const DeviceMesh mesh = parse_mesh(mesh_text);
-  BenchResult r{.case_name = "train_step",
-                .backend = "threads",
-                .mesh = mesh_text,
-                .devices = size(mesh),
-                .bytes = (o.batch * o.in + 2 * o.in * o.hidden) * 4};
+// Trains `m` for warmup + reps steps on threads and fills r's times with the timed steps, and
+// its extras with the medians of the reporting device's kernel, movement and other time.
+void time_training(const Model& m, const TrainBenchOptions& o, BenchResult& r) {
   const TrainReport t = train_model(m, TrainOptions{.steps = o.warmup + o.reps, .lr = 0.01});
   std::vector<double> kernel, movement, overhead;
   for (std::size_t i = static_cast<std::size_t>(o.warmup); i < t.steps.size(); ++i) {
@@ -119,17 +114,160 @@ BenchResult train_step_case(const TrainBenchOptions& o, const std::string& mesh_
   r.extra["movement_s"] = median(movement);
   r.extra["overhead_s"] = median(overhead);
   r.extra["overhead_fraction"] = step_s > 0 ? median(overhead) / step_s : 0.0;
+}
+
+// Sets r's baseline to PyTorch's step times for `model` (1 thread for one device, 2 otherwise).
+void add_pytorch_baseline(const TrainBenchOptions& o, const std::string& model, BenchResult& r) {
+  if (!o.pytorch) return;
+  const int threads = r.devices == 1 ? 1 : 2;
+  std::vector<double> torch = pytorch_steps(o, model, threads, o.reps);
+  if (torch.empty()) return;
+  r.baseline = "pytorch";
+  r.baseline_s = std::move(torch);
+  r.extra["pytorch_threads"] = threads;
+}
+
+BenchResult train_step_case(const TrainBenchOptions& o, const std::string& mesh_text,
+                            const fs::path& labels) {
+  const Model m = mlp(o, mesh_text, labels);
+  const DeviceMesh mesh = parse_mesh(mesh_text);
+  BenchResult r{.case_name = "train_step",
+                .backend = "threads",
+                .mesh = mesh_text,
+                .devices = size(mesh),
+                .bytes = (o.batch * o.in + 2 * o.in * o.hidden) * 4};
+  time_training(m, o, r);
   r.extra["model"] = fmt::format("batch {}, {} -> {} -> {}, softmax cross-entropy, SGD", o.batch,
                                  o.in, o.hidden, o.in);
-  if (o.pytorch) {
-    const int threads = size(mesh) == 1 ? 1 : 2;
-    std::vector<double> torch = pytorch_steps(o, threads, o.reps);
-    if (!torch.empty()) {
-      r.baseline = "pytorch";
-      r.baseline_s = std::move(torch);
-      r.extra["pytorch_threads"] = threads;
-    }
-  }
+  add_pytorch_baseline(
+      o,
+      fmt::format("x = torch.randn({b}, {i}); y = torch.randint(0, {i}, ({b},))\n"
+                  "m = torch.nn.Sequential(torch.nn.Linear({i}, {h}), torch.nn.ReLU(), "
+                  "torch.nn.Linear({h}, {i}))\n"
+                  "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                  "def step():\n"
+                  "    opt.zero_grad(); F.cross_entropy(m(x), y).backward(); opt.step()\n",
+                  fmt::arg("b", o.batch), fmt::arg("i", o.in), fmt::arg("h", o.hidden)),
+      r);
+  return r;
+}
+
+// PyTorch's eager GPT of the same shape: torch.nn layers without biases in the products, and
+// attention as eager PyTorch 1.13 computes it (the whole S x S scores per head).
+std::string pytorch_gpt(const GptConfig& c) {
+  return fmt::format(
+      "B, S, D, H, V, L = {b}, {s}, {d}, {h}, {v}, {l}\n"
+      "def lin(i, o): return torch.nn.Linear(i, o, bias=False)\n"
+      "class Block(torch.nn.Module):\n"
+      "    def __init__(s):\n"
+      "        super().__init__()\n"
+      "        s.ln1, s.ln2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)\n"
+      "        s.q, s.k, s.v, s.o = lin(D, D), lin(D, D), lin(D, D), lin(D, D)\n"
+      "        s.w1, s.w2 = lin(D, 4 * D), lin(4 * D, D)\n"
+      "    def forward(s, x):\n"
+      "        n = s.ln1(x)\n"
+      "        q, k, v = [f(n).view(B, S, H, D // H).transpose(1, 2) for f in (s.q, s.k, s.v)]\n"
+      "        a = F.softmax(q @ k.transpose(-1, -2) / math.sqrt(D // H) + mask, dim=-1) @ v\n"
+      "        x = x + s.o(a.transpose(1, 2).reshape(B, S, D))\n"
+      "        return x + s.w2(F.gelu(s.w1(s.ln2(x))))\n"
+      "mask = torch.triu(torch.full((S, S), float('-inf')), 1)\n"
+      "tok, pos = torch.nn.Embedding(V, D), torch.nn.Parameter(torch.randn(S, D) * 0.1)\n"
+      "blocks = torch.nn.ModuleList([Block() for _ in range(L)])\n"
+      "lnf, head = torch.nn.LayerNorm(D), lin(D, V)\n"
+      "params = [pos] + [p for m in (tok, blocks, lnf, head) for p in m.parameters()]\n"
+      "opt = torch.optim.SGD(params, lr=0.01)\n"
+      "ids, nxt = torch.randint(0, V, (B, S)), torch.randint(0, V, (B * S,))\n"
+      "def step():\n"
+      "    opt.zero_grad(); x = tok(ids) + pos\n"
+      "    for blk in blocks: x = blk(x)\n"
+      "    F.cross_entropy(head(lnf(x)).view(B * S, V), nxt).backward(); opt.step()\n",
+      fmt::arg("b", c.batch), fmt::arg("s", c.seq), fmt::arg("d", c.width), fmt::arg("h", c.heads),
+      fmt::arg("v", c.vocab), fmt::arg("l", c.blocks));
+}
+
+struct TokenFiles {
+  fs::path tokens, next;
+};
+
+BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_text,
+                          const TokenFiles& f) {
+  const GptConfig& c = o.gpt;
+  const Model m = gpt_model(c, GptLayout::kDataParallel, mesh_text, f.tokens, f.next);
+  BenchResult r{.case_name = "gpt_step",
+                .backend = "threads",
+                .mesh = mesh_text,
+                .devices = size(parse_mesh(mesh_text)),
+                .bytes = c.batch * c.seq * c.width * 4};
+  time_training(m, o, r);
+  r.extra["model"] = fmt::format(
+      "GPT: {} pre-norm blocks, width {}, {} heads, sequence {}, batch {}, vocabulary {}, "
+      "float32, data parallel",
+      c.blocks, c.width, c.heads, c.seq, c.batch, c.vocab);
+  add_pytorch_baseline(o, pytorch_gpt(c), r);
+  return r;
+}
+
+// Returns the bytes device 0 sends to other devices in one forward pass (Mode::kRun) or one
+// training step (Mode::kTrain) of `m` on threads, as a RecordingCommunicator counts them.
+std::int64_t bytes_sent(const Model& m, Mode mode) {
+  const Pcg g = compile(m.pcg, mode);
+  const TaskGraph tasks = expand_shards(g, {});
+  std::int64_t bytes = 0;
+  launch({.devices = first_devices(static_cast<int>(tasks.devices.size()))},
+         [&](Communicator& comm) {
+           auto log = std::make_shared<CallLog>();
+           RecordingCommunicator recording(comm.devices(), comm.device(), log,
+                                           comm.group(comm.devices()));
+           const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
+           std::vector<Tensor> values(g.nodes.size());
+           for (ValueId v : mine.sources) {
+             const Node& n = g.nodes[static_cast<std::size_t>(v)];
+             values[static_cast<std::size_t>(v)] = load_shard(n, *n.layout, comm.device());
+           }
+           run_tasks(tasks, mine, recording, values, {});
+           if (comm.device() != 0) return;
+           for (const RecordedCall& call : *log) bytes += call.bytes_sent;
+         });
+  return bytes;
+}
+
+// Megatron TP + SP on 4 devices: the bytes one block adds to a forward pass and to a training
+// step (the model with `blocks` blocks minus the one with blocks - 1), against the analytic
+// count: per block and pass two all-gathers and two reduce-scatters of the [batch, seq, width]
+// activations, and in a step the reduction of the layer norms' gradients.
+BenchResult gpt_sp_bytes_case(const TrainBenchOptions& o, const TokenFiles& f) {
+  const GptConfig& c = o.gpt;
+  constexpr const char* kMesh = "4";
+  constexpr std::int64_t kDevices = 4;
+  GptConfig fewer = c;
+  fewer.blocks = c.blocks - 1;
+  BenchResult r{.case_name = "gpt_sp_bytes",
+                .backend = "threads",
+                .mesh = kMesh,
+                .devices = kDevices,
+                .bytes = c.batch * c.seq * c.width * 4};
+  std::int64_t forward = 0, step = 0;
+  r.case_s.push_back(time_once([&] {
+    const Model more = gpt_model(c, GptLayout::kSequenceParallel, kMesh, f.tokens, f.next);
+    const Model less = gpt_model(fewer, GptLayout::kSequenceParallel, kMesh, f.tokens, f.next);
+    forward = bytes_sent(more, Mode::kRun) - bytes_sent(less, Mode::kRun);
+    step = bytes_sent(more, Mode::kTrain) - bytes_sent(less, Mode::kTrain);
+  }));
+  // An all-gather or reduce-scatter of the activations: each device sends (n - 1) / n of them.
+  // A step also reduces the block's four layer-norm parameter gradients (partial sums over the
+  // sequence shards, as in Megatron): vectors this small go by the planner's flat all-reduce,
+  // each device sending its whole partial sum to the n - 1 others.
+  const std::int64_t collective = r.bytes / kDevices * (kDevices - 1);
+  const std::int64_t norm_grads = 4 * (kDevices - 1) * c.width * 4;
+  r.extra["block_forward_bytes"] = forward;
+  r.extra["block_forward_analytic"] = 4 * collective;
+  r.extra["block_step_bytes"] = step;
+  r.extra["block_step_analytic"] = 8 * collective + norm_grads;
+  r.extra["block_matches_analytic"] =
+      forward == 4 * collective && step == 8 * collective + norm_grads;
+  r.extra["model"] = fmt::format(
+      "the gpt_step model, Megatron TP + SP on 4 devices (make_gpt.py's sp layout); bytes device "
+      "0 sends per block, counted by the recording communicator");
   return r;
 }
 
@@ -178,6 +316,7 @@ BenchResult compile_case(const TrainBenchOptions& o) {
 }  // namespace
 
 BenchReport run_train_bench(const TrainBenchOptions& o) {
+  check_gpt_config(o.gpt);
   BenchReport report{.benchmark = "train", .progress = o.progress};
   report.memcpy_gbps = measured_memcpy_gbps();
   const fs::path labels =
@@ -185,13 +324,22 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
   Tensor y(DType::kInt64, {o.batch});
   for (std::int64_t i = 0; i < o.batch; ++i) y.data<std::int64_t>()[i] = (i * 7919) % o.in;
   write_npy(labels, y);
+  const TokenFiles tokens{
+      .tokens = fs::temp_directory_path() / fmt::format("meshflow_tokens_{}.npy", ::getpid()),
+      .next = fs::temp_directory_path() / fmt::format("meshflow_next_{}.npy", ::getpid())};
+  write_gpt_tokens(o.gpt, tokens.tokens, tokens.next);
+  auto remove = [&] {
+    for (const fs::path& p : {labels, tokens.tokens, tokens.next}) fs::remove(p);
+  };
   try {
     for (const std::string& mesh : o.meshes) add_result(report, train_step_case(o, mesh, labels));
+    for (const std::string& mesh : o.gpt_meshes) add_result(report, gpt_step_case(o, mesh, tokens));
+    add_result(report, gpt_sp_bytes_case(o, tokens));
   } catch (...) {
-    fs::remove(labels);
+    remove();
     throw;
   }
-  fs::remove(labels);
+  remove();
   add_result(report, compile_case(o));
   return report;
 }

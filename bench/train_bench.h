@@ -5,6 +5,13 @@
 //               spent in the reporting device's kernels or data movement) and, where Debian's
 //               python3-torch is installed, PyTorch CPU eager on the same machine (1 thread for
 //               the one-device case, 2 otherwise) as baseline `pytorch`
+//   gpt_step    one SGD step of examples/models/gpt's GPT (2 blocks, width 512, 8 heads,
+//               sequence 256, batch 8, vocabulary 8192, float32) on 1 device and data parallel
+//               on 2, against PyTorch CPU eager's same model (1 and 2 threads)
+//   gpt_sp_bytes  the bytes one GPT block adds to a forward pass and to a training step under
+//               Megatron TP + SP on 4 devices (recording communicator), against the analytic
+//               count of two all-gathers and two reduce-scatters of its activations per pass
+//               (and, in a step, the all-reduce of its layer norms' parameter gradients)
 //   compile     the passes and shard expansion of a 1,000-layer MLP (alternating column- and
 //               row-parallel linear layers) mapped on an 8x8 mesh of 64 devices
 #pragma once
@@ -12,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpt_model.h"
 #include "bench/report.h"
 
 namespace meshflow::bench {
@@ -22,8 +30,10 @@ struct TrainBenchOptions {
   int warmup = 1;
   std::int64_t batch = 512, in = 1024, hidden = 4096;  // the MLP: in -> hidden -> in
   std::vector<std::string> meshes{"1", "2", "4", "2x2"};
-  int layers = 1000;    // compile
-  bool pytorch = true;  // time the PyTorch baseline when torch imports
+  GptConfig gpt;                                  // gpt_step and gpt_sp_bytes
+  std::vector<std::string> gpt_meshes{"1", "2"};  // gpt_step: data parallel
+  int layers = 1000;                              // compile
+  bool pytorch = true;                            // time the PyTorch baseline when torch imports
 };
 
 BenchReport run_train_bench(const TrainBenchOptions& options);

@@ -147,7 +147,9 @@ void add_bench(CLI::App& app) {
   auto train = std::make_shared<bench::TrainBenchOptions>();
   auto train_json = std::make_shared<bool>(false);
   CLI::App* t = bench->add_subcommand(
-      "train", "the PCG runtime: an MLP's training step on 1, 2, 4 and 2x2 devices; compile time");
+      "train",
+      "the PCG runtime: an MLP's training step on 1, 2, 4 and 2x2 devices, a GPT's on 1 and 2, "
+      "the bytes a GPT block moves under TP + SP; compile time");
   t->add_option("--reps", train->reps, "timed repetitions")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -162,6 +164,24 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   t->add_option("--layers", train->layers, "layers of the compiled MLP")
       ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  t->add_option("--gpt-batch", train->gpt.batch, "the GPT's batch")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  t->add_option("--gpt-seq", train->gpt.seq, "the GPT's sequence length")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  t->add_option("--gpt-width", train->gpt.width, "the GPT's width (a multiple of --gpt-heads)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  t->add_option("--gpt-heads", train->gpt.heads, "the GPT's attention heads")
+      ->check(CLI::Range(1, 1 << 10))
+      ->capture_default_str();
+  t->add_option("--gpt-vocab", train->gpt.vocab, "the GPT's vocabulary")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  t->add_option("--gpt-blocks", train->gpt.blocks, "the GPT's blocks")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   add_output_flags(t, *train_json, train->progress);
   t->callback([train, train_json] { print_report(bench::run_train_bench(*train), *train_json); });

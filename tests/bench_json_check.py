@@ -18,4 +18,6 @@ for r in report["results"]:
     assert r["min_s"] <= r["median_s"] <= r["max_s"], r
     if r["floor_s"] is not None:
         assert abs(r["vs_floor"] - r["median_s"] / r["floor_s"]) < 1e-9 * max(1, r["vs_floor"]), r
+    # A count the benchmark states against its analytic value must equal it.
+    assert r.get("block_matches_analytic", True) is True, r
 print(f"{report['benchmark']}: {len(report['results'])} results in the contract's format")
