@@ -219,11 +219,7 @@ std::int64_t bytes_sent(const Model& m, Mode mode) {
            RecordingCommunicator recording(comm.devices(), comm.device(), log,
                                            comm.group(comm.devices()));
            const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
-           std::vector<Tensor> values(g.nodes.size());
-           for (ValueId v : mine.sources) {
-             const Node& n = g.nodes[static_cast<std::size_t>(v)];
-             values[static_cast<std::size_t>(v)] = load_shard(n, *n.layout, comm.device());
-           }
+           std::vector<Tensor> values = load_sources(g, mine);
            run_tasks(tasks, mine, recording, values, {});
            if (comm.device() != 0) return;
            for (const RecordedCall& call : *log) bytes += call.bytes_sent;

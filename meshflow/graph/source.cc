@@ -130,4 +130,13 @@ Tensor load_global(const Node& node) {
   }
 }
 
+std::vector<Tensor> load_sources(const Pcg& pcg, const DeviceTasks& tasks) {
+  std::vector<Tensor> values(pcg.nodes.size());
+  for (ValueId v : tasks.sources) {
+    const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+    values[static_cast<std::size_t>(v)] = load_shard(n, *n.layout, tasks.device);
+  }
+  return values;
+}
+
 }  // namespace meshflow

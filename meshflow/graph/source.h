@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "meshflow/graph/pcg.h"
+#include "meshflow/graph/task_graph.h"
 
 namespace meshflow {
 
@@ -19,6 +20,10 @@ void check_source(const Node& node, const Layout& layout);
 
 // Returns `device`'s shard of source node `node` in `layout`.
 Tensor load_shard(const Node& node, const Layout& layout, DeviceId device);
+
+// Returns a value table for `pcg` (one empty tensor per node) holding `tasks.device`'s shards
+// of the sources it lists: what run_tasks starts from.
+std::vector<Tensor> load_sources(const Pcg& pcg, const DeviceTasks& tasks);
 
 // Returns the whole tensor (a folder's Partial terms reduced).
 Tensor load_global(const Node& node);

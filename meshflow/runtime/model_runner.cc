@@ -152,13 +152,8 @@ struct Session {
     const DeviceTasks* mine = nullptr;
     for (const DeviceTasks& dt : g.devices)
       if (dt.device == me) mine = &dt;
-    std::vector<Tensor> values(pcg.nodes.size());
-    if (mine) {
-      for (ValueId v : mine->sources) {
-        const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
-        values[static_cast<std::size_t>(v)] = load_shard(n, *n.layout, me);
-      }
-    }
+    std::vector<Tensor> values =
+        mine ? load_sources(pcg, *mine) : std::vector<Tensor>(pcg.nodes.size());
     const bool leader = me == prepared->leader;
     std::string path;
     if (options->save && leader) {
