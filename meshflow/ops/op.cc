@@ -14,6 +14,7 @@
 #include "meshflow/ops/reduction.h"
 #include "meshflow/ops/softmax.h"
 #include "meshflow/ops/view.h"
+#include "meshflow/ops/vocab_parallel.h"
 
 namespace meshflow {
 
@@ -65,6 +66,10 @@ constexpr std::array kOps = {
     OpInfo{OpType::kAttentionGradQ, "attention_grad_q", 4, 4},
     OpInfo{OpType::kAttentionGradK, "attention_grad_k", 4, 4},
     OpInfo{OpType::kAttentionGradV, "attention_grad_v", 4, 4},
+    OpInfo{OpType::kLogitMax, "logit_max", 1, 1},
+    OpInfo{OpType::kLogitStats, "logit_stats", 3, 3},
+    OpInfo{OpType::kCrossEntropyFromStats, "cross_entropy_from_stats", 2, 2},
+    OpInfo{OpType::kCrossEntropyGradFromStats, "cross_entropy_grad_from_stats", 5, 5},
 };
 
 const OpInfo& info(OpType type) {
@@ -175,6 +180,7 @@ TensorSpec infer(const Op& raw, const std::vector<TensorSpec>& in) {
   if (is_layer_norm_family(op.type)) return infer_layer_norm(op, in);
   if (is_embedding_family(op.type)) return infer_embedding(op, in);
   if (is_attention_family(op.type)) return infer_attention(op, in);
+  if (is_vocab_parallel_family(op.type)) return infer_vocab_parallel(op, in);
   return infer_softmax(op, in);
 }
 
@@ -195,6 +201,7 @@ Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
   if (is_layer_norm_family(op.type)) return layer_norm_kernel(op, locals);
   if (is_embedding_family(op.type)) return embedding_kernel(op, locals, globals, offsets);
   if (is_attention_family(op.type)) return attention_kernel(op, locals, offsets);
+  if (is_vocab_parallel_family(op.type)) return vocab_parallel_kernel(op, locals, globals, offsets);
   return softmax_kernel(op, locals, globals);
 }
 
@@ -208,6 +215,7 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
   if (is_layer_norm_family(op.type)) return layer_norm_labels(op, in);
   if (is_embedding_family(op.type)) return embedding_labels(op, in);
   if (is_attention_family(op.type)) return attention_labels(op, in);
+  if (is_vocab_parallel_family(op.type)) return vocab_parallel_labels(op, in);
   return softmax_labels(op, in, out);
 }
 

@@ -1,8 +1,7 @@
 // Operators: what an operator is (its type and attributes), its shape and dtype rule, its
 // sharding rule (dim labels), and the one entry point that runs its CPU kernel on local tensors.
 // Each family keeps these in its own file (elementwise, matmul, reduction, softmax, view,
-// layer_norm, embedding, attention); this
-// file dispatches to them.
+// layer_norm, embedding, attention, vocab_parallel); this file dispatches to them.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "meshflow/core/reduce_op.h"
 #include "meshflow/core/tensor.h"
 
 namespace meshflow {
@@ -59,6 +59,11 @@ enum class OpType {
   kAttentionGradQ,           // (q, k, v, g) -> the gradient of q, `causal`
   kAttentionGradK,           // (q, k, v, g) -> the gradient of k, `causal`
   kAttentionGradV,           // (q, k, v, g) -> the gradient of v, `causal`
+  // the vocabulary-parallel cross-entropy's steps (ops/vocab_parallel.h)
+  kLogitMax,                   // (logits[B, C]) -> max over C, [B]
+  kLogitStats,                 // (logits, max[B], labels[B]) -> [B, 2]: Σ exp(x - max), x[label]
+  kCrossEntropyFromStats,      // (max, stats) -> mean over B of max + log stats[:, 0] - stats[:, 1]
+  kCrossEntropyGradFromStats,  // (logits, labels, max, stats, g[]) -> the logits' gradient
 };
 
 // An operator with its attributes. Fields an operator does not use keep their defaults, so
@@ -132,8 +137,13 @@ struct DimLabels {
   std::vector<std::vector<int>> inputs;  // per operand, per dim: a label or kBroadcastLabel
   std::vector<int> output;               // per result dim
   std::vector<int> unshardable;          // labels no strategy shards
-  std::vector<int> factors;              // operands the result is linear in one at a time
-  std::vector<int> terms;                // operands the result is linear in all together
+  // Labels the kernel reduces through per-row statistics (a loss's class dim): a strategy that
+  // shards one runs the operator lowered into steps that all-reduce the statistics
+  // (ops/vocab_parallel.h); the result keeps its own dims' labels and is whole over the rest.
+  std::vector<int> statistics;
+  ReduceOp reduce = ReduceOp::kSum;  // how the terms of a summed-away label combine
+  std::vector<int> factors;          // operands the result is linear in one at a time
+  std::vector<int> terms;            // operands the result is linear in all together
 };
 
 // Returns the labels of `op` (as normalize returns it) on operands of `inputs` specs; each

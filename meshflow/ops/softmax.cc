@@ -224,7 +224,7 @@ DimLabels softmax_labels(const Op& op, const std::vector<TensorSpec>& in, const 
     case OpType::kSoftmaxCrossEntropy:
     case OpType::kSoftmaxCrossEntropyGrad:
       l.inputs = {{0, 1}, {0}};
-      l.unshardable = {1};
+      l.statistics = {1};  // a class shard runs vocabulary-parallel (ops/vocab_parallel.h)
       if (op.type == OpType::kSoftmaxCrossEntropyGrad) {
         l.inputs.push_back({});
         l.output = {0, 1};

@@ -1,7 +1,9 @@
 // Softmax and the losses: softmax over a dim, softmax_cross_entropy(logits[B, C], labels[B]) (mean
 // over B of -log softmax(logits)[label]), mse(a, b) (mean of (a - b)²), and their gradients.
 // Means divide by global counts (the batch B, the element count), so a batch shard yields its
-// term of the global loss; softmax needs its whole dim on one device (its strategies gather it).
+// term of the global loss; softmax needs its whole dim on one device (its strategies gather it),
+// while softmax_cross_entropy and its gradient may shard the classes: such a strategy runs
+// vocabulary-parallel (ops/vocab_parallel.h).
 #pragma once
 
 #include <vector>

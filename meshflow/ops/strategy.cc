@@ -7,6 +7,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/ops/view.h"
+#include "meshflow/ops/vocab_parallel.h"
 
 namespace meshflow {
 
@@ -43,13 +44,16 @@ std::vector<DimChoice> dim_choices(const DimLabels& l, const std::vector<TensorS
     auto out = std::find(l.output.begin(), l.output.end(), label);
     if (out != l.output.end()) {
       c.output = Placement::shard(static_cast<int>(out - l.output.begin()));
-    } else {  // summed away: each device holds a term of the sum
-      c.output = Placement::partial(ReduceOp::kSum);
+    } else if (contains(l.statistics, label)) {
+      // reduced through all-reduced statistics (the lowered steps): the result is whole
+    } else {  // summed away: each device holds a term of the reduction
+      c.output = Placement::partial(l.reduce);
       // additive operands without the label (a bias) become terms too
-      for (int t : l.terms) {
-        Placement& p = c.inputs[static_cast<std::size_t>(t)];
-        if (p.is_replicate()) p = Placement::partial(ReduceOp::kSum);
-      }
+      if (l.reduce == ReduceOp::kSum)
+        for (int t : l.terms) {
+          Placement& p = c.inputs[static_cast<std::size_t>(t)];
+          if (p.is_replicate()) p = Placement::partial(ReduceOp::kSum);
+        }
     }
     choices.push_back(std::move(c));
   }
@@ -152,6 +156,13 @@ std::vector<Strategy> strategies(const Op& raw, const std::vector<Layout>& input
       }
       // A reshape's shards map only where reshape_keeps_shards says so (ops/view.h).
       if (valid && op.type == OpType::kReshape) valid = reshape_keeps_shards(s.inputs[0], s.output);
+      // A strategy that shards a statistics label runs lowered: its steps' moves are its price.
+      if (valid && needs_lowering(op, s.inputs)) {
+        const Lowering low = lower(op, s.inputs, options);
+        MESHFLOW_CHECK(low.steps.back().layout == s.output, "{}: lowered to {} for {}",
+                       to_string(op), to_string(low.steps.back().layout), to_string(s.output));
+        s.cost_s += low.cost_s;
+      }
       if (valid) result.push_back(std::move(s));
     } catch (const Error&) {
       // an invalid layout (an integer P(avg)): not a strategy

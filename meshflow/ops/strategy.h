@@ -16,8 +16,11 @@
 //     operators in their incoming gradient) take one factor Partial(op) and the others
 //     Replicate, with no division. Partial(max/min), P·P and every non-linear operator reduce
 //     first (their only strategies take Replicate or Shard operands).
-// Labels listed unshardable (softmax's dim, a loss's class dim) are never sharded: strategies
-// gather them. A reshape keeps only the strategies whose shards map exactly (ops/view.h).
+// A label summed away by a max (logit_max) gives Partial(max) instead. Labels listed
+// unshardable (softmax's dim) are never sharded: strategies gather them. A statistics label (a
+// loss's class dim) shards with the result whole over it: the operator then runs lowered
+// (ops/vocab_parallel.h), and its steps' moves are added to the strategy's cost. A reshape keeps
+// only the strategies whose shards map exactly (ops/view.h).
 #pragma once
 
 #include <memory>
