@@ -10,6 +10,7 @@
 #include "meshflow/mesh/sharding.h"
 #include "meshflow/ops/gradient.h"
 #include "meshflow/ops/strategy.h"
+#include "meshflow/ops/vocab_parallel.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/runtime/executor.h"
 
@@ -20,6 +21,15 @@ namespace {
 // What one device needs to run one (operator, operand layouts) call: the strategy, its own
 // program for each operand that moves (null where none moves), the normalised operator and
 // the global operand specs its kernel reads.
+struct Dispatch;
+
+// A step of a lowered operator (ops/vocab_parallel.h) on one device.
+struct DispatchStep {
+  std::shared_ptr<const Dispatch> dispatch;  // the step's operator on its arguments' layouts
+  std::vector<int> args;                     // as LoweredStep::args
+  std::shared_ptr<const DeviceProgram> pin;  // its result's move to its pin (null: none)
+};
+
 struct Dispatch {
   Op op;
   std::shared_ptr<const Strategy> strategy;
@@ -27,6 +37,7 @@ struct Dispatch {
   std::vector<TensorSpec> globals;
   ShardOffsets offsets;  // where this device's operand shards start (as the strategy reads them)
   Shape local_out;
+  std::vector<DispatchStep> steps;  // a lowered operator's steps, run instead of its kernel
 };
 
 struct DispatchKey {
@@ -73,6 +84,38 @@ Caches& caches() {
   return c;
 }
 
+// Returns what `device` runs for `op` on operands in `inputs` under `strategy`.
+std::shared_ptr<const Dispatch> make_dispatch(const Op& op, const std::vector<Layout>& inputs,
+                                              std::shared_ptr<const Strategy> strategy,
+                                              DeviceId device) {
+  Caches& c = caches();
+  auto d = std::make_shared<Dispatch>();
+  for (const Layout& l : inputs) d->globals.push_back({l.shape, l.dtype});
+  d->strategy = std::move(strategy);
+  d->op = normalize(op, d->globals);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Layout& to = d->strategy->inputs[i];
+    d->programs.push_back(inputs[i] == to ? nullptr : c.plans.program(inputs[i], to, device));
+    d->offsets.push_back(shard_box(to, device).offset);
+  }
+  d->local_out = local_shape(d->strategy->output, device);
+  if (!needs_lowering(d->op, d->strategy->inputs)) return d;
+  // The steps read the operands as the strategy lays them out, then each earlier step's pin.
+  std::vector<Layout> values = d->strategy->inputs;
+  for (const LoweredStep& s : lower(d->op, d->strategy->inputs).steps) {
+    std::vector<Layout> args;
+    for (int a : s.args) args.push_back(values[static_cast<std::size_t>(a)]);
+    DispatchStep step{
+        make_dispatch(s.op, args, std::make_shared<const Strategy>(s.strategy), device), s.args,
+        nullptr};
+    if (s.strategy.output != s.layout)
+      step.pin = c.plans.program(s.strategy.output, s.layout, device);
+    d->steps.push_back(std::move(step));
+    values.push_back(s.layout);
+  }
+  return d;
+}
+
 std::shared_ptr<const Dispatch> dispatch_for(const Op& op, const std::vector<Layout>& inputs,
                                              DeviceId device) {
   Caches& c = caches();
@@ -81,16 +124,8 @@ std::shared_ptr<const Dispatch> dispatch_for(const Op& op, const std::vector<Lay
     auto it = c.dispatch.find(DispatchKeyView{op, inputs, device});
     if (it != c.dispatch.end()) return it->second;
   }
-  auto d = std::make_shared<Dispatch>();
-  for (const Layout& l : inputs) d->globals.push_back({l.shape, l.dtype});
-  d->strategy = c.strategies.get(op, inputs);
-  d->op = normalize(op, d->globals);
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const Layout& to = d->strategy->inputs[i];
-    d->programs.push_back(inputs[i] == to ? nullptr : c.plans.program(inputs[i], to, device));
-    d->offsets.push_back(shard_box(to, device).offset);
-  }
-  d->local_out = local_shape(d->strategy->output, device);
+  std::shared_ptr<const Dispatch> d =
+      make_dispatch(op, inputs, c.strategies.get(op, inputs), device);
   std::lock_guard lock(c.mu);
   return c.dispatch.try_emplace(DispatchKey{op, inputs, device}, std::move(d)).first->second;
 }
@@ -221,6 +256,42 @@ Tensor kernel(const Dispatch& d, const std::vector<const Tensor*>& locals) {
   return out;
 }
 
+// Moves `shards` to the layouts d's strategy reads, then runs its kernel, or a lowered
+// operator's steps with their pins' moves.
+Tensor run(const Dispatch& d, Communicator& comm, const std::vector<const Tensor*>& shards) {
+  // Operands the strategy moves get new local tensors; the others are read where they are.
+  std::vector<Tensor> moved;
+  moved.reserve(shards.size());  // no reallocation: locals point into it
+  std::vector<const Tensor*> locals(shards.size());
+  auto timed_move = [&](const DeviceProgram& program, const Tensor& from) {
+    const double t0 = profile ? steady_seconds() : 0;
+    Tensor t = execute(program, comm, from);
+    if (profile) profile->movement_s += steady_seconds() - t0;
+    return t;
+  };
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (d.programs[i]) {
+      moved.push_back(timed_move(*d.programs[i], *shards[i]));
+      locals[i] = &moved.back();
+    } else {
+      locals[i] = shards[i];
+    }
+  }
+  if (d.steps.empty()) return kernel(d, locals);
+  std::vector<Tensor> steps;
+  steps.reserve(d.steps.size());
+  for (const DispatchStep& s : d.steps) {
+    std::vector<const Tensor*> args;
+    for (int a : s.args) {
+      const auto k = static_cast<std::size_t>(a);
+      args.push_back(k < locals.size() ? locals[k] : &steps[k - locals.size()]);
+    }
+    Tensor out = run(*s.dispatch, comm, args);
+    steps.push_back(s.pin ? timed_move(*s.pin, out) : std::move(out));
+  }
+  return std::move(steps.back());
+}
+
 }  // namespace
 
 DTensor apply_op(Communicator& comm, const Op& op, const std::vector<Layout>& layouts,
@@ -228,21 +299,7 @@ DTensor apply_op(Communicator& comm, const Op& op, const std::vector<Layout>& la
   MESHFLOW_CHECK(!shards.empty() && shards.size() == layouts.size());
   const double start = profile ? steady_seconds() : 0;
   const std::shared_ptr<const Dispatch> d = dispatch_for(op, layouts, comm.device());
-  // Operands the strategy moves get new local tensors; the others are read where they are.
-  std::vector<Tensor> moved;
-  moved.reserve(shards.size());  // no reallocation: locals point into it
-  std::vector<const Tensor*> locals(shards.size());
-  for (std::size_t i = 0; i < shards.size(); ++i) {
-    if (d->programs[i]) {
-      const double t0 = profile ? steady_seconds() : 0;
-      moved.push_back(execute(*d->programs[i], comm, *shards[i]));
-      if (profile) profile->movement_s += steady_seconds() - t0;
-      locals[i] = &moved.back();
-    } else {
-      locals[i] = shards[i];
-    }
-  }
-  Tensor out = kernel(*d, locals);
+  Tensor out = run(*d, comm, shards);
   if (profile) {
     profile->total_s += steady_seconds() - start;
     ++profile->calls;
@@ -253,8 +310,10 @@ DTensor apply_op(Communicator& comm, const Op& op, const std::vector<Layout>& la
 OpRoute route(const Op& op, const std::vector<Layout>& layouts) {
   MESHFLOW_CHECK(!layouts.empty());
   const std::shared_ptr<const Strategy> strategy = caches().strategies.get(op, layouts);
-  // A device's program moves an operand exactly when the strategy reads it in another layout.
-  if (strategy->inputs != layouts) return {strategy->output, std::nullopt};
+  // A device's program moves an operand exactly when the strategy reads it in another layout;
+  // a lowered operator's steps move their statistics.
+  if (strategy->inputs != layouts || needs_lowering(op, layouts))
+    return {strategy->output, std::nullopt};
   OpRoute r{.output = strategy->output, .local_kernels_s = 0.0};
   for (DeviceId device : layouts[0].mesh.devices) {
     const std::shared_ptr<const Dispatch> d = dispatch_for(op, layouts, device);
@@ -276,6 +335,7 @@ LocalResult apply_local(const Op& op, const std::vector<Layout>& layouts,
   const std::shared_ptr<const Dispatch> d = dispatch_for(op, layouts, device);
   for (const auto& program : d->programs)
     MESHFLOW_CHECK(!program, "{}: apply_local on a strategy that moves data", to_string(d->op));
+  MESHFLOW_CHECK(d->steps.empty(), "{}: apply_local on a lowered operator", to_string(d->op));
   return {kernel(*d, shards), d->strategy->output};
 }
 

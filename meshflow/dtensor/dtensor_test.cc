@@ -252,6 +252,43 @@ TEST(DTensorEmbedding, VocabularyShardedTableGivesPartialSumWithoutCommunication
   EXPECT_EQ(to_string(c.placements), "P(sum)");
 }
 
+TEST(DTensorLoss, VocabularyShardedLogitsAllReduceRowStatisticsNotTheLogits) {
+  Layout labels = L("4", "R", {512});
+  labels.dtype = DType::kInt64;
+  const std::int64_t classes = 2051;  // uneven class shards
+  auto in_range = [&](Tensor t) {
+    for (std::int64_t& x : t.data<std::int64_t>()) x = ((x % classes) + classes) % classes;
+    return t;
+  };
+  for (OpType type : {OpType::kSoftmaxCrossEntropy, OpType::kSoftmaxCrossEntropyGrad}) {
+    const Op op{.type = type};
+    std::vector<Layout> layouts = {L("4", "S(1)", {512, classes}), labels};
+    if (type == OpType::kSoftmaxCrossEntropyGrad) layouts.push_back(L("4", "R", {}));
+    const Counted c = run_counted(
+        layouts,
+        [&](const std::vector<const DTensor*>& in) {
+          const DTensor fixed{in_range(in[1]->local.clone()), in[1]->layout, in[1]->comm};
+          std::vector<const DTensor*> args = in;
+          args[1] = &fixed;
+          return apply_op(op, args);
+        },
+        [&](const std::vector<const Tensor*>& in) {
+          const Tensor fixed = in_range(in[1]->clone());
+          std::vector<const Tensor*> args = in;
+          args[1] = &fixed;
+          return compute(op, args);
+        });
+    // The rows' max, then their (Σ exp, picked logit) pairs: 3 numbers a row, not 2051.
+    EXPECT_EQ(c.calls.size(), 2u) << kinds(c.calls);
+    for (const RecordedCall& call : c.calls) {
+      std::int64_t elements = 0;
+      for (std::int64_t n : call.counts) elements += n;
+      EXPECT_LE(elements, 4 * 2 * 512) << to_string(call);
+    }
+    EXPECT_EQ(to_string(c.placements), type == OpType::kSoftmaxCrossEntropy ? "R" : "S(1)");
+  }
+}
+
 TEST(DTensorApi, DistributeFromOneDeviceAndRedistributeRules) {
   const DeviceMesh mesh = parse_mesh("2x2");
   const Tensor global = random_tensor(DType::kFloat32, {7, 5}, 5);

@@ -1,7 +1,7 @@
 // The pass pipeline a model goes through before it runs, with the verifier between passes:
 // infer_layouts, then (to train) expand_backward, infer_layouts, add_update, infer_layouts,
-// then insert_copies, and with `overlap` decompose_collectives. The result is Stage::kCopied,
-// ready for expand_shards.
+// then expand_vocab_parallel, insert_copies, and with `overlap` decompose_collectives. The
+// result is Stage::kCopied, ready for expand_shards.
 #pragma once
 
 #include "meshflow/graph/passes.h"

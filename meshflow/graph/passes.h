@@ -4,6 +4,7 @@
 //   infer_layouts    fills every node's layout by sharding propagation (ops/strategy.h)
 //   expand_backward  adds the backward pass from the loss (ops/gradient.h's programs)
 //   add_update       adds an SGD update per weight that has a gradient
+//   expand_vocab_parallel  replaces each loss whose strategy shards the classes by its steps
 //   insert_copies    inserts a move wherever a value is needed in another layout or mesh
 //   decompose_collectives  (--overlap) runs all-gathers into and reduce-scatters out of matrix
 //                    products as loops overlapped with the product's blocks
@@ -42,6 +43,14 @@ Pcg expand_backward(Pcg pcg);
 // sgd(w, grad:w) per weight with a gradient (not laid out: infer_layouts gives both operands
 // the weight's layout, so copy insertion brings the gradient there, reducing a Partial one).
 Pcg add_update(Pcg pcg);
+
+// Vocabulary-parallel expansion. Before: Stage::kLaidOut. After: Stage::kLaidOut, and no compute
+// node needs lowering (ops/vocab_parallel.h): each softmax_cross_entropy or its gradient whose
+// operand layouts shard the classes is replaced by lower's steps, laid out as it chose, each
+// pinned to its layout ("<node>:max", "<node>:stats"), the last keeping the node's name, pin and
+// layout. A gradient's statistics that would repeat the forward's (the same operator on the
+// same values in the same layouts) are the forward's.
+Pcg expand_vocab_parallel(Pcg pcg, const PlanOptions& options = {});
 
 // Copy insertion. Before: Stage::kLaidOut. After: Stage::kCopied: a move node
 // ("move:<value>@<consumer>") before every operand whose layout is not the one its consumer

@@ -7,6 +7,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/graph/passes.h"
+#include "meshflow/ops/vocab_parallel.h"
 
 namespace meshflow {
 
@@ -327,6 +328,8 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
   }
   if (stage == Stage::kCopied && n.kind == NodeKind::kCompute && n.placements)
     check(n.layout->placements == *n.placements, "a pinned result is not in its pin");
+  if (stage == Stage::kCopied && n.kind == NodeKind::kCompute)
+    check(!needs_lowering(n.op, n.operand_layouts), "it shards its classes but was not expanded");
 }
 
 }  // namespace

@@ -178,6 +178,90 @@ fs::path temp_dir(const std::string& name) {
   return dir;
 }
 
+// An LM head and its loss: x[rows, width] (rows sharded over dp when dp > 1), a column-parallel
+// head[width, vocab] over tp, logits = matmul(x, head) and softmax_cross_entropy against labels,
+// in float64 (so one device's sums in another order agree to 1e-6).
+Model lm_head(const fs::path& dir, int dp, int tp, std::int64_t rows, std::int64_t width,
+              std::int64_t vocab) {
+  Tensor labels(DType::kInt64, {rows});
+  for (std::int64_t i = 0; i < rows; ++i)
+    labels.data<std::int64_t>()[static_cast<std::size_t>(i)] = (i * 977 + 13) % vocab;
+  write_npy(dir / "labels.npy", labels);
+  Model m;
+  Pcg& g = m.pcg;
+  const bool two_d = dp > 1;
+  const DeviceMesh mesh = parse_mesh(two_d ? fmt::format("{}x{}", dp, tp) : fmt::format("{}", tp));
+  auto P = [&](std::string_view rows_dim, std::string_view cols_dim) {
+    return parse_placements(two_d ? fmt::format("{},{}", rows_dim, cols_dim)
+                                  : std::string(cols_dim));
+  };
+  const ValueId x = add_input(g, "x", {{rows, width}, DType::kFloat64}, mesh, P("S(0)", "R"),
+                              Source::normal(1, 3));
+  const ValueId head = add_weight(g, "head", {{width, vocab}, DType::kFloat64}, mesh,
+                                  P("R", "S(1)"), Source::normal(0.5, 4));
+  const ValueId y = add_input(g, "labels", {{rows}, DType::kInt64}, mesh, P("S(0)", "R"),
+                              {.kind = Source::Kind::kNpy, .path = dir / "labels.npy"});
+  const ValueId logits = add_compute(g, "logits", Op{.type = OpType::kMatmul}, {x, head});
+  set_loss(g, add_compute(g, "loss", Op{.type = OpType::kSoftmaxCrossEntropy}, {logits, y}));
+  return m;
+}
+
+TEST(TaskRuntime, AVocabularyParallelLossMovesOnlyItsRowStatistics) {
+  const fs::path dir = temp_dir("vocab");
+  for (const auto& [dp, tp] : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}}) {
+    const std::string what = fmt::format("dp {} tp {}", dp, tp);
+    // 2 MiB of logits: two all-reduces of the rows' statistics cost less than gathering them.
+    const std::int64_t rows = 256, vocab = 2048 + 3;  // uneven class shards
+    const Model m = lm_head(dir, dp, tp, rows, 16, vocab);
+    expect_matches_one_device(m, what);
+    const Pcg g = compile(m.pcg, Mode::kTrain);
+    // The gradient reuses the forward's statistics.
+    std::vector<std::string> steps;
+    for (const Node& n : g.nodes)
+      if (n.kind == NodeKind::kCompute && n.phase != Phase::kUpdate)
+        steps.push_back(fmt::format("{} = {}", n.name, to_string(n.op)));
+    EXPECT_EQ(fmt::format("{}", fmt::join(steps, "; ")),
+              "logits = matmul; loss:max:kernel = logit_max; loss:stats:kernel = logit_stats; loss "
+              "= cross_entropy_from_stats; bwd:loss/0 = cross_entropy_grad_from_stats; "
+              "bwd:logits/1 = matmul_grad_b")
+        << what;
+    const TaskGraph tasks = expand_shards(g, {});
+    std::mutex mu;
+    std::map<DeviceId, CallLog> logs;
+    launch({.devices = first_devices(4)}, [&](Communicator& comm) {
+      auto log = std::make_shared<CallLog>();
+      RecordingCommunicator recording(comm.devices(), comm.device(), log,
+                                      comm.group(comm.devices()));
+      const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
+      std::vector<Tensor> values = load_sources(g, mine);
+      run_tasks(tasks, mine, recording, values, {});
+      std::lock_guard lock(mu);
+      logs[comm.device()] = *log;
+    });
+    for (const auto& [device, log] : logs) {
+      // Per step: the max and the (sum, picked) pairs of this device's rows, all-reduced over
+      // tp (by whichever algorithm the planner picks for their size), and with dp > 1 the head
+      // gradient's all-reduce over dp; never the logits.
+      const std::int64_t head_local = 16 * (device % tp == tp - 1 ? vocab / tp : vocab / tp + 1);
+      int statistics_calls = 0, head_reductions = 0;
+      for (const RecordedCall& call : log) {
+        std::int64_t elements = 0;
+        for (std::int64_t c : call.counts) elements += c;
+        if (call.collective == "all_reduce" && elements == head_local) {
+          ++head_reductions;
+          EXPECT_EQ(call.group.size(), static_cast<std::size_t>(dp)) << to_string(call);
+        } else {
+          ++statistics_calls;
+          EXPECT_LE(elements, tp * 2 * rows / dp) << to_string(call);
+        }
+      }
+      EXPECT_EQ(statistics_calls, 2) << what << " device " << device;
+      EXPECT_EQ(head_reductions, dp > 1 ? 1 : 0) << what << " device " << device;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 Model dp_tp(const fs::path& dir) {
   Tensor labels(DType::kInt64, {8});
   for (std::int64_t i = 0; i < 8; ++i) labels.data<std::int64_t>()[i] = (i * 7) % 4;

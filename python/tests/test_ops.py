@@ -87,6 +87,21 @@ def test_matmul_linear_and_losses(mesh, rng):
     close(mf.ops.mse(dist(mesh, logits, "S0"), dist(mesh, t, "R", "S1")), np.mean((logits - t) ** 2))
 
 
+def test_vocabulary_parallel_cross_entropy(mesh, rng):
+    # Logits split over the classes (2051: uneven) on the last mesh dim, rows over the first of
+    # a 2-d mesh: the loss and its gradient run vocabulary-parallel and equal NumPy's.
+    rows, classes = 512, 2051
+    logits = rng.standard_normal((rows, classes))
+    labels = rng.integers(0, classes, size=rows).astype(np.int64)
+    spec = ("S1",) if mesh.ndim == 1 else ("S0", "S1")
+    X, Y = dist(mesh, logits, *spec), dist(mesh, labels, *spec[:-1])
+    p = softmax(logits)
+    close(mf.ops.softmax_cross_entropy(X, Y), -np.mean(np.log(p[np.arange(rows), labels])))
+    grad = mf.ops.softmax_cross_entropy_grad(X, Y, dist(mesh, np.array(0.5)))
+    assert mf.placement.to_text(grad.placements) == mf.placement.to_text(X.placements)
+    close(grad, 0.5 * (p - np.eye(classes)[labels]) / rows)
+
+
 def test_gradient_operators(mesh, rng):
     g, b = rng.standard_normal((8, 4)), rng.standard_normal((6, 4))
     a = rng.standard_normal((8, 6))

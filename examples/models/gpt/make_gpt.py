@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Writes the GPT example: its token data and one model file per layout (the same model, the same
 weights, placed six ways). Run it from any folder; the files land beside this script (or in the folder
-given as its one argument), and running it again rewrites them unchanged (the data is seeded).
+given as its argument), and running it again rewrites them unchanged (the data is seeded).
+--batch, --seq and --vocab write a larger model of the same shape (the checked-in files use the
+defaults).
 
 The model: a token embedding plus a learned position embedding, BLOCKS pre-norm blocks (causal
 multi-head self-attention, then a GELU MLP, each added back into the residual stream), a final
@@ -18,14 +20,22 @@ The layouts, on 4 devices unless named:
             and reduce-scattered out of its last
   dp_tp     data x tensor parallel on a 2x2 mesh: the batch split over dp, tp as above over tp
 """
+import argparse
 import json
 import pathlib
-import sys
 
 import numpy as np
 
-here = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent)
-BATCH, SEQ, DIM, HEADS, VOCAB, BLOCKS = 4, 8, 16, 4, 32, 2
+parser = argparse.ArgumentParser(description="Writes the GPT example's data and model files.")
+parser.add_argument("out", nargs="?", type=pathlib.Path,
+                    default=pathlib.Path(__file__).resolve().parent)
+parser.add_argument("--batch", type=int, default=4)
+parser.add_argument("--seq", type=int, default=8)
+parser.add_argument("--vocab", type=int, default=32)
+args = parser.parse_args()
+here = args.out
+BATCH, SEQ, VOCAB = args.batch, args.seq, args.vocab
+DIM, HEADS, BLOCKS = 16, 4, 2
 HIDDEN = 4 * DIM
 
 
@@ -135,6 +145,7 @@ def write_json(path, m):
     path.write_text("\n".join(lines) + "\n")
 
 
+here.mkdir(parents=True, exist_ok=True)
 rng = np.random.default_rng(2026)
 np.save(here / "tokens.npy", rng.integers(0, VOCAB, size=(BATCH, SEQ)).astype(np.int64))
 np.save(here / "next_tokens.npy", rng.integers(0, VOCAB, size=BATCH * SEQ).astype(np.int64))
