@@ -64,20 +64,6 @@ void softmax_rows(const T* x, T* y, Around a) {
 }
 
 template <typename T>
-std::int64_t label_at(const Tensor& labels, std::int64_t row, std::int64_t classes) {
-  const std::int64_t l = visit_dtype(labels.dtype(), [&](auto zero) -> std::int64_t {
-    using L = decltype(zero);
-    return static_cast<std::int64_t>(reinterpret_cast<const L*>(labels.bytes())[row]);
-  });
-  if (l < 0 || l >= classes) {
-    fail(ErrorKind::kInvalidArgument,
-         "softmax_cross_entropy: label {} (row {} of this shard) is outside [0, {})", l, row,
-         classes);
-  }
-  return l;
-}
-
-template <typename T>
 Tensor run(const Op& op, const std::vector<const Tensor*>& in,
            const std::vector<TensorSpec>& globals) {
   const Tensor& x = *in[0];
@@ -124,7 +110,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
           const T mx = *std::max_element(xr, xr + classes);
           T sum = 0;
           for (std::int64_t j = 0; j < classes; ++j) sum += std::exp(xr[j] - mx);
-          total += std::log(sum) + mx - xr[label_at<T>(*in[1], r, classes)];
+          total += std::log(sum) + mx - xr[class_label(*in[1], r, classes)];
         }
         reinterpret_cast<T*>(loss.bytes())[0] = total / batch;
         return loss;
@@ -132,7 +118,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
       const T g = reinterpret_cast<const T*>(in[2]->bytes())[0] / batch;
       for (std::int64_t r = 0; r < rows; ++r) {
         T* pr = pp + r * classes;
-        pr[label_at<T>(*in[1], r, classes)] -= T(1);
+        pr[class_label(*in[1], r, classes)] -= T(1);
         for (std::int64_t j = 0; j < classes; ++j) pr[j] *= g;
       }
       return p;
@@ -160,6 +146,18 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
 }
 
 }  // namespace
+
+std::int64_t class_label(const Tensor& labels, std::int64_t row, std::int64_t classes) {
+  const auto r = static_cast<std::size_t>(row);
+  const std::int64_t l = labels.dtype() == DType::kInt32 ? labels.data<std::int32_t>()[r]
+                                                         : labels.data<std::int64_t>()[r];
+  if (l < 0 || l >= classes) {
+    fail(ErrorKind::kInvalidArgument,
+         "softmax_cross_entropy: label {} (row {} of this shard) is outside [0, {})", l, row,
+         classes);
+  }
+  return l;
+}
 
 TensorSpec infer_softmax(const Op& op, const std::vector<TensorSpec>& in) {
   const std::string_view name = to_string(op.type);

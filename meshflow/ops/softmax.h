@@ -18,6 +18,10 @@ TensorSpec infer_softmax(const Op& op, const std::vector<TensorSpec>& inputs);
 Tensor softmax_kernel(const Op& op, const std::vector<const Tensor*>& in,
                       const std::vector<TensorSpec>& globals);
 
+// Returns row `row`'s label of int32/int64 `labels`; throws Error naming it unless it lies in
+// [0, classes) (the global class count, so every shard of a vocabulary-parallel loss agrees).
+std::int64_t class_label(const Tensor& labels, std::int64_t row, std::int64_t classes);
+
 // The family's sharding rule (op.h's DimLabels) for a result of shape `out`.
 DimLabels softmax_labels(const Op& op, const std::vector<TensorSpec>& inputs, const Shape& out);
 

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/ops/softmax.h"
 
 namespace meshflow {
 
@@ -24,20 +25,6 @@ void expect(bool ok, const Op& op, std::string_view what, const TensorSpec& got)
 }
 
 bool is_index(DType d) { return d == DType::kInt32 || d == DType::kInt64; }
-
-// The global label of a row; every device checks it against the global class count, so a bad
-// label fails on all of them (no device waits in an all-reduce for one that threw).
-std::int64_t label_at(const Tensor& labels, std::int64_t row, std::int64_t classes) {
-  const auto r = static_cast<std::size_t>(row);
-  const std::int64_t l = labels.dtype() == DType::kInt32 ? labels.data<std::int32_t>()[r]
-                                                         : labels.data<std::int64_t>()[r];
-  if (l < 0 || l >= classes) {
-    fail(ErrorKind::kInvalidArgument,
-         "softmax_cross_entropy: label {} (row {} of this shard) is outside [0, {})", l, row,
-         classes);
-  }
-  return l;
-}
 
 template <typename T>
 Tensor run(const Op& op, const std::vector<const Tensor*>& in,
@@ -66,7 +53,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
         const T* xr = x + r * cols;
         T sum = 0;
         for (std::int64_t j = 0; j < cols; ++j) sum += std::exp(xr[j] - m[r]);
-        const std::int64_t local = label_at(*in[2], r, classes) - first_class;
+        const std::int64_t local = class_label(*in[2], r, classes) - first_class;
         st[2 * r] = sum;
         st[2 * r + 1] = local >= 0 && local < cols ? xr[local] : T(0);
       }
@@ -93,7 +80,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
         T* gr = g + r * cols;
         const T over = scale / st[2 * r];
         for (std::int64_t j = 0; j < cols; ++j) gr[j] = over * std::exp(xr[j] - m[r]);
-        const std::int64_t local = label_at(*in[1], r, classes) - first_class;
+        const std::int64_t local = class_label(*in[1], r, classes) - first_class;
         if (local >= 0 && local < cols) gr[local] -= scale;
       }
       return out;
