@@ -1,6 +1,7 @@
 """The GPT example (examples/models/gpt): make_gpt.py writes exactly the files checked in; every
 layout trains 3 steps equal to one device (--check) on threads, and the TP and DP x TP layouts
-under mpirun -n 4; every layout's losses are the one-device losses; the sequence-parallel layout
+under mpirun -n 4 (and a wide-vocabulary tp_vocab, whose loss runs vocabulary-parallel, on
+both); every layout's losses are the one-device losses; the sequence-parallel layout
 moves, per block forward, two all-gathers into the products and two reduce-scatters out of them,
 and nothing else but its embedding's reduce-scatter and its logits' gathers; with a vocabulary
 wide enough the loss runs vocabulary-parallel, moving only per-row statistics.
@@ -63,12 +64,14 @@ if not mpirun:
     want += [("lnf", ["all_gather"]), ("flat", ["all_gather"])]
     check(forward == want, f"sequence-parallel forward moves {forward}")
 
-    # With 4 MiB of logits the loss runs vocabulary-parallel: the rows' statistics move, not the
-    # logits, in the forward and the backward, and training still equals one device.
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["/usr/bin/python3", os.path.join(gpt, "make_gpt.py"), tmp, "--batch", "16",
-                        "--seq", "32", "--vocab", "2048"], check=True)
-        wide = os.path.join(tmp, "gpt_tp_vocab.json")
+# With 4 MiB of logits the loss runs vocabulary-parallel: the rows' statistics move, not the
+# logits, in the forward and the backward, and training still equals one device (threads and
+# mpirun).
+with tempfile.TemporaryDirectory() as tmp:
+    subprocess.run(["/usr/bin/python3", os.path.join(gpt, "make_gpt.py"), tmp, "--batch", "16",
+                    "--seq", "32", "--vocab", "2048"], check=True)
+    wide = os.path.join(tmp, "gpt_tp_vocab.json")
+    if not mpirun:
         r = run_meshflow(meshflow, ["explain", wide, "--json"], None, None, timeout=300)
         check(r.returncode == 0, r.stderr)
         moves = [(m["pass"], m["value"], m["from"]["placements"], m["to"]["placements"])
@@ -77,12 +80,12 @@ if not mpirun:
         check(moves == [("forward", "loss:max", ["P(max)"], ["R"]),
                         ("forward", "loss:stats", ["P(sum)"], ["R"])],
               f"vocabulary-parallel loss moves {moves}")
-        r = run_meshflow(meshflow, ["train", wide, "--steps", "2", "--check", "--json"], None,
-                         None, timeout=300)
-        check(r.returncode == 0, f"train wide tp_vocab: {r.stderr}")
-        if r.returncode == 0:
-            out = json.loads(r.stdout)["check"]
-            for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
-                check(out[key] <= TOLERANCE, f"wide tp_vocab {key} = {out[key]}")
+    r = run_meshflow(meshflow, ["train", wide, "--steps", "2", "--check", "--json"], mpirun,
+                     4 if mpirun else None, timeout=300)
+    check(r.returncode == 0, f"train wide tp_vocab: {r.stderr}")
+    if r.returncode == 0:
+        out = json.loads(r.stdout)["check"]
+        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
+            check(out[key] <= TOLERANCE, f"wide tp_vocab {key} = {out[key]}")
 
 finish()
