@@ -18,9 +18,6 @@ namespace meshflow {
 
 namespace {
 
-// What one device needs to run one (operator, operand layouts) call: the strategy, its own
-// program for each operand that moves (null where none moves), the normalised operator and
-// the global operand specs its kernel reads.
 struct Dispatch;
 
 // A step of a lowered operator (ops/vocab_parallel.h) on one device.
@@ -30,6 +27,9 @@ struct DispatchStep {
   std::shared_ptr<const DeviceProgram> pin;  // its result's move to its pin (null: none)
 };
 
+// What one device needs to run one (operator, operand layouts) call: the strategy, its own
+// program for each operand that moves (null where none moves), the normalised operator and
+// the global operand specs its kernel reads (or, lowered, the steps it runs instead).
 struct Dispatch {
   Op op;
   std::shared_ptr<const Strategy> strategy;

@@ -164,8 +164,9 @@ std::vector<Strategy> strategies(const Op& raw, const std::vector<Layout>& input
         s.cost_s += low.cost_s;
       }
       if (valid) result.push_back(std::move(s));
-    } catch (const Error&) {
-      // an invalid layout (an integer P(avg)): not a strategy
+    } catch (const Error& e) {
+      // an invalid layout (an integer P(avg)) is not a strategy; a broken invariant is a bug
+      if (e.kind() == ErrorKind::kInternal) throw;
     }
     int m = dims - 1;
     while (m >= 0 && ++pick[static_cast<std::size_t>(m)] == choices.size())

@@ -170,8 +170,13 @@ DimLabels vocab_parallel_labels(const Op& op, const std::vector<TensorSpec>&) {
 bool needs_lowering(const Op& op, const std::vector<Layout>& layouts) {
   if (op.type != OpType::kSoftmaxCrossEntropy && op.type != OpType::kSoftmaxCrossEntropyGrad)
     return false;
-  return std::any_of(layouts[0].placements.begin(), layouts[0].placements.end(),
-                     [](const Placement& p) { return p.is_shard() && p.dim == 1; });
+  // A class shard over a mesh dim of one device is the whole dim: the kernel runs as it is.
+  const Layout& logits = layouts[0];
+  for (std::size_t m = 0; m < logits.placements.size(); ++m) {
+    const Placement& p = logits.placements[m];
+    if (p.is_shard() && p.dim == 1 && logits.mesh.shape[m] > 1) return true;
+  }
+  return false;
 }
 
 Lowering lower(const Op& op, const std::vector<Layout>& layouts, const PlanOptions& options) {

@@ -51,7 +51,8 @@ struct Lowering {
 };
 
 // Returns whether `op` (as normalize returns it) on operands laid out as `layouts` runs lowered:
-// softmax_cross_entropy or its gradient whose logits shard the class dim on some mesh dim.
+// softmax_cross_entropy or its gradient whose logits shard the class dim over a mesh dim of
+// more than one device.
 bool needs_lowering(const Op& op, const std::vector<Layout>& layouts);
 
 // Returns the lowering of `op` on operands in `layouts` (needs_lowering holds), each step's

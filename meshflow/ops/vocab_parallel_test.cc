@@ -34,6 +34,9 @@ TEST(VocabParallel, LoweringAllReducesTheRowStatisticsOnly) {
   const Layout labels = L("4", "R", {2048}, DType::kInt64);
   ASSERT_TRUE(needs_lowering(ce, {logits, labels}));
   EXPECT_FALSE(needs_lowering(ce, {L("4", "S(0)", {2048, 8192}), labels}));
+  // S(1) over one device is the whole class dim.
+  EXPECT_FALSE(needs_lowering(
+      ce, {L("1x4", "S(1),S(0)", {2048, 8192}), L("1x4", "R,S(0)", {2048}, DType::kInt64)}));
   const Lowering low = lower(ce, {logits, labels});
   EXPECT_EQ(steps_text(low),
             "logit_max(0): S(1) -> P(max)  cost 5.15e-05 s -> pin R\n"
