@@ -200,13 +200,18 @@ py::dict run_outputs(const LoadedModel& m, bool overlap) {
   {
     py::gil_scoped_release release;
     const RunReport r = run_model(m.model, o);
+    auto all_processes_here = [] {
+      if (session().backend() != Backend::kMpi) return;
+      session().run(first_devices(session().size()), [](Communicator& comm) { barrier(comm, {}); });
+    };
+    // Every process has written its shards before any reads (a process that finishes its part
+    // of the run early would otherwise find another's output folder still incomplete).
+    all_processes_here();
     for (const auto& [name, layout] : r.outputs) {
       ShardedTensor s = read_sharded(dir / name);
       values.emplace_back(name, assemble(s.layout, s.shards));
     }
-    if (session().backend() == Backend::kMpi) {  // every process has read before any removes
-      session().run(first_devices(session().size()), [](Communicator& comm) { barrier(comm, {}); });
-    }
+    all_processes_here();  // every process has read before any removes
     if (session().rank() == 0) std::filesystem::remove_all(dir);
   }
   py::dict out;
