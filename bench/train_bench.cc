@@ -10,11 +10,9 @@
 
 #include "bench/collectives_bench.h"
 #include "bench/gpt_model.h"
-#include "meshflow/comm/recording.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/compile.h"
-#include "meshflow/graph/source.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/runtime/model_runner.h"
 
@@ -210,20 +208,9 @@ BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_te
 // Returns the bytes device 0 sends to other devices in one forward pass (Mode::kRun) or one
 // training step (Mode::kTrain) of `m` on threads, as a RecordingCommunicator counts them.
 std::int64_t bytes_sent(const Model& m, Mode mode) {
-  const Pcg g = compile(m.pcg, mode);
-  const TaskGraph tasks = expand_shards(g, {});
   std::int64_t bytes = 0;
-  launch({.devices = first_devices(static_cast<int>(tasks.devices.size()))},
-         [&](Communicator& comm) {
-           auto log = std::make_shared<CallLog>();
-           RecordingCommunicator recording(comm.devices(), comm.device(), log,
-                                           comm.group(comm.devices()));
-           const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
-           std::vector<Tensor> values = load_sources(g, mine);
-           run_tasks(tasks, mine, recording, values, {});
-           if (comm.device() != 0) return;
-           for (const RecordedCall& call : *log) bytes += call.bytes_sent;
-         });
+  for (const RecordedCall& call : record_calls(compile(m.pcg, mode)).at(0))
+    bytes += call.bytes_sent;
   return bytes;
 }
 

@@ -332,4 +332,22 @@ nlohmann::json to_json(const TrainReport& report) {
   return {{"steps", steps}, {"check", check}};
 }
 
+std::map<DeviceId, CallLog> record_calls(const Pcg& pcg) {
+  const TaskGraph tasks = expand_shards(pcg, {});
+  std::mutex mu;
+  std::map<DeviceId, CallLog> logs;
+  launch({.devices = first_devices(static_cast<int>(tasks.devices.size()))},
+         [&](Communicator& comm) {
+           auto log = std::make_shared<CallLog>();
+           RecordingCommunicator recording(comm.devices(), comm.device(), log,
+                                           comm.group(comm.devices()));
+           const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
+           std::vector<Tensor> values = load_sources(pcg, mine);
+           run_tasks(tasks, mine, recording, values, {});
+           std::lock_guard lock(mu);
+           logs[comm.device()] = *log;
+         });
+  return logs;
+}
+
 }  // namespace meshflow

@@ -6,12 +6,14 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "meshflow/comm/launch.h"
+#include "meshflow/comm/recording.h"
 #include "meshflow/graph/model_file.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/planner.h"
@@ -77,5 +79,10 @@ TrainReport train_model(const Model& model, const TrainOptions& options);
 // Returns {"steps": [{"step", "loss", "seconds"}...], "check": {max_*_diff} or null}: what
 // `meshflow train --json` prints and the Python module's Model.train returns.
 nlohmann::json to_json(const TrainReport& report);
+
+// Runs one pass of compiled graph `pcg` (graph/compile.h: a forward pass, or a training step)
+// on the threads backend, each device's communicator wrapped in a RecordingCommunicator, and
+// returns every device's calls: how tests and benchmarks count a model's communication.
+std::map<DeviceId, CallLog> record_calls(const Pcg& pcg);
 
 }  // namespace meshflow

@@ -9,16 +9,13 @@
 
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "meshflow/comm/recording.h"
 #include "meshflow/core/compare.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/reference.h"
-#include "meshflow/graph/source.h"
 #include "meshflow/graph/testing.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
@@ -77,26 +74,6 @@ void expect_matches_one_device(const Model& m, const std::string& what, bool ove
 }
 
 using PT = ParallelType;
-
-// Runs one pass of compiled graph `g` on threads, each device's communicator wrapped in a
-// recording one; returns every device's calls.
-std::map<DeviceId, CallLog> recorded_calls(const Pcg& g) {
-  const TaskGraph tasks = expand_shards(g, {});
-  std::mutex mu;
-  std::map<DeviceId, CallLog> logs;
-  launch({.devices = first_devices(static_cast<int>(tasks.devices.size()))},
-         [&](Communicator& comm) {
-           auto log = std::make_shared<CallLog>();
-           RecordingCommunicator recording(comm.devices(), comm.device(), log,
-                                           comm.group(comm.devices()));
-           const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
-           std::vector<Tensor> values = load_sources(g, mine);
-           run_tasks(tasks, mine, recording, values, {});
-           std::lock_guard lock(mu);
-           logs[comm.device()] = *log;
-         });
-  return logs;
-}
 
 TEST(ParallelOps, ForwardAndBackwardEqualOneDevice) {
   const std::vector<ParallelCase> cases = {
@@ -169,7 +146,7 @@ TEST(TaskRuntime, DataParallelismReducesEachGradientOnceAndMovesNothingElse) {
   const Model m = data_parallel();
   expect_matches_one_device(m, "data parallel");
   const Pcg g = compile(m.pcg, Mode::kTrain);
-  for (const auto& [device, log] : recorded_calls(g)) {
+  for (const auto& [device, log] : record_calls(g)) {
     // One reduction per weight gradient (w1, b1, w2), each over the 4 devices, and nothing in
     // the forward or backward passes.
     ASSERT_EQ(log.size(), 3u) << "device " << device;
@@ -233,7 +210,7 @@ TEST(TaskRuntime, AVocabularyParallelLossMovesOnlyItsRowStatistics) {
               "= cross_entropy_from_stats; bwd:loss/0 = cross_entropy_grad_from_stats; "
               "bwd:logits/1 = matmul_grad_b")
         << what;
-    for (const auto& [device, log] : recorded_calls(g)) {
+    for (const auto& [device, log] : record_calls(g)) {
       // Per step: the max and the (sum, picked) pairs of this device's rows, all-reduced over
       // tp (by whichever algorithm the planner picks for their size), and with dp > 1 the head
       // gradient's all-reduce over dp; never the logits.
