@@ -51,12 +51,7 @@ Pcg expand_vocab_parallel(Pcg pcg, const PlanOptions& options) {
     for (std::size_t k = 0; k < low.steps.size(); ++k) {
       const LoweredStep& s = low.steps[k];
       std::vector<ValueId> args;
-      std::vector<TensorSpec> specs;
-      for (int a : s.args) {
-        const ValueId v = values[static_cast<std::size_t>(a)];
-        args.push_back(v);
-        specs.push_back(out.nodes[static_cast<std::size_t>(v)].spec);
-      }
+      for (int a : s.args) args.push_back(values[static_cast<std::size_t>(a)]);
       const bool last = k + 1 == low.steps.size();
       auto same = [&](const Made& m) {
         return m.type == s.op.type && m.args == args && m.layouts == s.strategy.inputs;
@@ -69,7 +64,7 @@ Pcg expand_vocab_parallel(Pcg pcg, const PlanOptions& options) {
                        : Node{.name = step_name(taken, old.name, s.op.type),
                               .kind = NodeKind::kCompute,
                               .phase = old.phase,
-                              .spec = infer(s.op, specs),
+                              .spec = {s.layout.shape, s.layout.dtype},
                               .mesh = old.mesh,
                               .placements = s.layout.placements};
       step.op = s.op;
