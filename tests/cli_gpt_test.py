@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 from checks import check, finish, run_meshflow
 
 meshflow, gpt = sys.argv[1], sys.argv[2]
@@ -87,5 +89,23 @@ with tempfile.TemporaryDirectory() as tmp:
         out = json.loads(r.stdout)["check"]
         for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
             check(out[key] <= TOLERANCE, f"wide tp_vocab {key} = {out[key]}")
+
+    # Bad data is one line naming the node that read it, on every device (no device left
+    # waiting in the loss's all-reduces): a token id outside the vocabulary, then a label.
+    for data, value, want in [("tokens.npy", 2048, 'node "e": embedding: id 2048 is out of range'),
+                              ("next_tokens.npy", -1, 'node "loss:stats:kernel": '
+                               "softmax_cross_entropy: label -1 (row 3 of this shard)")]:
+        path = os.path.join(tmp, data)
+        good = np.load(path)
+        bad = good.copy()
+        bad.flat[3] = value
+        np.save(path, bad)
+        r = run_meshflow(meshflow, ["train", wide, "--steps", "1"], mpirun, 4 if mpirun else None,
+                         timeout=300)
+        np.save(path, good)
+        # (under mpirun every rank prints its line, and Open MPI its abort banner)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("meshflow: error:")]
+        check(r.returncode != 0 and errors and all(want in l for l in errors),
+              f"bad {data}: {r.returncode} {r.stderr}")
 
 finish()

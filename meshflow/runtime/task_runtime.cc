@@ -49,7 +49,13 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
     std::vector<const Tensor*> locals;
     locals.reserve(c->call->args.size());
     for (ValueId v : c->call->args) locals.push_back(&value(v));
-    Tensor out = run_kernel(c->call->op, locals, c->call->globals, c->offsets);
+    Tensor out;
+    try {
+      out = run_kernel(c->call->op, locals, c->call->globals, c->offsets);
+    } catch (const Error& e) {  // bad data (an id, a label): name the node that read it
+      if (e.kind() == ErrorKind::kInternal) throw;
+      fail(e.kind(), "node \"{}\": {}", graph.names[static_cast<std::size_t>(task.out)], e.what());
+    }
     MESHFLOW_CHECK(out.shape() == c->local_out, "task \"{}\": kernel gave {}, expected {}",
                    graph.names[static_cast<std::size_t>(task.out)], to_string(out.shape()),
                    to_string(c->local_out));
