@@ -112,20 +112,54 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
       scatter, multiply);
 }
 
-// The cost model's timeline of one case on n devices of `machine`: x's rows in chunk-rule blocks.
-BenchResult simulate_case(const MachineModel& machine, const std::string& name, std::int64_t rows,
-                          int n) {
+// The cost model's view of one case on n devices: x's rows in chunk-rule blocks, w packed by
+// every product call.
+OverlapCostInput cost_input(const std::string& name, std::int64_t rows, int n) {
   const bool gather = name != "gemm_reduce_scatter";
   // The reduce-scatter case multiplies every row by this device's K block (the largest).
   const std::int64_t k = gather ? kWidth : chunk(kWidth, n, 0).extent;
-  OverlapCostInput in{.mesh_dim = 0};
+  OverlapCostInput in{.mesh_dim = 0, .call_bytes = k * kWidth * 4};
   for (int b = 0; b < n; ++b) {
     const std::int64_t r = chunk(rows, n, b).extent;
     in.block_bytes.push_back(r * kWidth * 4);
     in.block_flops.push_back(2.0 * static_cast<double>(r * k * kWidth));
   }
-  const OverlapEstimate e =
-      gather ? gather_overlap(machine, in, form_of(name)) : reduce_scatter_overlap(machine, in);
+  return in;
+}
+
+OverlapEstimate estimate(const MachineModel& machine, const std::string& name, std::int64_t rows,
+                         int n) {
+  const OverlapCostInput in = cost_input(name, rows, n);
+  return name == "gemm_reduce_scatter" ? reduce_scatter_overlap(machine, in)
+                                       : gather_overlap(machine, in, form_of(name));
+}
+
+// What `--overlap` does with this case's collective on the built-in machine (the cost model
+// deciding where and how): the form it picks, or "whole" where no loop is shorter.
+std::string overlap_choice(const std::string& name, std::int64_t rows, int n, bool shared_memory) {
+  const MachineModel& machine = default_machine();
+  std::vector<std::string> forms = {"gemm_reduce_scatter"};
+  if (name != "gemm_reduce_scatter") {
+    forms = {"allgather_gemm_permute", "allgather_gemm_broadcast"};
+    if (shared_memory) forms.push_back("allgather_gemm_in_place");
+  }
+  std::string best = "whole";
+  double best_s = estimate(machine, forms[0], rows, n).sequential_s;
+  for (const std::string& f : forms) {
+    const double t = estimate(machine, f, rows, n).overlapped_s;
+    if (t < best_s) {
+      best_s = t;
+      best = f == "gemm_reduce_scatter" ? "ring" : std::string(to_string(form_of(f)));
+    }
+  }
+  return best;
+}
+
+// The cost model's timeline of one case on n devices of `machine`, its links taken to run
+// beside compute (what a cluster's NICs do).
+BenchResult simulate_case(MachineModel machine, const std::string& name, std::int64_t rows, int n) {
+  for (auto& [link_name, link] : machine.links) link.copies_on_cores = false;
+  const OverlapEstimate e = estimate(machine, name, rows, n);
   BenchResult r{.case_name = name,
                 .backend = "simulated",
                 .mesh = std::to_string(n),
@@ -205,6 +239,7 @@ BenchReport run_overlap_bench(const OverlapBenchOptions& options, bool* printer)
             room > 0 ? (median(s.sequential) - median(s.overlapped)) / room : 0.0;
         result.extra["shape"] =
             fmt::format("x [{}, {}] @ w [{}, {}]", rows, kWidth, kWidth, kWidth);
+        result.extra["overlap_choice"] = overlap_choice(name, rows, n, shared_memory);
         std::lock_guard lock(mu);
         add_result(report, std::move(result));
       }

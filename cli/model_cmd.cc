@@ -33,10 +33,12 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
   cmd->add_option("--machine", a.machine, "machine description JSON for the cost model");
   cmd->add_flag("--overlap", a.overlap,
                 "run all-gathers into and reduce-scatters out of matrix products as loops that "
-                "overlap each block's transfer with the product");
+                "overlap each block's transfer with the product, where the cost model estimates "
+                "the loop shorter");
   cmd->add_option("--gather-form", a.gather_form,
-                  "with --overlap, the form of every decomposed all-gather: permute, broadcast or "
-                  "in_place (threads) (default: the cost model's choice)")
+                  "with --overlap, decompose every such collective, all-gathers in this form: "
+                  "permute, broadcast or in_place (threads) (default: the cost model decides "
+                  "where and how)")
       ->check(CLI::IsMember({"permute", "broadcast", "in_place"}));
   cmd->add_flag("--json", a.json, "print JSON");
 }
@@ -58,6 +60,7 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   o.plan.machine = machine;
   o.overlap = a.overlap;
   o.gather_form = gather_form(a);
+  o.overlap_always = o.gather_form.has_value();  // a named form is the caller's decision
   if (!a.save.empty()) o.save = a.save;
   if (!a.trace.empty()) o.trace = a.trace;
   return o;
@@ -179,7 +182,8 @@ void add_explain(CLI::App& app) {
         model.pcg, {.plan = plan,
                     .overlap = args->overlap,
                     .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
-                                  .gather_form = gather_form(*args)}});
+                                  .gather_form = gather_form(*args),
+                                  .always = gather_form(*args).has_value()}});
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

@@ -87,6 +87,7 @@ OverlapCostInput overlap_cost_input(const Pcg& pcg, const Node& c, const Decompo
     in.block_bytes.push_back((gather ? rows * width_a : rows * width_out) * elem);
     in.block_flops.push_back(2.0 * static_cast<double>(rows * width_a * width_out));
   }
+  in.call_bytes = numel(local_b) * elem;
   return in;
 }
 
@@ -133,6 +134,29 @@ std::vector<std::optional<Decomposition>> decomposable(const Pcg& pcg) {
   return out;
 }
 
+DecompositionChoice choose_decomposition(const Pcg& pcg, const Node& c, const Decomposition& d,
+                                         const MachineModel& machine,
+                                         const DecomposeOptions& options) {
+  DecompositionChoice out{.decomposition = d};
+  const OverlapCostInput in = overlap_cost_input(pcg, c, d);
+  if (d.kind == Decomposition::Kind::kGatherOperand) {
+    std::vector<GatherForm> candidates = {GatherForm::kPermute, GatherForm::kBroadcast};
+    if (options.shared_memory) candidates.push_back(GatherForm::kInPlace);
+    if (options.gather_form) candidates = {*options.gather_form};
+    for (GatherForm form : candidates) {  // the first of equally short forms
+      const OverlapEstimate e = gather_overlap(machine, in, form);
+      if (form == candidates.front() || e.overlapped_s < out.estimate.overlapped_s) {
+        out.estimate = e;
+        out.decomposition.form = form;
+      }
+    }
+  } else {
+    out.estimate = reduce_scatter_overlap(machine, in);
+  }
+  out.pays = out.estimate.overlapped_s < out.estimate.sequential_s;
+  return out;
+}
+
 Pcg decompose_collectives(Pcg pcg, const PlanOptions& plan, const DecomposeOptions& options) {
   verify(pcg, Stage::kCopied);
   if (options.gather_form == GatherForm::kInPlace && !options.shared_memory) {
@@ -141,26 +165,12 @@ Pcg decompose_collectives(Pcg pcg, const PlanOptions& plan, const DecomposeOptio
          "memory (the threads backend)");
   }
   const MachineModel& machine = plan.machine ? *plan.machine : default_machine();
-  std::vector<GatherForm> candidates = {GatherForm::kPermute, GatherForm::kBroadcast};
-  if (options.shared_memory) candidates.push_back(GatherForm::kInPlace);
-  if (options.gather_form) candidates = {*options.gather_form};
   const std::vector<std::optional<Decomposition>> found = decomposable(pcg);
   for (std::size_t id = 0; id < found.size(); ++id) {
     if (!found[id]) continue;
-    Node& c = pcg.nodes[id];
-    Decomposition d = *found[id];
-    if (d.kind == Decomposition::Kind::kGatherOperand) {
-      const OverlapCostInput in = overlap_cost_input(pcg, c, d);
-      double best = 0;
-      for (GatherForm form : candidates) {  // the first of equally short forms
-        const double t = gather_overlap(machine, in, form).overlapped_s;
-        if (form == candidates.front() || t < best) {
-          best = t;
-          d.form = form;
-        }
-      }
-    }
-    c.decomposed = d;
+    const DecompositionChoice choice =
+        choose_decomposition(pcg, pcg.nodes[id], *found[id], machine, options);
+    if (choice.pays || options.always) pcg.nodes[id].decomposed = choice.decomposition;
   }
   verify(pcg, Stage::kCopied);
   return pcg;

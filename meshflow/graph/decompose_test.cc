@@ -14,8 +14,10 @@
 namespace meshflow {
 namespace {
 
+// Compiled for training; with `overlap`, every collective the patterns allow is decomposed
+// (these graphs are too small for the cost model to choose a loop).
 Pcg compiled(const Pcg& built, bool overlap) {
-  return compile(built, Mode::kTrain, {.overlap = overlap});
+  return compile(built, Mode::kTrain, {.overlap = overlap, .decompose = {.always = true}});
 }
 
 // Returns "node: kind on mesh dim d (form)" for every decomposed node.
@@ -97,7 +99,9 @@ TEST(Decompose, ExplainListsNMinus1PermutesPerGatherAndNamesTheProduct) {
 TEST(Decompose, DevicesSharingMemoryReadGatheredBlocksInPlaceAndAFormMayBeNamed) {
   const Pcg built = testing::sp_mlp(1, 4, 9, 5, 16);  // gathers into h and bwd:o/0
   auto forms = [&](const DecomposeOptions& d) {
-    const Pcg g = compile(built, Mode::kTrain, {.overlap = true, .decompose = d});
+    DecomposeOptions always = d;
+    always.always = true;
+    const Pcg g = compile(built, Mode::kTrain, {.overlap = true, .decompose = always});
     std::vector<std::string> out;
     for (const Node& n : g.nodes) {
       if (n.decomposed && n.decomposed->kind == Decomposition::Kind::kGatherOperand)
@@ -112,13 +116,56 @@ TEST(Decompose, DevicesSharingMemoryReadGatheredBlocksInPlaceAndAFormMayBeNamed)
   EXPECT_EQ(forms({.gather_form = GatherForm::kBroadcast}), (V{"broadcast", "broadcast"}));
   EXPECT_THROW(forms({.gather_form = GatherForm::kInPlace}), Error);
   // explain lists the in-place gather as one step.
-  const Explanation e = explain(
-      compile(built, Mode::kTrain, {.overlap = true, .decompose = {.shared_memory = true}}));
+  const Explanation e =
+      explain(compile(built, Mode::kTrain,
+                      {.overlap = true, .decompose = {.shared_memory = true, .always = true}}));
   for (const MoveReport& m : e.moves) {
     if (m.overlapped_with == "h") {
       EXPECT_EQ(m.steps, std::vector{StepKind::kInPlace});
     }
   }
+}
+
+// Without `always`, a collective is decomposed only where the cost model's loop is shorter than
+// the collective then the product; explain says why the others were kept whole.
+TEST(Decompose, TheCostModelDecomposesOnlyWhereTheLoopIsShorter) {
+  const Pcg built = testing::sp_mlp(1, 4, 64, 32, 64);
+  auto decomposed = [&](const MachineModel& m, bool shared_memory) {
+    const PlanOptions plan{.machine = &m};
+    return decompositions(
+        compile(built, Mode::kTrain,
+                {.plan = plan, .overlap = true, .decompose = {.shared_memory = shared_memory}}));
+  };
+  // The built-in machine: microseconds of latency against sub-microsecond products.
+  EXPECT_TRUE(decomposed(default_machine(), false).empty());
+  const PlanOptions plan;
+  const DecomposeOptions options;
+  const Explanation e =
+      explain(compile(built, Mode::kTrain, {.plan = plan, .overlap = true}), plan, &options);
+  int kept = 0;
+  for (const MoveReport& m : e.moves) {
+    if (!m.kept_whole) continue;
+    ++kept;
+    EXPECT_GE(m.kept_whole->overlapped_s, m.kept_whole->sequential_s) << m.value;
+  }
+  EXPECT_EQ(kept, 4);
+  EXPECT_NE(to_text(e).find("kept whole: loop est"), std::string::npos) << to_text(e);
+  // Slow links and slow products that run beside each other: every loop hides its transfers.
+  MachineModel slow{.links = {{"l", LinkClass{.bandwidth_gbps = 0.001, .latency_us = 0}}},
+                    .default_link = "l",
+                    .memcpy_gbps = 1,
+                    .collective_overhead_us = 0,
+                    .local_step_us = 0,
+                    .gemm_gflops = 0.001};
+  EXPECT_EQ(decomposed(slow, false).size(), 4u);
+  // The same links copying on the cores that compute: a loop only adds each product call's
+  // packing to the same copies, so nothing is decomposed, but where devices share memory the
+  // gathers read their blocks in place and copy nothing.
+  slow.links["l"].copies_on_cores = true;
+  EXPECT_TRUE(decomposed(slow, false).empty());
+  EXPECT_EQ(decomposed(slow, true),
+            (std::vector<std::string>{"h: gather move:th@h on dim 0 (in_place)",
+                                      "bwd:o/0: gather move:grad:o@bwd:o/0 on dim 0 (in_place)"}));
 }
 
 TEST(Decompose, TheLoopMakesTheGatheredOperandAndEveryValueIsReleased) {

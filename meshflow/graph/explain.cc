@@ -11,7 +11,7 @@
 
 namespace meshflow {
 
-Explanation explain(const Pcg& pcg, const PlanOptions& options) {
+Explanation explain(const Pcg& pcg, const PlanOptions& options, const DecomposeOptions* overlap) {
   verify(pcg, Stage::kCopied);
   Explanation e;
   PlanCache plans(options);  // a deep model repeats a few moves many times
@@ -25,6 +25,16 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options) {
   for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
     if (const auto& d = pcg.nodes[static_cast<std::size_t>(id)].decomposed)
       decomposed_by[static_cast<std::size_t>(d->move)] = id;
+  }
+  // movement -> the loop the cost model declined for it
+  std::vector<std::optional<OverlapEstimate>> kept_whole(pcg.nodes.size());
+  if (overlap != nullptr) {
+    const std::vector<std::optional<Decomposition>> allowed = decomposable(pcg);
+    for (std::size_t id = 0; id < allowed.size(); ++id) {
+      if (!allowed[id] || pcg.nodes[id].decomposed) continue;
+      kept_whole[static_cast<std::size_t>(allowed[id]->move)] =
+          choose_decomposition(pcg, pcg.nodes[id], *allowed[id], machine, *overlap).estimate;
+    }
   }
   for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
     const Node& n = pcg.nodes[id];
@@ -57,6 +67,7 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options) {
     }
     const std::shared_ptr<const Plan> plan = plans.get(*in.layout, *n.layout);
     m.est_s = plan->est_s;
+    m.kept_whole = kept_whole[id];
     for (const Step& s : plan->steps)
       if (s.kind != StepKind::kLocal) m.steps.push_back(s.kind);
     if (!m.steps.empty()) e.moves.push_back(std::move(m));
@@ -75,7 +86,8 @@ std::string explicit_text(const DeviceMesh& mesh) {
 }
 
 Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options) {
-  return explain(compile(pcg, pcg.loss ? Mode::kTrain : Mode::kRun, options), options.plan);
+  return explain(compile(pcg, pcg.loss ? Mode::kTrain : Mode::kRun, options), options.plan,
+                 options.overlap ? &options.decompose : nullptr);
 }
 
 nlohmann::json to_json(const Explanation& e) {
@@ -93,6 +105,10 @@ nlohmann::json to_json(const Explanation& e) {
                      {"steps", steps},
                      {"est_s", m.est_s}});
     if (!m.overlapped_with.empty()) moves.back()["overlapped_with"] = m.overlapped_with;
+    if (m.kept_whole) {
+      moves.back()["kept_whole"] = {{"loop_s", m.kept_whole->overlapped_s},
+                                    {"sequential_s", m.kept_whole->sequential_s}};
+    }
   }
   return {{"values", values}, {"moves", moves}};
 }
@@ -121,6 +137,10 @@ std::string to_text(const Explanation& e) {
                                  ? to_string(m.to.placements)
                                  : explicit_text(m.to.mesh) + " " + to_string(m.to.placements);
       if (!m.overlapped_with.empty()) steps += "; overlapped with " + m.overlapped_with;
+      if (m.kept_whole) {
+        steps += fmt::format("; kept whole: loop est {:.3g} s vs {:.3g} s collective then product",
+                             m.kept_whole->overlapped_s, m.kept_whole->sequential_s);
+      }
       out += fmt::format("  {} for {}: {} -> {}  [{}]  est {:.3g} s\n", m.value, m.consumer, from,
                          to, steps, m.est_s);
     }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct MoveReport {
   // in_place (blocks read where they lie), the product it overlaps is named, and est_s is the
   // communication the timeline leaves exposed.
   std::string overlapped_with;
+  // With --overlap, a collective the patterns let a product decompose but the cost model kept
+  // whole: the loop's timeline it weighed against the collective then the product.
+  std::optional<OverlapEstimate> kept_whole;
   double est_s = 0;
 };
 
@@ -32,8 +36,10 @@ struct Explanation {
   std::vector<MoveReport> moves;                       // in graph order
 };
 
-// Returns the explanation of `pcg` (Stage::kCopied).
-Explanation explain(const Pcg& pcg, const PlanOptions& options = {});
+// Returns the explanation of `pcg` (Stage::kCopied); with `overlap` (the options it was
+// decomposed with), the collectives kept whole say why.
+Explanation explain(const Pcg& pcg, const PlanOptions& options = {},
+                    const DecomposeOptions* overlap = nullptr);
 
 // Returns what `meshflow explain` shows for a built graph: `pcg` compiled with `options` for
 // training when it names a loss, for the forward pass otherwise, then explained.

@@ -68,17 +68,33 @@ Pcg insert_copies(Pcg pcg);
 //     where devices share memory, in_place (or options.gather_form); or
 //   - has a Partial(sum) result whose only consumer is a reduce-scatter of it to dim 0 over one
 //     mesh dim j (P(sum) -> S(0) on j, the same conditions), unless the result is an output,
-//     the loss or a weight's gradient (which reports read).
-// Nothing else changes: expand_shards gives the product and its movement one task. Throws Error
-// when options.gather_form is in_place and the devices do not share memory.
+//     the loss or a weight's gradient (which reports read);
+// and whose loop's timeline is shorter than the collective then the product (unless
+// options.always). Nothing else changes: expand_shards gives the product and its movement one
+// task. Throws Error when options.gather_form is in_place and the devices do not share memory.
 struct DecomposeOptions {
   // The devices share one address space (the threads backend): in_place is a candidate.
   bool shared_memory = false;
   // Every decomposed all-gather takes this form instead of the cost model's choice.
   std::optional<GatherForm> gather_form;
+  // Decompose every product the patterns allow, even where the cost model estimates the loop
+  // no shorter than the collective then the product (a caller who knows better: tests,
+  // benchmarks, `--gather-form`).
+  bool always = false;
 };
 Pcg decompose_collectives(Pcg pcg, const PlanOptions& plan = {},
                           const DecomposeOptions& options = {});
+
+// The cost model's view of decomposing compute node `c` as `d` allows (decomposable): `d` with
+// its form chosen (gathers), that form's timeline, and whether the loop is the shorter.
+struct DecompositionChoice {
+  Decomposition decomposition;
+  OverlapEstimate estimate;
+  bool pays = false;  // estimate.overlapped_s < estimate.sequential_s
+};
+DecompositionChoice choose_decomposition(const Pcg& pcg, const Node& c, const Decomposition& d,
+                                         const MachineModel& machine,
+                                         const DecomposeOptions& options);
 
 // Returns, per node, the decomposition decompose_collectives' patterns allow it (form unset:
 // permute); verify checks every decomposition against it.

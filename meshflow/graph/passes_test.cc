@@ -52,7 +52,8 @@ TEST(PassesGolden, EveryPassOnTheDpTpMlpAndAPipeline) {
 }
 
 TEST(PassesGolden, DecomposeCollectivesOnTheSequenceParallelMlp) {
-  const Pcg g = compile(testing::sp_mlp(1, 2, 5), Mode::kTrain, {.overlap = true});
+  const Pcg g = compile(testing::sp_mlp(1, 2, 5), Mode::kTrain,
+                        {.overlap = true, .decompose = {.always = true}});
   expect_golden("== decompose_collectives\n" + to_text(g) + "== expand_shards\n" +
                     to_text(expand_shards(g, {})) + "== explain\n" + to_text(explain(g)),
                 "decompose_golden.txt");

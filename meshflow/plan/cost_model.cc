@@ -18,9 +18,11 @@ const MachineModel& default_machine() {
   // a typical 100 Gb/s fabric, for meshes spanning nodes under mpi. One device's float32 GEMM
   // (OpenBLAS, one thread) runs ~100 GFLOP/s (`meshflow bench overlap`'s gemm_s: x [8192, 512]
   // @ w [512, 512] in 43 ms). Waking 4 device threads for a global-view call and waiting for
-  // them costs ~50 us (`meshflow bench python`'s dispatch cases).
+  // them costs ~50 us (`meshflow bench python`'s dispatch cases). Shared-memory transfers are
+  // copies by the same two cores that run the products.
   static const MachineModel model{
-      .links = {{"shared_memory", LinkClass{.bandwidth_gbps = 4.0, .latency_us = 2.0}},
+      .links = {{"shared_memory",
+                 LinkClass{.bandwidth_gbps = 4.0, .latency_us = 2.0, .copies_on_cores = true}},
                 {"network", LinkClass{.bandwidth_gbps = 10.0, .latency_us = 20.0}}},
       .default_link = "shared_memory",
       .dim_links = {},
@@ -49,8 +51,9 @@ MachineModel machine_from_json(const nlohmann::json& json, std::string_view sour
     links.reject("must be an object naming at least one link class");
   for (auto it = links.value().begin(); it != links.value().end(); ++it) {
     const JsonField link = links.member(it.key());
-    const LinkClass l{.bandwidth_gbps = link.member("bandwidth_gbps").as_number(0, kMax),
-                      .latency_us = link.member("latency_us").as_number(0, kMax)};
+    LinkClass l{.bandwidth_gbps = link.member("bandwidth_gbps").as_number(0, kMax),
+                .latency_us = link.member("latency_us").as_number(0, kMax)};
+    if (auto cores = link.find("copies_on_cores")) l.copies_on_cores = cores->as_bool();
     if (!(l.bandwidth_gbps > 0)) link.member("bandwidth_gbps").reject("must be > 0");
     m.links[it.key()] = l;
   }
@@ -176,11 +179,26 @@ std::int64_t total(const std::vector<std::int64_t>& v) {
   return s;
 }
 
+// Seconds of one product call of block b: its multiply-adds and the packing of the other
+// operand, which every call repeats.
+double call_seconds(const MachineModel& machine, const OverlapCostInput& input, int b) {
+  return product_seconds(machine, input.block_flops[static_cast<std::size_t>(b)]) +
+         static_cast<double>(input.call_bytes) / bytes_per_second(machine.memcpy_gbps);
+}
+
+// Seconds of a loop step whose transfer runs beside its product: the longer of the two, or
+// both where the link's copies take the cores that compute.
+double step_of(const MachineModel& machine, const OverlapCostInput& input, double transfer,
+               double product) {
+  return link_of(machine, input.mesh_dim).copies_on_cores ? transfer + product
+                                                          : std::max(transfer, product);
+}
+
 // Takes rank r's sequential time into `e`: `collective` (all-gather or reduce-scatter of the
-// blocks, r's own staying put), then every block's product.
+// blocks, r's own staying put), then the whole product in one call.
 void add_sequential(const MachineModel& machine, const OverlapCostInput& input, StepKind collective,
                     int r, OverlapEstimate& e) {
-  double products = 0;
+  double products = static_cast<double>(input.call_bytes) / bytes_per_second(machine.memcpy_gbps);
   for (double flops : input.block_flops) products += product_seconds(machine, flops);
   const std::int64_t own = input.block_bytes[static_cast<std::size_t>(r)];
   const double comm =
@@ -200,10 +218,11 @@ OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInp
                                GatherForm form) {
   const int n = static_cast<int>(input.block_bytes.size());
   MESHFLOW_CHECK(n > 0 && input.block_flops.size() == input.block_bytes.size());
-  auto product = [&](int b) { return product_seconds(machine, input.block_flops[b]); };
+  auto product = [&](int b) { return call_seconds(machine, input, b); };
   auto send = [&](StepKind kind, int b) {
     return transfer_seconds(machine, input, kind, input.block_bytes[b]);
   };
+  auto step = [&](double transfer, double p) { return step_of(machine, input, transfer, p); };
   OverlapEstimate e;
   for (int r = 0; r < n; ++r) {
     add_sequential(machine, input, StepKind::kAllGather, r, e);
@@ -211,15 +230,15 @@ OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInp
     if (form == GatherForm::kInPlace) {  // every block read where it lies
       t = transfer_seconds(machine, input, StepKind::kInPlace, 0);
       for (int b = 0; b < n; ++b) t += product(b);
-    } else if (form ==
-               GatherForm::kPermute) {  // step k brings (r + k) mod n, hides (r + k - 1) mod n
+    } else if (form == GatherForm::kPermute) {
+      // Step k brings block (r + k) mod n and hides the product of (r + k - 1) mod n.
       for (int k = 1; k < n; ++k)
-        t += std::max(send(StepKind::kPermute, (r + k) % n), product((r + k - 1) % n));
+        t += step(send(StepKind::kPermute, (r + k) % n), product((r + k - 1) % n));
       t += product((r + n - 1) % n);
     } else {  // block b + 1 travels while block b is multiplied
       t = send(StepKind::kBroadcast, 0);
       for (int b = 0; b < n; ++b)
-        t += std::max(b + 1 < n ? send(StepKind::kBroadcast, b + 1) : 0.0, product(b));
+        t += step(b + 1 < n ? send(StepKind::kBroadcast, b + 1) : 0.0, product(b));
     }
     e.overlapped_s = std::max(e.overlapped_s, t);
   }
@@ -230,19 +249,20 @@ OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const Overla
   const int n = static_cast<int>(input.block_bytes.size());
   MESHFLOW_CHECK(n > 0 && input.block_flops.size() == input.block_bytes.size());
   const double mem = bytes_per_second(machine.memcpy_gbps);
-  auto product = [&](int b) { return product_seconds(machine, input.block_flops[b]); };
+  auto product = [&](int b) { return call_seconds(machine, input, b); };
   OverlapEstimate e;
   for (int r = 0; r < n; ++r) {
     add_sequential(machine, input, StepKind::kReduceScatter, r, e);
     // Step k computes block (r + k + 1) mod n while the partial sum of step k - 1 travels,
-    // then adds the partial sum received for it (each received term read once, as the
-    // reduce-scatter step counts its terms).
+    // then adds the partial sum received for it: two terms read, as the reduce-scatter step
+    // counts every term it reads.
     double t = product((r + 1) % n);
     for (int k = 1; k < n; ++k) {
       const int block = (r + k + 1) % n, sent = (r + k) % n;
-      t += std::max(transfer_seconds(machine, input, StepKind::kPermute, input.block_bytes[sent]),
-                    product(block)) +
-           static_cast<double>(input.block_bytes[block]) / mem;
+      t += step_of(machine, input,
+                   transfer_seconds(machine, input, StepKind::kPermute, input.block_bytes[sent]),
+                   product(block)) +
+           2 * static_cast<double>(input.block_bytes[block]) / mem;
     }
     e.overlapped_s = std::max(e.overlapped_s, t);
   }

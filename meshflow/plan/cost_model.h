@@ -18,6 +18,9 @@ namespace meshflow {
 struct LinkClass {
   double bandwidth_gbps = 0;  // per device, each direction
   double latency_us = 0;      // per round of a collective (one message hop)
+  // Transfers are copies made by the cores that also compute (shared memory, one socket): a
+  // decomposed loop cannot hide them behind a product, only add its steps to them.
+  bool copies_on_cores = false;
   bool operator==(const LinkClass&) const = default;
 };
 
@@ -42,7 +45,8 @@ const MachineModel& default_machine();
 // Returns the link class of `mesh_dim` (the default class when the model names none).
 const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 
-// Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us"}},
+// Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us",
+// "copies_on_cores" (optional)}},
 // "default_link", "dim_links" (optional), "memcpy_gbps", "collective_overhead_us",
 // "local_step_us", "gemm_gflops" and "device_handoff_us" (optional)}; throws Error naming the file
 // and the bad field.
@@ -80,14 +84,18 @@ enum class GatherForm { kPermute, kBroadcast, kInPlace };
 std::string_view to_string(GatherForm form);
 
 // A collective decomposed around the product it feeds (all-gather) or that feeds it
-// (reduce-scatter), as a timeline on a machine whose links and compute run independently.
-// Blocks are in rank order: block_bytes[b] is what travels for block b (operand 0's rows for a
-// gather, the result's partial rows for a reduce-scatter), block_flops[b] the floating-point
-// operations of block b's product on one device.
+// (reduce-scatter), as a timeline: a step waits for the longer of its transfer and its product
+// where the link runs beside compute, for both where the link's copies take the cores
+// (LinkClass::copies_on_cores). Blocks are in rank order: block_bytes[b] is what travels for
+// block b (operand 0's rows for a gather, the result's partial rows for a reduce-scatter),
+// block_flops[b] the floating-point operations of block b's product on one device.
+// call_bytes is what every product call packs besides its block (the other operand, read and
+// written once at memcpy speed): the loop pays it once per block, the sequential product once.
 struct OverlapCostInput {
   int mesh_dim = 0;
   std::vector<std::int64_t> block_bytes;
   std::vector<double> block_flops;
+  std::int64_t call_bytes = 0;
 };
 
 // Seconds of the slowest device: sequential (the collective, then the whole product) and

@@ -55,6 +55,30 @@ TEST(OverlapTimeline, TransferBoundLoopsAreAsLongAsTheirTransfers) {
   EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, 510e-9, 1e-12);
 }
 
+TEST(OverlapTimeline, EveryProductCallPacksItsOtherOperandAgain) {
+  MachineModel m = unit_machine();
+  m.memcpy_gbps = 1;  // a packed byte costs 1 ns
+  const OverlapCostInput in{
+      .block_bytes = {100, 100, 100}, .block_flops = {300, 300, 300}, .call_bytes = 50};
+  const OverlapEstimate e = gather_overlap(m, in, GatherForm::kPermute);
+  EXPECT_NEAR(e.sequential_s, (200 + 900 + 50) * 1e-9, 1e-15);  // one call
+  EXPECT_NEAR(e.overlapped_s, 3 * 350e-9, 1e-15);               // three calls of 350
+  // Each of the two later steps also adds two terms of 100 bytes.
+  EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, (350 + 2 * (350 + 200)) * 1e-9, 1e-15);
+}
+
+TEST(OverlapTimeline, CopiesOnTheComputingCoresAddToTheProductsInsteadOfHiding) {
+  MachineModel m = unit_machine();
+  m.links["l"].copies_on_cores = true;
+  const OverlapCostInput in{.block_bytes = {100, 100, 100}, .block_flops = {300, 300, 300}};
+  // Each of the two steps is its transfer and its product, then the last product.
+  EXPECT_NEAR(gather_overlap(m, in, GatherForm::kPermute).overlapped_s, 1100e-9, 1e-15);
+  EXPECT_NEAR(gather_overlap(m, in, GatherForm::kBroadcast).overlapped_s, 1200e-9, 1e-15);
+  EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, 1100e-9, 1e-12);
+  // In place nothing travels, so nothing changes.
+  EXPECT_NEAR(gather_overlap(m, in, GatherForm::kInPlace).overlapped_s, 900e-9, 1e-15);
+}
+
 // A machine file with only its required fields.
 nlohmann::json required_fields_json() {
   return {{"links", {{"l", {{"bandwidth_gbps", 1}, {"latency_us", 0}}}}},
@@ -63,8 +87,19 @@ nlohmann::json required_fields_json() {
           {"collective_overhead_us", 0}};
 }
 
-TEST(OverlapTimeline, MachineFilesMayStateTheGemmRate) {
+TEST(OverlapTimeline, MachineFilesMayStateTheGemmRateAndCoreCopies) {
   nlohmann::json j = required_fields_json();
+  EXPECT_FALSE(machine_from_json(j, "m.json").links.at("l").copies_on_cores);
+  j["links"]["l"]["copies_on_cores"] = true;
+  EXPECT_TRUE(machine_from_json(j, "m.json").links.at("l").copies_on_cores);
+  j["links"]["l"]["copies_on_cores"] = 1;
+  try {
+    machine_from_json(j, "m.json");
+    ADD_FAILURE() << "a number was accepted as copies_on_cores";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("links.l.copies_on_cores"), std::string::npos) << e.what();
+  }
+  j["links"]["l"].erase("copies_on_cores");
   EXPECT_EQ(machine_from_json(j, "m.json").gemm_gflops, default_machine().gemm_gflops);
   j["gemm_gflops"] = 250;
   EXPECT_EQ(machine_from_json(j, "m.json").gemm_gflops, 250);

@@ -59,7 +59,8 @@ Prepared prepare(const Model& model, Mode mode, bool check, const ModelRunOption
                   {.plan = options.plan,
                    .overlap = options.overlap,
                    .decompose = {.shared_memory = options.backend == Backend::kThreads,
-                                 .gather_form = options.gather_form}});
+                                 .gather_form = options.gather_form,
+                                 .always = options.overlap_always}});
   const std::vector<DeviceId> used = pcg_devices(p.pcg);
   p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
   std::vector<ValueId> keep;  // fetched values stay until the step ends

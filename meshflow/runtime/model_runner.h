@@ -31,6 +31,9 @@ struct ModelRunOptions {
   // With `overlap`: every decomposed all-gather takes this form instead of the cost model's
   // choice (which includes in_place on threads, where devices share memory).
   std::optional<GatherForm> gather_form;
+  // With `overlap`: decompose every collective the patterns allow, even where the cost model
+  // estimates the loop no shorter (DecomposeOptions::always).
+  bool overlap_always = false;
   // Each value of "outputs" (run) or each weight after the last step (train) as a sharded
   // folder <save>/<name>/ in its layout; the folder appears complete or not at all.
   std::optional<std::filesystem::path> save;

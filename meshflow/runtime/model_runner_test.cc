@@ -65,6 +65,7 @@ void expect_matches_one_device(const Model& m, const std::string& what, bool ove
   TrainOptions o{.steps = 2, .lr = 0.5, .check = true};
   o.run.overlap = overlap;
   o.run.gather_form = gather_form;
+  o.run.overlap_always = overlap;  // these graphs are too small for the cost model to choose it
   const TrainReport r = train_model(m, o);
   ASSERT_TRUE(r.check.has_value());
   EXPECT_LE(r.check->max_loss_diff, 1e-6) << what;
@@ -259,7 +260,8 @@ TEST(Overlap, TrainingWithDecomposedCollectivesEqualsOneDeviceAndThePlainRun) {
     const Model m{.pcg = testing::sp_mlp(dp, tp, 2 * tp + 1, 5, 4 * tp + 1)};
     TrainOptions plain{.steps = 2, .lr = 0.5};
     const TrainReport a = train_model(m, plain);
-    // The cost model's choice on threads (in place), and the two forms that move blocks.
+    // Every collective decomposed: in the cost model's form on threads (in place), and in the
+    // two forms that move blocks.
     for (std::optional<GatherForm> form :
          {std::optional<GatherForm>{}, std::optional{GatherForm::kPermute},
           std::optional{GatherForm::kBroadcast}}) {
@@ -269,6 +271,7 @@ TEST(Overlap, TrainingWithDecomposedCollectivesEqualsOneDeviceAndThePlainRun) {
       TrainOptions overlapped = plain;
       overlapped.run.overlap = true;
       overlapped.run.gather_form = form;
+      overlapped.run.overlap_always = true;
       const TrainReport b = train_model(m, overlapped);
       for (std::size_t i = 0; i < a.steps.size(); ++i)
         EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 1e-6) << what;
@@ -279,7 +282,7 @@ TEST(Overlap, TrainingWithDecomposedCollectivesEqualsOneDeviceAndThePlainRun) {
 TEST(Overlap, TracesShowEachBlocksTransferOverlappingAProduct) {
   const fs::path dir = temp_dir("overlap_trace");
   // The permute form (on threads the cost model would read gathered blocks in place).
-  ModelRunOptions o{.overlap = true, .gather_form = GatherForm::kPermute};
+  ModelRunOptions o{.overlap = true, .gather_form = GatherForm::kPermute, .overlap_always = true};
   o.trace = dir / "trace.json";
   run_model(Model{.pcg = testing::sp_mlp(1, 4, 64, 32, 64)}, o);
   const auto trace = nlohmann::json::parse(read_file(dir / "trace.json"));
