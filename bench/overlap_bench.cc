@@ -19,22 +19,24 @@ namespace {
 constexpr std::int64_t kWidth = 512;  // K and N
 
 const std::vector<std::string>& case_names() {
-  static const std::vector<std::string> names = {"allgather_gemm_permute",
-                                                 "allgather_gemm_broadcast",
-                                                 "allgather_gemm_in_place", "gemm_reduce_scatter"};
+  static const std::vector<std::string> names = {
+      "allgather_gemm_permute", "allgather_gemm_broadcast", "allgather_gemm_in_place",
+      "gemm_reduce_scatter", "gemm_reduce_scatter_in_place"};
   return names;
 }
 
-// The gather form of an all-gather case.
+bool is_scatter(const std::string& name) { return name.starts_with("gemm_reduce_scatter"); }
+
+// The form of a case's loop (a reduce-scatter's permute form is the ring).
 GatherForm form_of(const std::string& name) {
   if (name == "allgather_gemm_broadcast") return GatherForm::kBroadcast;
-  if (name == "allgather_gemm_in_place") return GatherForm::kInPlace;
+  if (name.ends_with("_in_place")) return GatherForm::kInPlace;
   return GatherForm::kPermute;
 }
 
-// The in-place case runs only where devices share memory.
+// The in-place cases run only where devices share memory.
 bool runs_on(const std::string& name, bool shared_memory) {
-  return shared_memory || name != "allgather_gemm_in_place";
+  return shared_memory || form_of(name) != GatherForm::kInPlace;
 }
 
 void gemm_into(const Tensor& a, const Tensor& b, Tensor& c) {
@@ -73,8 +75,8 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
   const int n = comm.size(), r = comm.rank();
   std::vector<std::int64_t> counts;
   for (int i = 0; i < n; ++i) counts.push_back(chunk(rows, n, i).extent * kWidth);
-  if (name != "gemm_reduce_scatter") {
-    const GatherForm form = form_of(name);
+  const GatherForm form = form_of(name);
+  if (!is_scatter(name)) {
     const Tensor x = random_tensor(DType::kFloat32, {chunk(rows, n, r).extent, kWidth}, 1 + r);
     const Tensor w = random_tensor(DType::kFloat32, {kWidth, kWidth}, 99);
     const Tensor* rest[] = {&w};
@@ -104,7 +106,7 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
   };
   auto multiply = [&] { gemm_into(x, w, partial); };
   return sample(
-      comm, reps, [&] { product_reduce_scatter(comm, OpType::kMatmul, x, rest); },
+      comm, reps, [&] { product_reduce_scatter(comm, OpType::kMatmul, x, rest, {.form = form}); },
       [&] {
         multiply();
         scatter();
@@ -115,7 +117,7 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
 // The cost model's view of one case on n devices: x's rows in chunk-rule blocks, w packed by
 // every product call.
 OverlapCostInput cost_input(const std::string& name, std::int64_t rows, int n) {
-  const bool gather = name != "gemm_reduce_scatter";
+  const bool gather = !is_scatter(name);
   // The reduce-scatter case multiplies every row by this device's K block (the largest).
   const std::int64_t k = gather ? kWidth : chunk(kWidth, n, 0).extent;
   OverlapCostInput in{.mesh_dim = 0, .call_bytes = k * kWidth * 4};
@@ -130,8 +132,8 @@ OverlapCostInput cost_input(const std::string& name, std::int64_t rows, int n) {
 OverlapEstimate estimate(const MachineModel& machine, const std::string& name, std::int64_t rows,
                          int n) {
   const OverlapCostInput in = cost_input(name, rows, n);
-  return name == "gemm_reduce_scatter" ? reduce_scatter_overlap(machine, in)
-                                       : gather_overlap(machine, in, form_of(name));
+  return is_scatter(name) ? reduce_scatter_overlap(machine, in, form_of(name))
+                          : gather_overlap(machine, in, form_of(name));
 }
 
 // What `--overlap` does with this case's collective on the built-in machine (the cost model
@@ -139,7 +141,8 @@ OverlapEstimate estimate(const MachineModel& machine, const std::string& name, s
 std::string overlap_choice(const std::string& name, std::int64_t rows, int n, bool shared_memory) {
   const MachineModel& machine = default_machine();
   std::vector<std::string> forms = {"gemm_reduce_scatter"};
-  if (name != "gemm_reduce_scatter") {
+  if (shared_memory) forms.push_back("gemm_reduce_scatter_in_place");
+  if (!is_scatter(name)) {
     forms = {"allgather_gemm_permute", "allgather_gemm_broadcast"};
     if (shared_memory) forms.push_back("allgather_gemm_in_place");
   }

@@ -194,7 +194,8 @@ void add_bench(CLI::App& app) {
   CLI::App* overlap = add_distributed(
       bench, "overlap",
       "all-gather + GEMM (permute, broadcast and, on threads, in-place forms) and GEMM + "
-      "reduce-scatter, decomposed against sequential; x is [bytes / 2 KiB, 512], w [512, 512]",
+      "reduce-scatter (ring and, on threads, in place), decomposed against sequential; x is "
+      "[bytes / 2 KiB, 512], w [512, 512]",
       "--cases", "subset, e.g. allgather_gemm_permute",
       [simulate](const DistributedRun& r, bool* printer) {
         const std::shared_ptr<MachineModel> machine =

@@ -46,11 +46,29 @@ Calls calls_of(GatherForm form, int n) {
   return {};
 }
 
+// The reduce-scatter loop's calls: the ring's permutes, or in place the results' addresses and
+// a barrier before each later step.
+Calls scatter_calls_of(GatherForm form, int n) {
+  if (form == GatherForm::kInPlace) return {{"all_gather", 1}, {"barrier", n - 1}};
+  return {{"collective_permute", n - 1}};
+}
+
+Calls plus(Calls a, const Calls& b) {
+  for (const auto& [call, count] : b) a[call] += count;
+  return a;
+}
+
 // The gather forms `backend` runs: the in-place one only where devices share memory.
 std::vector<GatherForm> forms_of(Backend backend) {
   if (backend == Backend::kThreads)
     return {GatherForm::kPermute, GatherForm::kBroadcast, GatherForm::kInPlace};
   return {GatherForm::kPermute, GatherForm::kBroadcast};
+}
+
+// The reduce-scatter forms: the ring, and in place where devices share memory.
+std::vector<GatherForm> scatter_forms_of(Backend backend) {
+  if (backend == Backend::kThreads) return {GatherForm::kPermute, GatherForm::kInPlace};
+  return {GatherForm::kPermute};
 }
 
 // Returns `count` elements of t's dim `dim` from `from`.
@@ -70,6 +88,15 @@ void expect_close(const Tensor& got, const Tensor& want, int n, const char* what
   EXPECT_EQ(compare_close(got, want, tol, tol), std::nullopt) << what << ", " << n << " ranks";
 }
 
+// Every gather form, each with a reduce-scatter form, so that every form of both runs.
+std::vector<std::pair<GatherForm, GatherForm>> form_pairs(Backend backend) {
+  const std::vector<GatherForm> gathers = forms_of(backend), scatters = scatter_forms_of(backend);
+  std::vector<std::pair<GatherForm, GatherForm>> out;
+  for (std::size_t i = 0; i < gathers.size(); ++i)
+    out.emplace_back(gathers[i], scatters[i % scatters.size()]);
+  return out;
+}
+
 }  // namespace
 
 void check_allgather_product(Backend backend, const std::vector<int>& ranks) {
@@ -81,23 +108,23 @@ void check_allgather_product(Backend backend, const std::vector<int>& ranks) {
     const Tensor dy = random_tensor(DType::kFloat32, {m, 2, out}, 260 + n);
     const Tensor y = compute(Op{.type = OpType::kLinear}, {&x, &w, &b});
     const Tensor dx = compute(Op{.type = OpType::kMatmulGradA}, {&dy, &w});
-    for (GatherForm form : forms_of(backend)) {
-      Calls calls = calls_of(form, n);
-      calls["collective_permute"] += n - 1;  // the backward reduce-scatter
-      on_devices(backend, n, calls, [&](Communicator& g) {
-        const int r = g.rank();
-        const Tensor w_local = chunk_of(w, 1, n, r), b_local = chunk_of(b, 0, n, r);
-        const Tensor* rest[] = {&w_local, &b_local};
-        Tensor gathered;
-        const Tensor y_local = allgather_product(g, OpType::kLinear, chunk_of(x, 0, n, r), m, rest,
-                                                 {.form = form, .gathered = &gathered});
-        expect_close(y_local, chunk_of(y, 2, n, r), n, "forward");
-        EXPECT_EQ(compare_close(gathered, x, 0, 0), std::nullopt) << "gathered x, " << n;
-        const Tensor* w_only[] = {&w_local};
-        const Tensor dx_local =
-            product_reduce_scatter(g, OpType::kMatmulGradA, chunk_of(dy, 2, n, r), w_only);
-        expect_close(dx_local, chunk_of(dx, 0, n, r), n, "backward");
-      });
+    for (const auto& [form, scatter] : form_pairs(backend)) {
+      // The forward gather, the backward reduce-scatter.
+      on_devices(
+          backend, n, plus(calls_of(form, n), scatter_calls_of(scatter, n)), [&](Communicator& g) {
+            const int r = g.rank();
+            const Tensor w_local = chunk_of(w, 1, n, r), b_local = chunk_of(b, 0, n, r);
+            const Tensor* rest[] = {&w_local, &b_local};
+            Tensor gathered;
+            const Tensor y_local = allgather_product(g, OpType::kLinear, chunk_of(x, 0, n, r), m,
+                                                     rest, {.form = form, .gathered = &gathered});
+            expect_close(y_local, chunk_of(y, 2, n, r), n, "forward");
+            EXPECT_EQ(compare_close(gathered, x, 0, 0), std::nullopt) << "gathered x, " << n;
+            const Tensor* w_only[] = {&w_local};
+            const Tensor dx_local = product_reduce_scatter(
+                g, OpType::kMatmulGradA, chunk_of(dy, 2, n, r), w_only, {.form = scatter});
+            expect_close(dx_local, chunk_of(dx, 0, n, r), n, "backward");
+          });
     }
   }
 }
@@ -108,18 +135,27 @@ void check_product_reduce_scatter(Backend backend, const std::vector<int>& ranks
     const Tensor x = random_tensor(DType::kFloat64, {m, k}, 300 + n);
     const Tensor w = random_tensor(DType::kFloat64, {k, out}, 400 + n);
     const Tensor dy = random_tensor(DType::kFloat64, {m, out}, 450 + n);
+    const Tensor b = random_tensor(DType::kFloat64, {out}, 470 + n);
+    // A linear's term per rank carries the bias, so the sum carries it n times.
+    Tensor nb = b.clone();
+    for (double& v : nb.data<double>()) v *= n;
     const Tensor y = compute(Op{.type = OpType::kMatmul}, {&x, &w});
+    const Tensor y_linear = compute(Op{.type = OpType::kLinear}, {&x, &w, &nb});
     const Tensor dx = compute(Op{.type = OpType::kMatmulGradA}, {&dy, &w});
-    for (GatherForm form : forms_of(backend)) {
-      Calls calls = calls_of(form, n);  // the backward gather
-      calls["collective_permute"] += n - 1;
-      on_devices(backend, n, calls, [&](Communicator& g) {
+    for (const auto& [form, scatter] : form_pairs(backend)) {
+      // Two forward reduce-scatters, the backward gather.
+      Calls calls = plus(scatter_calls_of(scatter, n), scatter_calls_of(scatter, n));
+      on_devices(backend, n, plus(calls, calls_of(form, n)), [&](Communicator& g) {
         const int r = g.rank();
         const Tensor w_local = chunk_of(w, 0, n, r);
         const Tensor* rest[] = {&w_local};
-        const Tensor y_local =
-            product_reduce_scatter(g, OpType::kMatmul, chunk_of(x, 1, n, r), rest);
+        const Tensor y_local = product_reduce_scatter(g, OpType::kMatmul, chunk_of(x, 1, n, r),
+                                                      rest, {.form = scatter});
         expect_close(y_local, chunk_of(y, 0, n, r), n, "forward");
+        const Tensor* with_bias[] = {&w_local, &b};
+        const Tensor y_linear_local = product_reduce_scatter(
+            g, OpType::kLinear, chunk_of(x, 1, n, r), with_bias, {.form = scatter});
+        expect_close(y_linear_local, chunk_of(y_linear, 0, n, r), n, "forward linear");
         const Tensor dx_local = allgather_product(g, OpType::kMatmulGradA, chunk_of(dy, 0, n, r), m,
                                                   rest, {.form = form});
         expect_close(dx_local, chunk_of(dx, 1, n, r), n, "backward");

@@ -139,19 +139,20 @@ DecompositionChoice choose_decomposition(const Pcg& pcg, const Node& c, const De
                                          const DecomposeOptions& options) {
   DecompositionChoice out{.decomposition = d};
   const OverlapCostInput in = overlap_cost_input(pcg, c, d);
-  if (d.kind == Decomposition::Kind::kGatherOperand) {
-    std::vector<GatherForm> candidates = {GatherForm::kPermute, GatherForm::kBroadcast};
-    if (options.shared_memory) candidates.push_back(GatherForm::kInPlace);
-    if (options.gather_form) candidates = {*options.gather_form};
-    for (GatherForm form : candidates) {  // the first of equally short forms
-      const OverlapEstimate e = gather_overlap(machine, in, form);
-      if (form == candidates.front() || e.overlapped_s < out.estimate.overlapped_s) {
-        out.estimate = e;
-        out.decomposition.form = form;
-      }
+  const bool gather = d.kind == Decomposition::Kind::kGatherOperand;
+  // A gather's permute, broadcast or in-place form; a reduce-scatter's ring (permute) or
+  // in-place form.
+  std::vector<GatherForm> candidates = {GatherForm::kPermute};
+  if (gather) candidates.push_back(GatherForm::kBroadcast);
+  if (options.shared_memory) candidates.push_back(GatherForm::kInPlace);
+  if (gather && options.gather_form) candidates = {*options.gather_form};
+  for (GatherForm form : candidates) {  // the first of equally short forms
+    const OverlapEstimate e =
+        gather ? gather_overlap(machine, in, form) : reduce_scatter_overlap(machine, in, form);
+    if (form == candidates.front() || e.overlapped_s < out.estimate.overlapped_s) {
+      out.estimate = e;
+      out.decomposition.form = form;
     }
-  } else {
-    out.estimate = reduce_scatter_overlap(machine, in);
   }
   out.pays = out.estimate.overlapped_s < out.estimate.sequential_s;
   return out;

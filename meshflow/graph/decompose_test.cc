@@ -26,11 +26,10 @@ std::vector<std::string> decompositions(const Pcg& g) {
   for (const Node& n : g.nodes) {
     if (!n.decomposed) continue;
     const bool gather = n.decomposed->kind == Decomposition::Kind::kGatherOperand;
-    out.push_back(
-        n.name + (gather ? ": gather " : ": scatter ") +
-        g.nodes[static_cast<std::size_t>(n.decomposed->move)].name + " on dim " +
-        std::to_string(n.decomposed->mesh_dim) +
-        (gather ? std::string(" (") + std::string(to_string(n.decomposed->form)) + ")" : ""));
+    out.push_back(n.name + (gather ? ": gather " : ": scatter ") +
+                  g.nodes[static_cast<std::size_t>(n.decomposed->move)].name + " on dim " +
+                  std::to_string(n.decomposed->mesh_dim) + " (" +
+                  std::string(to_string(n.decomposed->form)) + ")");
   }
   return out;
 }
@@ -45,9 +44,9 @@ TEST(Decompose, GathersIntoAndScattersOutOfTheSequenceParallelProducts) {
       // the scatter of th's gradient (a partial sum, th being replicated) out of h's.
       EXPECT_EQ(decompositions(g), (std::vector<std::string>{
                                        "h: gather move:th@h" + on + " (permute)",
-                                       "o:kernel: scatter o" + on,
+                                       "o:kernel: scatter o" + on + " (permute)",
                                        "bwd:o/0: gather move:grad:o@bwd:o/0" + on + " (permute)",
-                                       "bwd:h/0: scatter move:grad:th@bwd:th/0" + on,
+                                       "bwd:h/0: scatter move:grad:th@bwd:th/0" + on + " (permute)",
                                    }))
           << "dp " << dp << ", tp " << tp;
     }
@@ -160,12 +159,15 @@ TEST(Decompose, TheCostModelDecomposesOnlyWhereTheLoopIsShorter) {
   EXPECT_EQ(decomposed(slow, false).size(), 4u);
   // The same links copying on the cores that compute: a loop only adds each product call's
   // packing to the same copies, so nothing is decomposed, but where devices share memory the
-  // gathers read their blocks in place and copy nothing.
+  // loops read and add blocks in place and copy nothing.
   slow.links["l"].copies_on_cores = true;
   EXPECT_TRUE(decomposed(slow, false).empty());
-  EXPECT_EQ(decomposed(slow, true),
-            (std::vector<std::string>{"h: gather move:th@h on dim 0 (in_place)",
-                                      "bwd:o/0: gather move:grad:o@bwd:o/0 on dim 0 (in_place)"}));
+  EXPECT_EQ(
+      decomposed(slow, true),
+      (std::vector<std::string>{"h: gather move:th@h on dim 0 (in_place)",
+                                "o:kernel: scatter o on dim 0 (in_place)",
+                                "bwd:o/0: gather move:grad:o@bwd:o/0 on dim 0 (in_place)",
+                                "bwd:h/0: scatter move:grad:th@bwd:th/0 on dim 0 (in_place)"}));
 }
 
 TEST(Decompose, TheLoopMakesTheGatheredOperandAndEveryValueIsReleased) {

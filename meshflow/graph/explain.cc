@@ -51,15 +51,15 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options, const DecomposeO
       const OverlapCostInput cost = overlap_cost_input(pcg, product, d);
       const int group = static_cast<int>(cost.block_bytes.size());
       const bool gather = d.kind == Decomposition::Kind::kGatherOperand;
-      if (!gather || d.form == GatherForm::kPermute) {
+      if (d.form == GatherForm::kPermute) {
         m.steps.assign(static_cast<std::size_t>(group - 1), StepKind::kPermute);
       } else if (d.form == GatherForm::kBroadcast) {
         m.steps.assign(static_cast<std::size_t>(group), StepKind::kBroadcast);
       } else {
         m.steps = {StepKind::kInPlace};
       }
-      const OverlapEstimate t =
-          gather ? gather_overlap(machine, cost, d.form) : reduce_scatter_overlap(machine, cost);
+      const OverlapEstimate t = gather ? gather_overlap(machine, cost, d.form)
+                                       : reduce_scatter_overlap(machine, cost, d.form);
       m.overlapped_with = product.name;
       m.est_s = std::max(0.0, t.overlapped_s - t.product_s);
       e.moves.push_back(std::move(m));

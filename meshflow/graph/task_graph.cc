@@ -232,11 +232,12 @@ std::string to_text(const TaskGraph& graph) {
               std::string args;
               for (ValueId v : w.call->args) args += (args.empty() ? "" : ", ") + name(v);
               const bool gather = w.decomposition.kind == Decomposition::Kind::kGatherOperand;
-              return fmt::format("{}({}) {} over [{}] -> {}", to_string(w.call->op), args,
-                                 gather ? fmt::format("gathering {} by {}", name(w.source),
-                                                      to_string(w.decomposition.form))
-                                        : std::string("reduce-scattered by permute"),
-                                 fmt::join(w.group, ","), to_string(w.local_out));
+              return fmt::format(
+                  "{}({}) {} over [{}] -> {}", to_string(w.call->op), args,
+                  gather ? fmt::format("gathering {} by {}", name(w.source),
+                                       to_string(w.decomposition.form))
+                         : fmt::format("reduce-scattered by {}", to_string(w.decomposition.form)),
+                  fmt::join(w.group, ","), to_string(w.local_out));
             } else {
               return fmt::format("sgd({}, {})", name(w.weight), name(w.grad));
             }

@@ -119,26 +119,35 @@ std::int64_t row_product_width(OpType type, const Shape& b) {
 
 template <typename T>
 void row_product(OpType type, const T* a, std::int64_t m, std::int64_t a_width, const Tensor& b,
-                 const Tensor* bias, T* out) {
+                 const Tensor* bias, T* out, bool accumulate) {
   const T* pb = reinterpret_cast<const T*>(b.bytes());
   const std::int64_t n = row_product_width(type, b.shape());
+  const T beta = accumulate ? T(1) : T(0);
   if (type == OpType::kMatmulGradA) {  // g[m, a_width] @ b[n, a_width]ᵀ
-    gemm<T>(false, true, m, n, a_width, a, a_width, pb, a_width, T(0), out, n);
+    gemm<T>(false, true, m, n, a_width, a, a_width, pb, a_width, beta, out, n);
     return;
   }
-  T beta = 0;
-  if (bias != nullptr) {  // start from the bias in every row, then add the product
-    for (std::int64_t i = 0; i < m; ++i)
-      std::memcpy(out + i * n, bias->bytes(), static_cast<std::size_t>(n) * sizeof(T));
-    beta = 1;
+  if (bias == nullptr) {
+    gemm<T>(false, false, m, n, a_width, a, a_width, pb, n, beta, out, n);
+    return;
   }
-  gemm<T>(false, false, m, n, a_width, a, a_width, pb, n, beta, out, n);
+  // Start from (or add) the bias in every row, then add the product.
+  const T* pbias = reinterpret_cast<const T*>(bias->bytes());
+  for (std::int64_t i = 0; i < m; ++i) {
+    T* row = out + i * n;
+    if (accumulate) {
+      for (std::int64_t j = 0; j < n; ++j) row[j] += pbias[j];
+    } else {
+      std::memcpy(row, pbias, static_cast<std::size_t>(n) * sizeof(T));
+    }
+  }
+  gemm<T>(false, false, m, n, a_width, a, a_width, pb, n, T(1), out, n);
 }
 
 template void row_product<float>(OpType, const float*, std::int64_t, std::int64_t, const Tensor&,
-                                 const Tensor*, float*);
+                                 const Tensor*, float*, bool);
 template void row_product<double>(OpType, const double*, std::int64_t, std::int64_t, const Tensor&,
-                                  const Tensor*, double*);
+                                  const Tensor*, double*, bool);
 
 Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
   const Tensor& a = *in[0];

@@ -245,14 +245,28 @@ OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInp
   return e;
 }
 
-OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input) {
+OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input,
+                                       GatherForm form) {
   const int n = static_cast<int>(input.block_bytes.size());
   MESHFLOW_CHECK(n > 0 && input.block_flops.size() == input.block_bytes.size());
+  MESHFLOW_CHECK(form != GatherForm::kBroadcast, "a reduce-scatter has no broadcast form");
   const double mem = bytes_per_second(machine.memcpy_gbps);
   auto product = [&](int b) { return call_seconds(machine, input, b); };
   OverlapEstimate e;
   for (int r = 0; r < n; ++r) {
     add_sequential(machine, input, StepKind::kReduceScatter, r, e);
+    if (form == GatherForm::kInPlace) {
+      // n rendezvous (the addresses' round, then a barrier before each later step; an in-place
+      // step is two), every block's product, each later one reading the sum it adds to.
+      double t =
+          static_cast<double>(n) * transfer_seconds(machine, input, StepKind::kInPlace, 0) / 2;
+      for (int k = 0; k < n; ++k) {
+        const int block = (r + k + 1) % n;
+        t += product(block) + (k > 0 ? static_cast<double>(input.block_bytes[block]) / mem : 0);
+      }
+      e.overlapped_s = std::max(e.overlapped_s, t);
+      continue;
+    }
     // Step k computes block (r + k + 1) mod n while the partial sum of step k - 1 travels,
     // then adds the partial sum received for it: two terms read, as the reduce-scatter step
     // counts every term it reads.

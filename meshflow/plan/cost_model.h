@@ -107,7 +107,9 @@ struct OverlapEstimate {
 
 OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInput& input,
                                GatherForm form);
-OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input);
+// A reduce-scatter's loop: `form` permute is the ring, in_place adds into peers' results.
+OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input,
+                                       GatherForm form);
 
 // Returns the seconds of `flops` of matrix product on one device.
 double product_seconds(const MachineModel& machine, double flops);

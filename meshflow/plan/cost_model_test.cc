@@ -52,7 +52,7 @@ TEST(OverlapTimeline, TransferBoundLoopsAreAsLongAsTheirTransfers) {
   // Device 0 receives block 1 (400) while multiplying block 0, device 1 block 0 (500).
   EXPECT_NEAR(gather_overlap(m, in, GatherForm::kPermute).overlapped_s, 510e-9, 1e-15);
   // The ring: device 1 computes block 0 (10), sends it (500) while computing block 1 (10).
-  EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, 510e-9, 1e-12);
+  EXPECT_NEAR(reduce_scatter_overlap(m, in, GatherForm::kPermute).overlapped_s, 510e-9, 1e-12);
 }
 
 TEST(OverlapTimeline, EveryProductCallPacksItsOtherOperandAgain) {
@@ -64,7 +64,8 @@ TEST(OverlapTimeline, EveryProductCallPacksItsOtherOperandAgain) {
   EXPECT_NEAR(e.sequential_s, (200 + 900 + 50) * 1e-9, 1e-15);  // one call
   EXPECT_NEAR(e.overlapped_s, 3 * 350e-9, 1e-15);               // three calls of 350
   // Each of the two later steps also adds two terms of 100 bytes.
-  EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, (350 + 2 * (350 + 200)) * 1e-9, 1e-15);
+  EXPECT_NEAR(reduce_scatter_overlap(m, in, GatherForm::kPermute).overlapped_s,
+              (350 + 2 * (350 + 200)) * 1e-9, 1e-15);
 }
 
 TEST(OverlapTimeline, CopiesOnTheComputingCoresAddToTheProductsInsteadOfHiding) {
@@ -74,9 +75,21 @@ TEST(OverlapTimeline, CopiesOnTheComputingCoresAddToTheProductsInsteadOfHiding) 
   // Each of the two steps is its transfer and its product, then the last product.
   EXPECT_NEAR(gather_overlap(m, in, GatherForm::kPermute).overlapped_s, 1100e-9, 1e-15);
   EXPECT_NEAR(gather_overlap(m, in, GatherForm::kBroadcast).overlapped_s, 1200e-9, 1e-15);
-  EXPECT_NEAR(reduce_scatter_overlap(m, in).overlapped_s, 1100e-9, 1e-12);
+  EXPECT_NEAR(reduce_scatter_overlap(m, in, GatherForm::kPermute).overlapped_s, 1100e-9, 1e-12);
   // In place nothing travels, so nothing changes.
   EXPECT_NEAR(gather_overlap(m, in, GatherForm::kInPlace).overlapped_s, 900e-9, 1e-15);
+}
+
+TEST(OverlapTimeline, AnInPlaceReduceScatterAddsEveryTermWhereItsSumLies) {
+  MachineModel m = unit_machine();
+  m.memcpy_gbps = 1;  // a byte read costs 1 ns
+  m.links["l"].latency_us = 0.05;
+  m.collective_overhead_us = 0.01;
+  const OverlapCostInput in{.block_bytes = {100, 100, 100}, .block_flops = {300, 300, 300}};
+  // Three rendezvous of an overhead and ceil(log2 3) = 2 latencies, three products, and the
+  // two later ones reading the sum they add to.
+  EXPECT_NEAR(reduce_scatter_overlap(m, in, GatherForm::kInPlace).overlapped_s,
+              3 * (10e-9 + 2 * 50e-9) + 900e-9 + 200e-9, 1e-15);
 }
 
 // A machine file with only its required fields.

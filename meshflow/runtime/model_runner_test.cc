@@ -279,6 +279,38 @@ TEST(Overlap, TrainingWithDecomposedCollectivesEqualsOneDeviceAndThePlainRun) {
   }
 }
 
+// On a machine whose copies take the computing cores, plain --overlap on threads decomposes
+// only into the in-place loops (nothing copied): gathers read blocks where they lie and
+// reduce-scatters add each term into its owner's result. Training still equals one device.
+TEST(Overlap, WhereCopiesTakeTheCoresTheLoopsRunInPlaceAndTrainingEqualsOneDevice) {
+  MachineModel slow{
+      .links = {{"l",
+                 LinkClass{.bandwidth_gbps = 0.001, .latency_us = 0, .copies_on_cores = true}}},
+      .default_link = "l",
+      .memcpy_gbps = 1,
+      .collective_overhead_us = 0,
+      .local_step_us = 0,
+      .gemm_gflops = 0.001};
+  for (const auto& [dp, tp] : std::vector<std::pair<int, int>>{{1, 3}, {1, 4}, {2, 2}}) {
+    const Model m{.pcg = testing::sp_mlp(dp, tp, 2 * tp + 1, 5, 4 * tp + 1)};
+    const Pcg g = compile(
+        m.pcg, Mode::kTrain,
+        {.plan = {.machine = &slow}, .overlap = true, .decompose = {.shared_memory = true}});
+    std::vector<std::string> forms;
+    for (const Node& n : g.nodes)
+      if (n.decomposed) forms.emplace_back(to_string(n.decomposed->form));
+    EXPECT_EQ(forms, std::vector<std::string>(4, "in_place")) << "dp " << dp << " tp " << tp;
+    TrainOptions o{.steps = 2, .lr = 0.5, .check = true};
+    o.run.plan.machine = &slow;
+    o.run.overlap = true;
+    const TrainReport r = train_model(m, o);
+    ASSERT_TRUE(r.check.has_value());
+    EXPECT_LE(r.check->max_loss_diff, 1e-6) << "dp " << dp << " tp " << tp;
+    EXPECT_LE(r.check->max_weight_diff, 1e-6) << "dp " << dp << " tp " << tp;
+    EXPECT_LE(r.check->max_grad_diff, 1e-6) << "dp " << dp << " tp " << tp;
+  }
+}
+
 TEST(Overlap, TracesShowEachBlocksTransferOverlappingAProduct) {
   const fs::path dir = temp_dir("overlap_trace");
   // The permute form (on threads the cost model would read gathered blocks in place).

@@ -147,21 +147,50 @@ Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64
   return y;
 }
 
+// Every rank learns where each rank's result lies. At step k rank r adds its term of block
+// b = (r + k + 1) mod n straight into rank b's result (the first step writes it): one writer per
+// block per step, a barrier between steps, and the last step is r's own block, after which no
+// peer touches it. Nothing is copied and no partial result is held.
+template <typename T>
+Tensor reduce_scatter_in_place(Communicator& g, OpType type, const Tensor& a, const Tensor& b,
+                               const Tensor* bias, Tensor y, const Blocks& blocks, Recorder& rec) {
+  const int n = g.size(), r = g.rank();
+  const auto mine = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(y.bytes()));
+  std::vector<std::int64_t> where(static_cast<std::size_t>(n));
+  all_gather(g, {.send = reinterpret_cast<const std::byte*>(&mine),
+                 .recv = reinterpret_cast<std::byte*>(where.data()),
+                 .recv_counts = std::vector<std::int64_t>(static_cast<std::size_t>(n), 1),
+                 .dtype = DType::kInt64});
+  for (int step = 0; step < n; ++step) {
+    const int block = (r + step + 1) % n;
+    if (step > 0) barrier(g);
+    T* out =
+        reinterpret_cast<T*>(static_cast<std::uintptr_t>(where[static_cast<std::size_t>(block)]));
+    const double start = rec.start();
+    row_product<T>(type, a.data<T>().data() + blocks.first_row(block) * blocks.width,
+                   blocks.rows(block), blocks.width, b, bias, out, /*accumulate=*/step > 0);
+    rec.add(OverlapEvent::Kind::kProduct, block, start);
+  }
+  return y;
+}
+
 template <typename T>
 Tensor reduce_scatter_typed(Communicator& g, OpType type, const Tensor& a, const Tensor& b,
                             const Tensor* bias, const OverlapOptions& o) {
   const int n = g.size(), r = g.rank();
   const Blocks blocks(n, a.shape()[0], a.shape());
   const std::int64_t width = row_product_width(type, b.shape());
-  Tensor part[2] = {Tensor::uninitialized(a.dtype(), {blocks.rows(0), width}),
-                    Tensor::uninitialized(a.dtype(), {blocks.rows(0), width})};
-  Tensor received = Tensor::uninitialized(a.dtype(), {blocks.rows(0), width});
-  // The last step (block r) accumulates straight into the result.
   Shape out_shape = a.shape();
   out_shape[0] = chunk(a.shape()[0], n, r).extent;
   out_shape.back() = width;
   Tensor y = Tensor::uninitialized(a.dtype(), out_shape);
   Recorder rec(o.events);
+  if (o.form == GatherForm::kInPlace)
+    return reduce_scatter_in_place<T>(g, type, a, b, bias, std::move(y), blocks, rec);
+  // The ring. The last step (block r) accumulates straight into the result.
+  Tensor part[2] = {Tensor::uninitialized(a.dtype(), {blocks.rows(0), width}),
+                    Tensor::uninitialized(a.dtype(), {blocks.rows(0), width})};
+  Tensor received = Tensor::uninitialized(a.dtype(), {blocks.rows(0), width});
   Event in_flight;
   double sent = 0;
   for (int step = 0; step < n; ++step) {
@@ -225,6 +254,12 @@ Tensor allgather_product(Communicator& group, OpType type, const Tensor& a_local
 Tensor product_reduce_scatter(Communicator& group, OpType type, const Tensor& a_local,
                               std::span<const Tensor* const> rest, const OverlapOptions& options) {
   const auto [b, bias] = operands(type, a_local, rest);
+  if (options.form == GatherForm::kInPlace && !group.shares_memory()) {
+    fail(ErrorKind::kInvalidArgument,
+         "the in_place form adds into peers' results where they lie, but {} on the {} backend "
+         "does not share memory",
+         describe("product_reduce_scatter", group.devices()), group.backend());
+  }
   if (a_local.dtype() == DType::kFloat64)
     return reduce_scatter_typed<double>(group, type, a_local, *b, bias, options);
   return reduce_scatter_typed<float>(group, type, a_local, *b, bias, options);

@@ -9,9 +9,15 @@
 //   in-place form, where the group shares memory (threads): one all-gather of the blocks'
 //     addresses, every block multiplied where it lies (nothing copied), then a barrier.
 // A row product whose result is a Partial(sum) term per rank, reduce-scattered over dim 0 (the
-// row-parallel linear), is decomposed the same way: at step k rank r computes its term of block
-// b = (r + k + 1) mod n, adds the partial sum received from r + 1 for b, and passes it to r - 1;
-// after n steps it holds block r (n - 1 permutes). Uneven blocks follow the chunk rule.
+// row-parallel linear), is decomposed the same way:
+//   ring (form permute): at step k rank r computes its term of block b = (r + k + 1) mod n,
+//     adds the partial sum received from r + 1 for b, and passes it to r - 1; after n steps it
+//     holds block r (n - 1 permutes);
+//   in-place form, where the group shares memory: one all-gather of the results' addresses,
+//     then at step k rank r adds its term of block b straight into rank b's result (the
+//     product accumulating there), a barrier between steps (n - 1): nothing copied, no
+//     separate addition.
+// Uneven blocks follow the chunk rule.
 //
 // Backward uses the same two loops: the gradient of a gathered operand is a reduce-scatter of
 // its product's gradient (product_reduce_scatter of matmul_grad_a), and the gradient of a
@@ -38,7 +44,9 @@ struct OverlapEvent {
 };
 
 struct OverlapOptions {
-  GatherForm form = GatherForm::kPermute;       // allgather_product
+  // allgather_product: permute, broadcast or in_place; product_reduce_scatter: permute (the
+  // ring) or in_place.
+  GatherForm form = GatherForm::kPermute;
   Tensor* gathered = nullptr;                   // allgather_product: set to the gathered operand 0
   std::vector<OverlapEvent>* events = nullptr;  // appended to when set
 };
