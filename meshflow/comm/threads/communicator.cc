@@ -1,13 +1,15 @@
-// Shared-memory collective algorithms. Rank r of n; P[k] is rank k's published options.
+// Shared-memory collective algorithms. Rank r of n; P[k] is rank k's published options. Every
+// step's copies and reductions are pieces any rank may run (world.h).
 //   all_gather      r copies every rank's block straight into its own recv (n - 1 copies).
 //   reduce_scatter  r reduces block r of every rank's send, in rank order, into its recv.
-//   all_reduce      reduce-scatter into each rank's own recv (chunk r by rank r), a barrier,
-//                   then r copies every other chunk from its owner's recv: bandwidth-optimal,
-//                   every chunk reduced once so all ranks hold the same bits.
+//   all_reduce      reduce-scatter into each rank's own recv (chunk r by rank r), then, once
+//                   every chunk is reduced, r copies every other chunk from its owner's recv:
+//                   bandwidth-optimal, every chunk reduced once so all ranks hold the same bits.
 //   all_to_all      r copies block r of every rank's send into its recv.
 //   broadcast       every non-root copies from the root.
 //   permute(k)      r copies from rank (r + k) mod n, which is the rank that sends to r.
-// Every collective ends with an exit barrier, after which no rank reads another's buffers.
+// Every collective ends when every piece of its last step is done, after which no rank reads
+// another's buffers; all_reduce's copies start once every reduction piece is done.
 #include "meshflow/comm/threads/communicator.h"
 
 #include <algorithm>
@@ -65,7 +67,8 @@ ThreadsCommunicator::ThreadsCommunicator(DeviceContext* context, std::shared_ptr
     : context_(context), group_(std::move(group)), rank_(rank) {}
 
 namespace {
-// The most barriers any algorithm here waits at; each is bounded by the collective's timeout.
+// The most waits any algorithm here makes (the arrival, then each step's pieces); each is
+// bounded by the collective's timeout.
 constexpr int kMaxPhases = 3;
 }  // namespace
 
@@ -132,14 +135,29 @@ void add_copy(std::vector<CopyPiece>& pieces, std::byte* dst, const std::byte* s
   }
 }
 
-// Runs fn(i) for every piece i < count that this rank claims in `phase` of collective `seq`.
+// One step of shared work of collective `seq`: its number, and the bound and name its wait
+// for the other ranks' pieces carries.
+struct StepOf {
+  std::uint64_t seq;
+  int step;
+  Timeout timeout;
+  const std::string& what;
+};
+
+// Runs fn(i) for every piece i < count that this rank claims in the step, then waits until
+// every piece of it is done, by whichever rank.
 template <typename Fn>
-void share(Group& group, std::uint64_t seq, int phase, std::int64_t count, Fn fn) {
-  for (std::int64_t i = group.claim(seq, phase); i < count; i = group.claim(seq, phase)) fn(i);
+void share(Group& group, const StepOf& s, std::int64_t count, Fn fn) {
+  std::int64_t done = 0;
+  for (std::int64_t i = group.claim(s.seq, s.step); i < count; i = group.claim(s.seq, s.step)) {
+    fn(i);
+    ++done;
+  }
+  group.finish(s.seq, s.step, done, count, s.timeout, s.what);
 }
 
-void run_copies(Group& group, std::uint64_t seq, int phase, const std::vector<CopyPiece>& pieces) {
-  share(group, seq, phase, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
+void run_copies(Group& group, const StepOf& s, const std::vector<CopyPiece>& pieces) {
+  share(group, s, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
     std::memcpy(pieces[i].dst, pieces[i].src, static_cast<std::size_t>(pieces[i].bytes));
   });
 }
@@ -196,8 +214,7 @@ Event ThreadsCommunicator::all_gather(const AllGatherOptions& o, Completion c) {
             add_copy(pieces, p[r]->recv + displ[k] * es, p[k]->send, opts->recv_counts[k] * es);
           }
         }
-        run_copies(*group_, seq, 0, pieces);
-        group_->arrive(seq, rank_, 1, nullptr, t, what);
+        run_copies(*group_, {seq, 0, t, what}, pieces);
       });
 }
 
@@ -217,13 +234,13 @@ Event ThreadsCommunicator::reduce_scatter(const ReduceScatterOptions& o, Complet
         const int n = size();
         std::vector<ReducePiece> pieces;
         for (int r = 0; r < n; ++r) add_reduce(pieces, r, opts->recv_counts[r], es);
-        share(*group_, seq, 0, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
-          const ReducePiece& q = pieces[i];
-          std::vector<const std::byte*> terms;
-          for (const auto* k : p) terms.push_back(k->send + (displ[q.block] + q.lo) * es);
-          reduce_terms(opts->op, opts->dtype, terms, p[q.block]->recv + q.lo * es, q.count);
-        });
-        group_->arrive(seq, rank_, 1, nullptr, t, what);
+        share(*group_, {seq, 0, t, what}, static_cast<std::int64_t>(pieces.size()),
+              [&](std::int64_t i) {
+                const ReducePiece& q = pieces[i];
+                std::vector<const std::byte*> terms;
+                for (const auto* k : p) terms.push_back(k->send + (displ[q.block] + q.lo) * es);
+                reduce_terms(opts->op, opts->dtype, terms, p[q.block]->recv + q.lo * es, q.count);
+              });
       });
 }
 
@@ -246,15 +263,16 @@ Event ThreadsCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
         auto len = [&](int k) { return std::min<std::int64_t>(count, (k + 1) * chunk) - lo(k); };
         std::vector<ReducePiece> reduce;
         for (int k = 0; k < n; ++k) add_reduce(reduce, k, len(k), es);
-        share(*group_, seq, 0, static_cast<std::int64_t>(reduce.size()), [&](std::int64_t i) {
-          const ReducePiece& q = reduce[i];
-          const std::int64_t at = (lo(q.block) + q.lo) * static_cast<std::int64_t>(es);
-          std::vector<const std::byte*> terms;
-          for (const auto* k : p) terms.push_back(k->send + at);
-          reduce_terms(opts->op, opts->dtype, terms, p[q.block]->recv + at, q.count);
-        });
-        // Every chunk is reduced (and, in place, no send chunk is still needed) before any copy.
-        group_->arrive(seq, rank_, 1, nullptr, t, what);
+        // Every chunk is reduced (and, in place, no send chunk is still needed) before any copy:
+        // share returns once every piece of the step is done.
+        share(*group_, {seq, 0, t, what}, static_cast<std::int64_t>(reduce.size()),
+              [&](std::int64_t i) {
+                const ReducePiece& q = reduce[i];
+                const std::int64_t at = (lo(q.block) + q.lo) * static_cast<std::int64_t>(es);
+                std::vector<const std::byte*> terms;
+                for (const auto* k : p) terms.push_back(k->send + at);
+                reduce_terms(opts->op, opts->dtype, terms, p[q.block]->recv + at, q.count);
+              });
         std::vector<CopyPiece> copies;
         for (int r = 0; r < n; ++r) {
           for (int i = 1; i < n; ++i) {
@@ -264,8 +282,7 @@ Event ThreadsCommunicator::all_reduce(const AllReduceOptions& o, Completion c) {
                      len(k) * static_cast<std::int64_t>(es));
           }
         }
-        run_copies(*group_, seq, 1, copies);
-        group_->arrive(seq, rank_, 2, nullptr, t, what);
+        run_copies(*group_, {seq, 1, t, what}, copies);
       });
 }
 
@@ -299,8 +316,7 @@ Event ThreadsCommunicator::all_to_all(const AllToAllOptions& o, Completion c) {
                               p[r]->recv_counts[k] * es);
                    }
                  }
-                 run_copies(*group_, seq, 0, pieces);
-                 group_->arrive(seq, rank_, 1, nullptr, t, what);
+                 run_copies(*group_, {seq, 0, t, what}, pieces);
                });
 }
 
@@ -320,8 +336,7 @@ Event ThreadsCommunicator::broadcast(const BroadcastOptions& o, Completion c) {
           if (r != index(opts->root))
             add_copy(pieces, p[r]->data, p[index(opts->root)]->data, bytes);
         }
-        run_copies(*group_, seq, 0, pieces);
-        group_->arrive(seq, rank_, 1, nullptr, t, what);
+        run_copies(*group_, {seq, 0, t, what}, pieces);
       });
 }
 
@@ -346,8 +361,7 @@ Event ThreadsCommunicator::collective_permute(const PermuteOptions& o, Completio
                    }
                    add_copy(pieces, p[r]->recv, p[from]->send, p[r]->recv_count * es);
                  }
-                 run_copies(*group_, seq, 0, pieces);
-                 group_->arrive(seq, rank_, 1, nullptr, t, what);
+                 run_copies(*group_, {seq, 0, t, what}, pieces);
                });
 }
 
@@ -406,34 +420,35 @@ Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Complet
           for (std::int64_t lo = 0; lo < rows; lo += step)
             pieces.push_back({k, lo, std::min(rows, lo + step)});
         }
-        share(*group_, seq, 0, static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
-          const SourcePiece& q = pieces[i];
-          const ExchangeBoxesOptions& src = *p[q.src];
-          std::vector<std::int64_t> src_off, dst_off, extent;  // reused: no allocation per copy
-          for (int d = 0; d < n; ++d) {
-            const int r = (q.src + d) % n;
-            const auto& sends = src.send[r];
-            for (std::size_t j = 0; j < sends.size(); ++j) {
-              const Box& from = sends[j];
-              const Box& to = p[r]->recv[q.src][j];
-              if (numel(from) == 0) continue;
-              src_off.assign(from.offset.begin(), from.offset.end());
-              dst_off.assign(to.offset.begin(), to.offset.end());
-              extent.assign(to.extent.begin(), to.extent.end());
-              if (!extent.empty()) {
-                const std::int64_t lo = std::max(q.lo, from.offset[0]);
-                const std::int64_t hi = std::min(q.hi, from.offset[0] + from.extent[0]);
-                if (lo >= hi) continue;
-                src_off[0] = lo;
-                dst_off[0] += lo - from.offset[0];
-                extent[0] = hi - lo;
-              }
-              copy_box(ConstBuffer{src.src, &src.src_shape, es}, src_off,
-                       MutableBuffer{p[r]->dst, &p[r]->dst_shape, es}, dst_off, extent);
-            }
-          }
-        });
-        group_->arrive(seq, rank_, 1, nullptr, t, what);
+        share(*group_, {seq, 0, t, what}, static_cast<std::int64_t>(pieces.size()),
+              [&](std::int64_t i) {
+                const SourcePiece& q = pieces[i];
+                const ExchangeBoxesOptions& src = *p[q.src];
+                std::vector<std::int64_t> src_off, dst_off,
+                    extent;  // reused: no allocation per copy
+                for (int d = 0; d < n; ++d) {
+                  const int r = (q.src + d) % n;
+                  const auto& sends = src.send[r];
+                  for (std::size_t j = 0; j < sends.size(); ++j) {
+                    const Box& from = sends[j];
+                    const Box& to = p[r]->recv[q.src][j];
+                    if (numel(from) == 0) continue;
+                    src_off.assign(from.offset.begin(), from.offset.end());
+                    dst_off.assign(to.offset.begin(), to.offset.end());
+                    extent.assign(to.extent.begin(), to.extent.end());
+                    if (!extent.empty()) {
+                      const std::int64_t lo = std::max(q.lo, from.offset[0]);
+                      const std::int64_t hi = std::min(q.hi, from.offset[0] + from.extent[0]);
+                      if (lo >= hi) continue;
+                      src_off[0] = lo;
+                      dst_off[0] += lo - from.offset[0];
+                      extent[0] = hi - lo;
+                    }
+                    copy_box(ConstBuffer{src.src, &src.src_shape, es}, src_off,
+                             MutableBuffer{p[r]->dst, &p[r]->dst_shape, es}, dst_off, extent);
+                  }
+                }
+              });
       });
 }
 

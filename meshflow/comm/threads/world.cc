@@ -91,13 +91,53 @@ std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
   return slot.args;
 }
 
-std::int64_t Group::claim(std::uint64_t seq, int phase) {
+std::int64_t Group::claim(std::uint64_t seq, int step) {
   std::atomic<std::int64_t>* counter = nullptr;
   {
     std::lock_guard lock(mu_);
-    counter = &slots_.at(seq).next_piece.at(phase);
+    counter = &slots_.at(seq).next_piece.at(step);
   }
   return counter->fetch_add(1, std::memory_order_relaxed);
+}
+
+void Group::finish(std::uint64_t seq, int step, std::int64_t done, std::int64_t total,
+                   Timeout timeout, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::atomic<std::int64_t>* counter = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    counter = &slots_.at(seq).done_pieces.at(step);
+  }
+  // Release: the pieces' writes happen before any rank sees them counted (acquire below).
+  if (counter->fetch_add(done, std::memory_order_acq_rel) + done >= total) {
+    if (done > 0) {
+      std::lock_guard lock(mu_);
+      cv_.notify_all();
+    }
+    return;
+  }
+  for (int spin = 0; spin < kYieldsBeforeSleep; ++spin) {
+    std::this_thread::yield();
+    if (counter->load(std::memory_order_acquire) >= total) return;
+  }
+  std::unique_lock lock(mu_);
+  Slot& slot = slots_.at(seq);
+  while (counter->load(std::memory_order_acquire) < total) {
+    if (slot.abandoned)
+      fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
+    if (auto f = world_.failure()) {
+      slot.abandoned = fmt::format("{} failed: {}", what, *f);
+      cv_.notify_all();
+      fail(ErrorKind::kCommunication, "{}", *slot.abandoned);
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        counter->load(std::memory_order_acquire) < total) {
+      slot.abandoned = fmt::format("{} timed out after {} ms: {} of its {} pieces of work done",
+                                   what, timeout.count(), counter->load(), total);
+      cv_.notify_all();
+      throw Error(ErrorKind::kTimeout, *slot.abandoned);
+    }
+  }
 }
 
 void Group::leave(std::uint64_t seq, int /*rank*/) {

@@ -5,14 +5,16 @@
 // Rendezvous protocol. Every collective a rank issues on a group gets the group-local sequence
 // number `seq` (ranks issue collectives in the same order, so numbers match). The slot for `seq`
 // counts, per phase, which ranks have arrived. Phase 0 publishes each rank's options (its buffer
-// pointers); each later phase is a barrier between steps of the algorithm; the last phase is
-// the exit barrier after which no rank reads another's buffers. A rank waits for a phase until
-// all ranks arrived, a device failed, a missing rank's device exited, or the deadline passed.
+// pointers). A rank waits for a phase until all ranks arrived, a device failed, a missing rank's
+// device exited, or the deadline passed.
 //
-// Shared work. Between barriers every rank knows every rank's buffers, so the copies and
-// reductions of a phase form one list of pieces that any rank may run: ranks claim pieces from
-// the slot's counter for that phase until none is left. With more device threads than cores,
-// the ranks that are running do the work of those that are not, instead of waiting for them.
+// Shared work. Once every rank has published, every rank knows every rank's buffers, so the
+// copies and reductions of a step form one list of pieces that any rank may run: ranks claim
+// pieces from the slot's counter for that step until none is left, then wait until every piece
+// of the step is done (finish), not until every rank has come: after the last step's finish no
+// piece reads or writes any buffer, so each rank may return. With more device threads than
+// cores, the ranks that are running do the work of those that are not, and neither waits for
+// them to be scheduled again; a late rank finds its work done.
 #pragma once
 
 #include <array>
@@ -54,9 +56,13 @@ class Group {
   std::vector<const void*> arrive(std::uint64_t seq, int rank, int phase,
                                   std::shared_ptr<const void> args, Timeout timeout,
                                   const std::string& what);
-  // Returns the index of the next unclaimed piece of `phase` of collective `seq` (0, 1, ...;
-  // each index is returned once across all ranks). Valid between arrive and leave.
-  std::int64_t claim(std::uint64_t seq, int phase);
+  // Returns the index of the next unclaimed piece of step `step` of collective `seq` (0, 1,
+  // ...; each index is returned once across all ranks). Valid between arrive and leave.
+  std::int64_t claim(std::uint64_t seq, int step);
+  // Counts the `done` pieces of step `step` this rank ran, then waits until all `total` pieces
+  // of the step are done, by any rank. Throws as arrive does on failure or timeout.
+  void finish(std::uint64_t seq, int step, std::int64_t done, std::int64_t total, Timeout timeout,
+              const std::string& what);
 
   // Rank `rank` is done with collective `seq`, whether it succeeded or failed; the slot is freed
   // once every rank has left.
@@ -81,7 +87,8 @@ class Group {
     std::vector<std::shared_ptr<const void>> keep;          // owners of args
     std::vector<std::vector<char>> arrived;                 // [phase][rank]
     std::vector<int> count;                                 // ranks arrived per phase
-    std::array<std::atomic<std::int64_t>, 4> next_piece{};  // shared work, per phase
+    std::array<std::atomic<std::int64_t>, 4> next_piece{};  // shared work, per step
+    std::array<std::atomic<std::int64_t>, 4> done_pieces{};
     int left = 0;
     // Set when a rank gave up on this collective (timeout, failure): its options may be gone,
     // so a late rank must fail rather than read them.
