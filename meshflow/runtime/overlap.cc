@@ -47,6 +47,21 @@ T* rows_at(Tensor& t, std::int64_t row, std::int64_t width) {
   return t.data<T>().data() + row * width;
 }
 
+// Returns every rank's `mine`, by rank (one all-gather; meaningful only where the group shares
+// one address space).
+template <typename T>
+std::vector<T*> addresses(Communicator& g, T* mine) {
+  const auto address = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(mine));
+  std::vector<std::int64_t> all(static_cast<std::size_t>(g.size()));
+  all_gather(g, {.send = reinterpret_cast<const std::byte*>(&address),
+                 .recv = reinterpret_cast<std::byte*>(all.data()),
+                 .recv_counts = std::vector<std::int64_t>(all.size(), 1),
+                 .dtype = DType::kInt64});
+  std::vector<T*> out;
+  for (std::int64_t a : all) out.push_back(reinterpret_cast<T*>(static_cast<std::uintptr_t>(a)));
+  return out;
+}
+
 template <typename T>
 Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64_t dim0,
                        const Tensor& b, const Tensor* bias, const OverlapOptions& o) {
@@ -84,16 +99,10 @@ Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64
   if (o.form == GatherForm::kInPlace) {
     // Every rank learns where each block lies and multiplies it there, its own first; the
     // closing barrier keeps every block alive and unchanged until all ranks have read it.
-    const auto mine = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(own));
-    std::vector<std::int64_t> where(static_cast<std::size_t>(n));
-    all_gather(g, {.send = reinterpret_cast<const std::byte*>(&mine),
-                   .recv = reinterpret_cast<std::byte*>(where.data()),
-                   .recv_counts = std::vector<std::int64_t>(static_cast<std::size_t>(n), 1),
-                   .dtype = DType::kInt64});
+    const std::vector<const T*> where = addresses(g, own);
     for (int step = 0; step < n; ++step) {
       const int block = (r + step) % n;
-      const T* data = reinterpret_cast<const T*>(
-          static_cast<std::uintptr_t>(where[static_cast<std::size_t>(block)]));
+      const T* data = where[static_cast<std::size_t>(block)];
       multiply(block, data);
       if (o.gathered && block != r) {
         std::memcpy(slot(block, 0), data,
@@ -155,17 +164,11 @@ template <typename T>
 Tensor reduce_scatter_in_place(Communicator& g, OpType type, const Tensor& a, const Tensor& b,
                                const Tensor* bias, Tensor y, const Blocks& blocks, Recorder& rec) {
   const int n = g.size(), r = g.rank();
-  const auto mine = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(y.bytes()));
-  std::vector<std::int64_t> where(static_cast<std::size_t>(n));
-  all_gather(g, {.send = reinterpret_cast<const std::byte*>(&mine),
-                 .recv = reinterpret_cast<std::byte*>(where.data()),
-                 .recv_counts = std::vector<std::int64_t>(static_cast<std::size_t>(n), 1),
-                 .dtype = DType::kInt64});
+  const std::vector<T*> where = addresses(g, y.data<T>().data());
   for (int step = 0; step < n; ++step) {
     const int block = (r + step + 1) % n;
     if (step > 0) barrier(g);
-    T* out =
-        reinterpret_cast<T*>(static_cast<std::uintptr_t>(where[static_cast<std::size_t>(block)]));
+    T* out = where[static_cast<std::size_t>(block)];
     const double start = rec.start();
     row_product<T>(type, a.data<T>().data() + blocks.first_row(block) * blocks.width,
                    blocks.rows(block), blocks.width, b, bias, out, /*accumulate=*/step > 0);
