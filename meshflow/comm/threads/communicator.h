@@ -76,7 +76,7 @@ class ThreadsCommunicator final : public Communicator {
  private:
   // Posts `body(seq, options, timeout, what)` to the worker and returns its event (complete, or
   // thrown, for Completion::kWait). `Options` is copied so peers can
-  // read it until the collective's exit barrier.
+  // read it until every rank has left the collective.
   template <typename Options, typename Body>
   Event start(std::string_view name, const Options& o, Completion c, Body body);
 
