@@ -139,23 +139,11 @@ OverlapEstimate estimate(const MachineModel& machine, const std::string& name, s
 // What `--overlap` does with this case's collective on the built-in machine (the cost model
 // deciding where and how): the form it picks, or "whole" where no loop is shorter.
 std::string overlap_choice(const std::string& name, std::int64_t rows, int n, bool shared_memory) {
-  const MachineModel& machine = default_machine();
-  std::vector<std::string> forms = {"gemm_reduce_scatter"};
-  if (shared_memory) forms.push_back("gemm_reduce_scatter_in_place");
-  if (!is_scatter(name)) {
-    forms = {"allgather_gemm_permute", "allgather_gemm_broadcast"};
-    if (shared_memory) forms.push_back("allgather_gemm_in_place");
-  }
-  std::string best = "whole";
-  double best_s = estimate(machine, forms[0], rows, n).sequential_s;
-  for (const std::string& f : forms) {
-    const double t = estimate(machine, f, rows, n).overlapped_s;
-    if (t < best_s) {
-      best_s = t;
-      best = f == "gemm_reduce_scatter" ? "ring" : std::string(to_string(form_of(f)));
-    }
-  }
-  return best;
+  const LoopChoice loop =
+      choose_loop(default_machine(), cost_input(name, rows, n), !is_scatter(name), shared_memory);
+  if (!loop.pays) return "whole";
+  if (is_scatter(name) && loop.form == GatherForm::kPermute) return "ring";
+  return std::string(to_string(loop.form));
 }
 
 // The cost model's timeline of one case on n devices of `machine`, its links taken to run

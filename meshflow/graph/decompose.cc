@@ -137,24 +137,11 @@ std::vector<std::optional<Decomposition>> decomposable(const Pcg& pcg) {
 DecompositionChoice choose_decomposition(const Pcg& pcg, const Node& c, const Decomposition& d,
                                          const MachineModel& machine,
                                          const DecomposeOptions& options) {
-  DecompositionChoice out{.decomposition = d};
-  const OverlapCostInput in = overlap_cost_input(pcg, c, d);
-  const bool gather = d.kind == Decomposition::Kind::kGatherOperand;
-  // A gather's permute, broadcast or in-place form; a reduce-scatter's ring (permute) or
-  // in-place form.
-  std::vector<GatherForm> candidates = {GatherForm::kPermute};
-  if (gather) candidates.push_back(GatherForm::kBroadcast);
-  if (options.shared_memory) candidates.push_back(GatherForm::kInPlace);
-  if (gather && options.gather_form) candidates = {*options.gather_form};
-  for (GatherForm form : candidates) {  // the first of equally short forms
-    const OverlapEstimate e =
-        gather ? gather_overlap(machine, in, form) : reduce_scatter_overlap(machine, in, form);
-    if (form == candidates.front() || e.overlapped_s < out.estimate.overlapped_s) {
-      out.estimate = e;
-      out.decomposition.form = form;
-    }
-  }
-  out.pays = out.estimate.overlapped_s < out.estimate.sequential_s;
+  const LoopChoice loop = choose_loop(machine, overlap_cost_input(pcg, c, d),
+                                      d.kind == Decomposition::Kind::kGatherOperand,
+                                      options.shared_memory, options.gather_form);
+  DecompositionChoice out{.decomposition = d, .estimate = loop.estimate, .pays = loop.pays};
+  out.decomposition.form = loop.form;
   return out;
 }
 

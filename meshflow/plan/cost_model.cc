@@ -283,4 +283,23 @@ OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const Overla
   return e;
 }
 
+LoopChoice choose_loop(const MachineModel& machine, const OverlapCostInput& input, bool gather,
+                       bool shared_memory, std::optional<GatherForm> gather_form) {
+  std::vector<GatherForm> candidates = {GatherForm::kPermute};
+  if (gather) candidates.push_back(GatherForm::kBroadcast);
+  if (shared_memory) candidates.push_back(GatherForm::kInPlace);
+  if (gather && gather_form) candidates = {*gather_form};
+  LoopChoice out;
+  for (GatherForm form : candidates) {  // the first of equally short forms
+    const OverlapEstimate e = gather ? gather_overlap(machine, input, form)
+                                     : reduce_scatter_overlap(machine, input, form);
+    if (form == candidates.front() || e.overlapped_s < out.estimate.overlapped_s) {
+      out.form = form;
+      out.estimate = e;
+    }
+  }
+  out.pays = out.estimate.overlapped_s < out.estimate.sequential_s;
+  return out;
+}
+
 }  // namespace meshflow

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,19 @@ OverlapEstimate gather_overlap(const MachineModel& machine, const OverlapCostInp
 // A reduce-scatter's loop: `form` permute is the ring, in_place adds into peers' results.
 OverlapEstimate reduce_scatter_overlap(const MachineModel& machine, const OverlapCostInput& input,
                                        GatherForm form);
+
+// The cost model's loop for a collective decomposed around its product: the form whose
+// timeline is shortest among a gather's permute, broadcast and (devices sharing memory)
+// in_place, or a reduce-scatter's ring (permute) and in_place (a gather's candidates narrowed
+// to `gather_form` when set), its timeline, and whether it is shorter than the collective then
+// the product.
+struct LoopChoice {
+  GatherForm form = GatherForm::kPermute;
+  OverlapEstimate estimate;
+  bool pays = false;
+};
+LoopChoice choose_loop(const MachineModel& machine, const OverlapCostInput& input, bool gather,
+                       bool shared_memory, std::optional<GatherForm> gather_form = std::nullopt);
 
 // Returns the seconds of `flops` of matrix product on one device.
 double product_seconds(const MachineModel& machine, double flops);

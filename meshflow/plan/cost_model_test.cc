@@ -92,6 +92,23 @@ TEST(OverlapTimeline, AnInPlaceReduceScatterAddsEveryTermWhereItsSumLies) {
               3 * (10e-9 + 2 * 50e-9) + 900e-9 + 200e-9, 1e-15);
 }
 
+TEST(OverlapTimeline, TheChosenLoopIsTheShortestFormAndPaysOnlyWhenShorter) {
+  MachineModel m = unit_machine();
+  m.memcpy_gbps = 1;
+  m.links["l"].copies_on_cores = true;
+  const OverlapCostInput in{
+      .block_bytes = {100, 100, 100}, .block_flops = {300, 300, 300}, .call_bytes = 10};
+  // Copies on the cores: the ring only adds calls to the same copies; in place copies nothing.
+  EXPECT_FALSE(choose_loop(m, in, /*gather=*/false, /*shared_memory=*/false).pays);
+  const LoopChoice scatter = choose_loop(m, in, false, true);
+  EXPECT_EQ(scatter.form, GatherForm::kInPlace);
+  EXPECT_TRUE(scatter.pays);
+  // Links beside compute: the permute gather hides its transfers; a named form is taken as is.
+  m.links["l"].copies_on_cores = false;
+  EXPECT_EQ(choose_loop(m, in, true, false).form, GatherForm::kPermute);
+  EXPECT_EQ(choose_loop(m, in, true, false, GatherForm::kBroadcast).form, GatherForm::kBroadcast);
+}
+
 // A machine file with only its required fields.
 nlohmann::json required_fields_json() {
   return {{"links", {{"l", {{"bandwidth_gbps", 1}, {"latency_us", 0}}}}},

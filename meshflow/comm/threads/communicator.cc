@@ -424,8 +424,8 @@ Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Complet
               [&](std::int64_t i) {
                 const SourcePiece& q = pieces[i];
                 const ExchangeBoxesOptions& src = *p[q.src];
-                std::vector<std::int64_t> src_off, dst_off,
-                    extent;  // reused: no allocation per copy
+                // Reused by every region: no allocation per copy.
+                std::vector<std::int64_t> src_off, dst_off, extent;
                 for (int d = 0; d < n; ++d) {
                   const int r = (q.src + d) % n;
                   const auto& sends = src.send[r];
