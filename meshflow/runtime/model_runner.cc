@@ -346,7 +346,7 @@ std::map<DeviceId, CallLog> record_calls(const Pcg& pcg) {
            std::vector<Tensor> values = load_sources(pcg, mine);
            run_tasks(tasks, mine, recording, values, {});
            std::lock_guard lock(mu);
-           logs[comm.device()] = *log;
+           logs[comm.device()] = std::move(*log);
          });
   return logs;
 }

@@ -226,6 +226,17 @@ Tensor reduce_scatter_typed(Communicator& g, OpType type, const Tensor& a, const
   return y;
 }
 
+// Throws naming loop `name` when it is asked for the in-place form, which `does` where peers'
+// data lie, on a group that does not share memory.
+void check_in_place(const Communicator& group, GatherForm form, std::string_view name,
+                    std::string_view does) {
+  if (form == GatherForm::kInPlace && !group.shares_memory()) {
+    fail(ErrorKind::kInvalidArgument,
+         "the in_place form {} where they lie, but {} on the {} backend does not share memory",
+         does, describe(name, group.devices()), group.backend());
+  }
+}
+
 // Checks the operands of a decomposed row product; returns {b, bias}.
 std::pair<const Tensor*, const Tensor*> operands(OpType type, const Tensor& a,
                                                  std::span<const Tensor* const> rest) {
@@ -243,12 +254,7 @@ std::pair<const Tensor*, const Tensor*> operands(OpType type, const Tensor& a,
 Tensor allgather_product(Communicator& group, OpType type, const Tensor& a_local, std::int64_t rows,
                          std::span<const Tensor* const> rest, const OverlapOptions& options) {
   const auto [b, bias] = operands(type, a_local, rest);
-  if (options.form == GatherForm::kInPlace && !group.shares_memory()) {
-    fail(ErrorKind::kInvalidArgument,
-         "the in_place form reads peers' blocks where they lie, but {} on the {} backend does "
-         "not share memory",
-         describe("allgather_product", group.devices()), group.backend());
-  }
+  check_in_place(group, options.form, "allgather_product", "reads peers' blocks");
   if (a_local.dtype() == DType::kFloat64)
     return allgather_typed<double>(group, type, a_local, rows, *b, bias, options);
   return allgather_typed<float>(group, type, a_local, rows, *b, bias, options);
@@ -257,12 +263,7 @@ Tensor allgather_product(Communicator& group, OpType type, const Tensor& a_local
 Tensor product_reduce_scatter(Communicator& group, OpType type, const Tensor& a_local,
                               std::span<const Tensor* const> rest, const OverlapOptions& options) {
   const auto [b, bias] = operands(type, a_local, rest);
-  if (options.form == GatherForm::kInPlace && !group.shares_memory()) {
-    fail(ErrorKind::kInvalidArgument,
-         "the in_place form adds into peers' results where they lie, but {} on the {} backend "
-         "does not share memory",
-         describe("product_reduce_scatter", group.devices()), group.backend());
-  }
+  check_in_place(group, options.form, "product_reduce_scatter", "adds into peers' results");
   if (a_local.dtype() == DType::kFloat64)
     return reduce_scatter_typed<double>(group, type, a_local, *b, bias, options);
   return reduce_scatter_typed<float>(group, type, a_local, *b, bias, options);

@@ -56,11 +56,6 @@ std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
     }
     return std::nullopt;
   };
-  auto give_up = [&](ErrorKind kind, const std::string& message) {
-    slot.abandoned = message;
-    cv_.notify_all();
-    throw Error(kind, message);
-  };
   // Yield the core a few times before sleeping: with more device threads than cores, the
   // missing rank is usually runnable and arrives within a time slice, and a sleep/wake pair
   // costs more than that.
@@ -74,14 +69,14 @@ std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
     if (slot.abandoned)
       fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
     if (auto f = world_.failure())
-      give_up(ErrorKind::kCommunication, fmt::format("{} failed: {}", what, *f));
+      abandon(slot, ErrorKind::kCommunication, fmt::format("{} failed: {}", what, *f));
     if (auto gone = missing_exited()) {
-      give_up(
-          ErrorKind::kCommunication,
+      abandon(
+          slot, ErrorKind::kCommunication,
           fmt::format("{} failed: device {} finished its program without joining it", what, *gone));
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && slot.count[phase] < n) {
-      give_up(ErrorKind::kTimeout,
+      abandon(slot, ErrorKind::kTimeout,
               fmt::format("{} timed out after {} ms: devices [{}] never arrived", what,
                           timeout.count(), list(missing())));
     }
@@ -89,6 +84,12 @@ std::vector<const void*> Group::arrive(std::uint64_t seq, int rank, int phase,
   if (slot.abandoned)
     fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
   return slot.args;
+}
+
+void Group::abandon(Slot& slot, ErrorKind kind, const std::string& message) {
+  slot.abandoned = message;
+  cv_.notify_all();
+  throw Error(kind, message);
 }
 
 std::int64_t Group::claim(std::uint64_t seq, int step) {
@@ -125,17 +126,13 @@ void Group::finish(std::uint64_t seq, int step, std::int64_t done, std::int64_t 
   while (counter->load(std::memory_order_acquire) < total) {
     if (slot.abandoned)
       fail(ErrorKind::kCommunication, "{} was abandoned: {}", what, *slot.abandoned);
-    if (auto f = world_.failure()) {
-      slot.abandoned = fmt::format("{} failed: {}", what, *f);
-      cv_.notify_all();
-      fail(ErrorKind::kCommunication, "{}", *slot.abandoned);
-    }
+    if (auto f = world_.failure())
+      abandon(slot, ErrorKind::kCommunication, fmt::format("{} failed: {}", what, *f));
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
         counter->load(std::memory_order_acquire) < total) {
-      slot.abandoned = fmt::format("{} timed out after {} ms: {} of its {} pieces of work done",
-                                   what, timeout.count(), counter->load(), total);
-      cv_.notify_all();
-      throw Error(ErrorKind::kTimeout, *slot.abandoned);
+      abandon(slot, ErrorKind::kTimeout,
+              fmt::format("{} timed out after {} ms: {} of its {} pieces of work done", what,
+                          timeout.count(), counter->load(), total));
     }
   }
 }

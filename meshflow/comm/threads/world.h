@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
+#include "meshflow/core/error.h"
 
 namespace meshflow::threads {
 
@@ -108,6 +109,9 @@ class Group {
 
   // Matches `mine` with the oldest opposite posting of (src, dst, tag), or queues it.
   void post(int src, int dst, int tag, Pending mine, bool sending);
+  // Gives up on a collective (mu_ held): marks its slot abandoned with `message`, so that late
+  // ranks fail rather than read options that may be gone, wakes every waiter and throws.
+  [[noreturn]] void abandon(Slot& slot, ErrorKind kind, const std::string& message);
 
   World& world_;
   const std::vector<DeviceId> devices_;
