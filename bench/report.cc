@@ -100,7 +100,8 @@ std::string to_table(const BenchReport& report) {
   }
   out +=
       "floor: the same bytes moved by plain memcpy on the same threads, interleaved with the case "
-      "(vs_floor near 1: nothing on top of the hardware); baseline: the named other "
+      "(vs_floor near 1: nothing on top of the hardware; below 1: the case writes past the cache "
+      "with streaming stores, which memcpy does not); baseline: the named other "
       "implementation of the same work, interleaved too.\n";
   if (noisy) {
     out += fmt::format(

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "meshflow/core/compare.h"
+#include "meshflow/core/copy.h"
 #include "meshflow/core/random.h"
 #include "meshflow/mesh/device_mesh.h"
 
@@ -397,6 +400,52 @@ void check_exchange_boxes(Communicator& comm, const Env&, int id) {
   }
 }
 
+// A transposing exchange (every rank's rows, cut into every rank's columns) large enough that
+// the threads backend writes it with streaming stores where this machine's cache size is known.
+// Rows of 1027 float32 cut unevenly put every region's runs off cache-line boundaries, so the
+// partly written lines at both ends of each run are covered too.
+void check_exchange_boxes_streamed(Communicator& comm, const Env&, int id) {
+  const int n = comm.size(), r = comm.rank();
+  constexpr std::int64_t kCols = 1027;
+  const std::int64_t bytes = std::clamp<std::int64_t>(
+      last_level_cache_bytes() / 2 + (1 << 20), std::int64_t{4} << 20, std::int64_t{256} << 20);
+  const std::int64_t rows = bytes / (kCols * 4);
+  if (bytes == last_level_cache_bytes() / 2 + (1 << 20)) {
+    ASSERT_EQ(store_for_copy_of(rows * kCols * 4), Store::kStreaming);
+  }
+  auto rows_of = [&](int k) {
+    return Box{{rows * k / n, 0}, {rows * (k + 1) / n - rows * k / n, kCols}};
+  };
+  auto cols_of = [&](int k) {
+    return Box{{0, kCols * k / n}, {rows, kCols * (k + 1) / n - kCols * k / n}};
+  };
+  auto input = [&](int k) {
+    return random_tensor(DType::kFloat32, rows_of(k).extent, seed_of(id, 0, comm.devices()[k]));
+  };
+  const Tensor src = input(r);
+  Tensor dst(DType::kFloat32, cols_of(r).extent);
+  ExchangeBoxesOptions o{.src = src.bytes(),
+                         .src_shape = src.shape(),
+                         .dst = dst.bytes(),
+                         .dst_shape = dst.shape(),
+                         .dtype = DType::kFloat32};
+  o.send.resize(n);
+  o.recv.resize(n);
+  for (int k = 0; k < n; ++k) {
+    // To k: my rows, k's columns; from k: k's rows, my columns.
+    o.send[k] = {Box{{0, cols_of(k).offset[1]}, {rows_of(r).extent[0], cols_of(k).extent[1]}}};
+    o.recv[k] = {Box{{rows_of(k).offset[0], 0}, {rows_of(k).extent[0], cols_of(r).extent[1]}}};
+  }
+  exchange_boxes(comm, o);
+  Tensor want(DType::kFloat32, dst.shape());
+  for (int k = 0; k < n; ++k) {
+    copy_box(input(k), Box{{0, cols_of(r).offset[1]}, {rows_of(k).extent[0], cols_of(r).extent[1]}},
+             want, {rows_of(k).offset[0], 0});
+  }
+  EXPECT_EQ(compare_exact(dst, want), std::nullopt)
+      << "exchange_boxes of " << rows << "x" << kCols << " float32";
+}
+
 }  // namespace
 
 const std::vector<Check>& checks() {
@@ -420,6 +469,8 @@ const std::vector<Check>& checks() {
       {"ExchangeBoxesMovesRegionsBetweenRanks",
        [](Communicator& c, const Env& e) { check_exchange_boxes(c, e, 11); }},
       {"SixteenMiB", [](Communicator& c, const Env& e) { check_large(c, e, 10); }},
+      {"ExchangeBoxesLargeEnoughToStream",
+       [](Communicator& c, const Env& e) { check_exchange_boxes_streamed(c, e, 12); }},
   };
   return all;
 }

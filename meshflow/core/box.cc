@@ -5,6 +5,7 @@
 #include <array>
 #include <cstring>
 
+#include "meshflow/core/copy.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/limits.h"
 
@@ -98,85 +99,11 @@ void for_each_slab(const Shape& shape, std::int64_t max_elems,
   }
 }
 
-namespace {
-
-void check_region(const Shape& shape, const std::vector<std::int64_t>& offset,
-                  const std::vector<std::int64_t>& extent, const char* which) {
-  MESHFLOW_CHECK(shape.size() == offset.size() && offset.size() == extent.size(),
-                 "copy_box {} rank mismatch", which);
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    MESHFLOW_CHECK(extent[d] >= 0 && offset[d] >= 0 && offset[d] + extent[d] <= shape[d],
-                   "copy_box {} region {} outside shape {}", which, to_string(Box{offset, extent}),
-                   to_string(shape));
-  }
-}
-
-}  // namespace
-
 void copy_box(ConstBuffer src, const std::vector<std::int64_t>& src_offset, MutableBuffer dst,
               const std::vector<std::int64_t>& dst_offset,
               const std::vector<std::int64_t>& extent) {
-  MESHFLOW_CHECK(src.elem_size == dst.elem_size);
-  check_region(*src.shape, src_offset, extent, "source");
-  check_region(*dst.shape, dst_offset, extent, "destination");
-  const std::size_t rank = extent.size();
-  MESHFLOW_CHECK(rank <= static_cast<std::size_t>(kMaxTensorRank), "copy_box rank {}", rank);
-  if (meshflow::numel(extent) == 0) return;
-  // Strides on the stack: copy_box runs once per piece of every exchange, and a heap
-  // allocation per call shows up next to kilobyte-sized copies.
-  std::array<std::int64_t, kMaxTensorRank> src_strides, dst_strides, index;
-  row_major_strides(*src.shape, src_strides);
-  row_major_strides(*dst.shape, dst_strides);
-
-  // Merge trailing dims: dims [split, rank) form one contiguous run in both buffers when every
-  // dim after `split` is spanned fully by the region in both shapes.
-  std::size_t split = rank;
-  std::int64_t run = 1;  // elements per contiguous run
-  while (split > 0) {
-    std::size_t d = split - 1;
-    run *= extent[d];
-    --split;
-    if (extent[d] != (*src.shape)[d] || extent[d] != (*dst.shape)[d]) break;
-  }
-  const std::size_t run_bytes = static_cast<std::size_t>(run) * src.elem_size;
-
-  std::int64_t src_base = 0, dst_base = 0;
-  for (std::size_t d = 0; d < rank; ++d) {
-    src_base += src_offset[d] * src_strides[d];
-    dst_base += dst_offset[d] * dst_strides[d];
-  }
-  // Odometer over the outer dims [0, split - 1); the innermost outer dim is a tight loop.
-  const std::byte* s = src.data + src_base * static_cast<std::int64_t>(src.elem_size);
-  std::byte* t = dst.data + dst_base * static_cast<std::int64_t>(dst.elem_size);
-  if (split == 0) {
-    std::memcpy(t, s, run_bytes);
-    return;
-  }
-  const auto es = static_cast<std::int64_t>(src.elem_size);
-  const std::size_t inner = split - 1;
-  const std::int64_t inner_count = extent[inner];
-  const std::int64_t s_step = src_strides[inner] * es, t_step = dst_strides[inner] * es;
-  std::fill_n(index.begin(), inner, 0);
-  while (true) {
-    const std::byte* si = s;
-    std::byte* ti = t;
-    for (std::int64_t i = 0; i < inner_count; ++i, si += s_step, ti += t_step) {
-      std::memcpy(ti, si, run_bytes);
-    }
-    std::size_t d = inner;
-    while (true) {
-      if (d == 0) return;
-      --d;
-      if (++index[d] < extent[d]) {
-        s += src_strides[d] * es;
-        t += dst_strides[d] * es;
-        break;
-      }
-      s -= (extent[d] - 1) * src_strides[d] * es;
-      t -= (extent[d] - 1) * dst_strides[d] * es;
-      index[d] = 0;
-    }
-  }
+  const BoxCopy copy = prepare_box_copy(src, src_offset, dst, dst_offset, extent);
+  run_box_copy(copy, 0, box_copy_rows(copy), Store::kCached);
 }
 
 void copy_box(const Tensor& src, const Box& src_box, Tensor& dst,

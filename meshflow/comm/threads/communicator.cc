@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "meshflow/core/copy.h"
 #include "meshflow/core/error.h"
 
 namespace meshflow::threads {
@@ -119,6 +120,10 @@ constexpr std::int64_t kPieceBytes = 256 << 10;
 // feeds; larger slabs amortise the per-region set-up over more rows (measured on the reference
 // machine: 1 MiB slabs run S(0)->S(1) at 256 MiB in 0.83x the time of 256 KiB ones).
 constexpr std::int64_t kSourcePieceBytes = 1 << 20;
+
+// Within a slab, exchange_boxes copies this many bytes of source rows to every destination
+// before it moves on: small enough to stay in the first-level cache.
+constexpr std::int64_t kRowGroupBytes = 16 << 10;
 
 struct CopyPiece {
   std::byte* dst;
@@ -401,30 +406,43 @@ Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Complet
           }
         }
         // Source-major pieces: a piece is a slab of rows [lo, hi) of one source tensor (about
-        // kPieceBytes), and copies every region any rank receives from those rows. Each source
-        // row is read from memory once, while it is in cache, whatever the number of
-        // destinations; destination-major pieces would read it once per destination.
+        // kSourcePieceBytes), and copies every region any rank receives from those rows, a few
+        // rows at a time: each source row is read from memory once and in order, whatever the
+        // number of destinations, and every destination is written in order.
         struct SourcePiece {
           int src;
           std::int64_t lo, hi;
         };
         const std::size_t es = size_of(opts->dtype);
         std::vector<SourcePiece> pieces;
+        std::vector<std::int64_t> row_bytes(n);
+        std::int64_t total = 0;
         for (int k = 0; k < n; ++k) {
           const Shape& shape = p[k]->src_shape;
           const std::int64_t rows = shape.empty() ? 1 : shape[0];
-          const std::int64_t row_bytes =
-              rows == 0 ? 0 : numel(shape) / rows * static_cast<std::int64_t>(es);
-          const std::int64_t step =
-              std::max<std::int64_t>(1, kSourcePieceBytes / std::max<std::int64_t>(1, row_bytes));
+          row_bytes[k] = rows == 0 ? 0 : numel(shape) / rows * static_cast<std::int64_t>(es);
+          const std::int64_t step = std::max<std::int64_t>(
+              1, kSourcePieceBytes / std::max<std::int64_t>(1, row_bytes[k]));
           for (std::int64_t lo = 0; lo < rows; lo += step)
             pieces.push_back({k, lo, std::min(rows, lo + step)});
+          for (const auto& regions : p[k]->send)
+            for (const Box& b : regions) total += numel(b) * static_cast<std::int64_t>(es);
         }
+        // Where the exchange's reads and writes together outgrow the cache, its destinations
+        // are written with streaming stores (nothing would stay cached, and an ordinary store
+        // first reads the line it writes).
+        const Store store = store_for_copy_of(total);
         share(*group_, {seq, 0, t, what}, static_cast<std::int64_t>(pieces.size()),
               [&](std::int64_t i) {
                 const SourcePiece& q = pieces[i];
                 const ExchangeBoxesOptions& src = *p[q.src];
-                // Reused by every region: no allocation per copy.
+                // Every region received from the slab, clipped to it: its copy starts at
+                // source row `first`.
+                struct Region {
+                  BoxCopy copy;
+                  std::int64_t first;
+                };
+                std::vector<Region> regions;
                 std::vector<std::int64_t> src_off, dst_off, extent;
                 for (int d = 0; d < n; ++d) {
                   const int r = (q.src + d) % n;
@@ -436,18 +454,36 @@ Event ThreadsCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Complet
                     src_off.assign(from.offset.begin(), from.offset.end());
                     dst_off.assign(to.offset.begin(), to.offset.end());
                     extent.assign(to.extent.begin(), to.extent.end());
+                    std::int64_t first = 0;
                     if (!extent.empty()) {
-                      const std::int64_t lo = std::max(q.lo, from.offset[0]);
+                      first = std::max(q.lo, from.offset[0]);
                       const std::int64_t hi = std::min(q.hi, from.offset[0] + from.extent[0]);
-                      if (lo >= hi) continue;
-                      src_off[0] = lo;
-                      dst_off[0] += lo - from.offset[0];
-                      extent[0] = hi - lo;
+                      if (first >= hi) continue;
+                      src_off[0] = first;
+                      dst_off[0] += first - from.offset[0];
+                      extent[0] = hi - first;
                     }
-                    copy_box(ConstBuffer{src.src, &src.src_shape, es}, src_off,
-                             MutableBuffer{p[r]->dst, &p[r]->dst_shape, es}, dst_off, extent);
+                    regions.push_back(
+                        {prepare_box_copy(ConstBuffer{src.src, &src.src_shape, es}, src_off,
+                                          MutableBuffer{p[r]->dst, &p[r]->dst_shape, es}, dst_off,
+                                          extent),
+                         first});
                   }
                 }
+                // A few source rows at a time (about kRowGroupBytes, at least one row), every
+                // region's part of them in turn: the rows stay in the core's cache while they
+                // are read.
+                const std::int64_t group = std::max<std::int64_t>(
+                    1, kRowGroupBytes / std::max<std::int64_t>(1, row_bytes[q.src]));
+                for (std::int64_t row = q.lo; row < q.hi; row += group) {
+                  const std::int64_t end = std::min(q.hi, row + group);
+                  for (const Region& g : regions) {
+                    const std::int64_t lo = std::max(row, g.first);
+                    const std::int64_t hi = std::min(end, g.first + box_copy_rows(g.copy));
+                    if (lo < hi) run_box_copy(g.copy, lo - g.first, hi - lo, store);
+                  }
+                }
+                if (store == Store::kStreaming) store_fence();
               });
       });
 }
