@@ -12,7 +12,7 @@ namespace {
 TEST(CopyBytes, EveryStoreCopiesExactlyTheBytesAskedForAtAnyAlignment) {
   // Lengths around the cache line and destinations at every offset within one: streaming
   // stores cover whole lines only, ordinary ones the ends.
-  const Tensor source = random_tensor(DType::kInt32, {1024}, 7);
+  const Tensor source = random_tensor(DType::kInt32, {2048}, 7);
   const auto* src = source.bytes();
   for (Store store : {Store::kCached, Store::kStreaming}) {
     for (std::size_t n : {0, 1, 63, 64, 127, 128, 129, 191, 1000, 4096}) {
