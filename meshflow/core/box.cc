@@ -2,12 +2,9 @@
 #include "meshflow/core/box.h"
 
 #include <algorithm>
-#include <array>
-#include <cstring>
 
 #include "meshflow/core/copy.h"
 #include "meshflow/core/error.h"
-#include "meshflow/core/limits.h"
 
 namespace meshflow {
 
