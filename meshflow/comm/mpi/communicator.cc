@@ -11,6 +11,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/limits.h"
+#include "meshflow/core/tensor.h"
 
 namespace meshflow::mpi {
 
@@ -371,22 +372,16 @@ std::int64_t elements(const std::vector<Box>& boxes) {
 // What an exchange keeps alive until it completes.
 struct ExchangeState {
   std::vector<MPI_Datatype> types;
-  std::unique_ptr<std::byte[]> packed;  // asynchronous calls only (blocking ones use scratch)
+  // The packed send blocks: a Tensor, so that large ones get huge pages (Open MPI's
+  // single-copy transfer pins the pages it reads, one by one) and a repeated exchange reuses the
+  // freed buffer of the last one.
+  Tensor packed;
   ~ExchangeState() {
     for (MPI_Datatype& t : types) MPI_Type_free(&t);
   }
 };
 
 }  // namespace
-
-std::byte* MpiCommunicator::scratch(std::int64_t bytes) {
-  // Grown when needed, never shrunk, never zero-filled: every byte is written before it is sent.
-  if (bytes > scratch_bytes_) {
-    scratch_.reset(new std::byte[static_cast<std::size_t>(bytes)]);
-    scratch_bytes_ = bytes;
-  }
-  return scratch_.get();
-}
 
 Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion c) {
   // Point to point with every peer, each side choosing its own form (so no agreement is needed):
@@ -423,12 +418,8 @@ Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion 
   }
   std::byte* packed = nullptr;
   if (pack_total > 0) {
-    if (c == Completion::kWait) {
-      packed = scratch(pack_total * es);
-    } else {
-      state->packed.reset(new std::byte[static_cast<std::size_t>(pack_total * es)]);
-      packed = state->packed.get();
-    }
+    state->packed = Tensor::uninitialized(o.dtype, {pack_total});  // every byte is packed
+    packed = state->packed.bytes();
   }
   for (int i = 0; i < n; ++i) {
     const int k = (rank_ + i) % n;

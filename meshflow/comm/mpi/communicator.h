@@ -57,11 +57,6 @@ class MpiCommunicator final : public Communicator {
   }
 
   ProcessContext* context_;
-  // Returns a buffer of at least `bytes` bytes, reused across calls (blocking calls only).
-  std::byte* scratch(std::int64_t bytes);
-
-  std::unique_ptr<std::byte[]> scratch_;
-  std::int64_t scratch_bytes_ = 0;
   MPI_Comm comm_;      // collectives and user point-to-point
   MPI_Comm internal_;  // collective_permute, so its messages never match user receives
   std::vector<DeviceId> devices_;
