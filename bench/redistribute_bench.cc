@@ -9,6 +9,8 @@
 //   P(sum)->R     the bandwidth-optimal all-reduce pattern: P(sum)->S(0)'s reads, then every
 //                 other device's block into r's output (read from its input, so that the floor,
 //                 which has no synchronisation, has no data race either)
+// Under mpi each case is also timed against the raw MPI collective doing its work (the baseline),
+// which replaces the memcpy floor; S(0)->S(1)'s floor there is its contiguous ideal in MPI.
 #include "bench/redistribute_bench.h"
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <mutex>
 
 #include "bench/collectives_bench.h"
+#include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/runtime/executor.h"
@@ -86,13 +89,13 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
 }
 
 #ifdef MESHFLOW_HAVE_MPI
-// The raw MPI collective moving the same bytes as case `name` (the baseline "mpi"): S(0)->R an
-// MPI_Allgatherv of the row blocks, S(0)->S(1) an MPI_Alltoall of equal blocks, P(sum)->S(0) an
-// MPI_Reduce_scatter, P(sum)->R an MPI_Allreduce.
+// The raw MPI collective doing case `name`, the baseline "mpi": the same elements from the same
+// places to the same places. S(0)->R is an MPI_Allgatherv of the row blocks, S(0)->S(1) an
+// MPI_Alltoallw whose send types pick each receiver's columns out of the rows, P(sum)->S(0) an
+// MPI_Reduce_scatter and P(sum)->R an MPI_Allreduce.
 void raw_mpi(const std::string& name, Communicator& comm, const Layout& from, const Layout& to,
              DeviceBuffers& b) {
   MPI_Comm h = dynamic_cast<mpi::MpiCommunicator&>(comm).handle();
-  const int n = comm.size();
   auto row_counts = [&](const Layout& l) {
     std::vector<int> c;
     for (DeviceId d : l.mesh.devices) c.push_back(static_cast<int>(numel(local_shape(l, d))));
@@ -108,14 +111,66 @@ void raw_mpi(const std::string& name, Communicator& comm, const Layout& from, co
     MPI_Allgatherv(b.in.bytes(), c[comm.rank()], MPI_FLOAT, b.out.bytes(), c.data(),
                    displs(c).data(), MPI_FLOAT, h);
   } else if (name == "S(0)->S(1)") {
-    const int per = static_cast<int>(std::min(b.in.numel(), b.out.numel()) / n);
-    MPI_Alltoall(b.in.bytes(), per, MPI_FLOAT, b.out.bytes(), per, MPI_FLOAT, h);
+    // To device k: my rows restricted to k's columns (a vector type at k's first column); from
+    // device k: k's rows of my columns, one contiguous run of my output.
+    const int n = comm.size();
+    const Box mine = shard_box(to, comm.rank());
+    std::vector<int> send_counts(n, 1), send_displs(n), recv_counts(n), recv_displs(n);
+    std::vector<MPI_Datatype> send_types(n), recv_types(n, MPI_FLOAT);
+    for (int k = 0; k < n; ++k) {
+      const Box cols = shard_box(to, k), rows = shard_box(from, k);
+      MPI_Type_vector(static_cast<int>(b.in.shape()[0]), static_cast<int>(cols.extent[1]),
+                      static_cast<int>(kCols), MPI_FLOAT, &send_types[k]);
+      MPI_Type_commit(&send_types[k]);
+      send_displs[k] = static_cast<int>(cols.offset[1] * kElem);
+      recv_counts[k] = static_cast<int>(rows.extent[0] * mine.extent[1]);
+      recv_displs[k] = static_cast<int>(rows.offset[0] * mine.extent[1] * kElem);
+    }
+    MPI_Alltoallw(b.in.bytes(), send_counts.data(), send_displs.data(), send_types.data(),
+                  b.out.bytes(), recv_counts.data(), recv_displs.data(), recv_types.data(), h);
+    for (MPI_Datatype& t : send_types) MPI_Type_free(&t);
   } else if (name == "P(sum)->S(0)") {
     const auto c = row_counts(to);
     MPI_Reduce_scatter(b.in.bytes(), b.out.bytes(), c.data(), MPI_FLOAT, MPI_SUM, h);
   } else {
     MPI_Allreduce(b.in.bytes(), b.out.bytes(), static_cast<int>(b.in.numel()), MPI_FLOAT, MPI_SUM,
                   h);
+  }
+}
+
+// The contiguous ideal of S(0)->S(1) under MPI (its floor): an MPI_Alltoall of as many bytes in
+// equal contiguous blocks, which moves the same amount from the same buffers without the stride
+// (and so does not redistribute). Its block is the same on every rank, as MPI_Alltoall requires:
+// the smallest shard's n-th part.
+void contiguous_alltoall(Communicator& comm, const Layout& from, const Layout& to,
+                         DeviceBuffers& b) {
+  MPI_Comm h = dynamic_cast<mpi::MpiCommunicator&>(comm).handle();
+  std::int64_t smallest = b.in.numel();
+  for (DeviceId d : from.mesh.devices) {
+    smallest = std::min({smallest, numel(local_shape(from, d)), numel(local_shape(to, d))});
+  }
+  const int per = static_cast<int>(smallest / comm.size());
+  MPI_Alltoall(b.in.bytes(), per, MPI_FLOAT, b.out.bytes(), per, MPI_FLOAT, h);
+}
+
+// Runs the case and its baseline once each and fails on every rank unless both leave the same
+// output (bit for bit where the case only moves data, within float32 rounding where it sums), so
+// that the baseline is known to do the case's work.
+void check_same_result(const std::string& name, Communicator& comm,
+                       const std::function<void()>& run_case, const std::function<void()>& baseline,
+                       DeviceBuffers& b) {
+  run_case();
+  const Tensor ours = b.out.clone();
+  baseline();
+  const bool sums = name.starts_with("P(");
+  const std::optional<std::string> diff =
+      sums ? compare_close(b.out, ours, 1e-5, 1e-5) : compare_exact(b.out, ours);
+  int bad = diff ? 1 : 0, any = 0;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX,
+                dynamic_cast<mpi::MpiCommunicator&>(comm).handle());
+  if (any != 0) {
+    fail(ErrorKind::kInternal, "bench redistribute: the raw MPI baseline of {} differs from {}",
+         name, diff ? "meshflow's result: " + *diff : "meshflow's result on another rank");
   }
 }
 #endif
@@ -216,21 +271,28 @@ BenchReport run_redistribute_bench(const RedistributeBenchOptions& options, bool
           return time_between_barriers(comm, fn);
         };
         auto run_case = [&] { mine.out = execute(*program, comm, mine.in, std::move(mine.out)); };
-        // threads: the memcpy floor; mpi: the raw MPI collective of the same bytes.
-        std::function<void()> other = [&] { floor_pattern(name, from, to, r, peers); };
+        // threads: the memcpy floor. mpi: the raw MPI collective of the same work as the
+        // baseline, and where that strides (S(0)->S(1)) its contiguous ideal as the floor.
+        std::function<void()> floor = [&] { floor_pattern(name, from, to, r, peers); };
+        std::function<void()> baseline;
 #ifdef MESHFLOW_HAVE_MPI
         if (!threads) {
-          other = [&] { raw_mpi(name, comm, from, to, mine); };
+          baseline = [&] { raw_mpi(name, comm, from, to, mine); };
           result.baseline = "mpi";
+          floor = nullptr;
+          if (name == "S(0)->S(1)") floor = [&] { contiguous_alltoall(comm, from, to, mine); };
+          check_same_result(name, comm, run_case, baseline, mine);
         }
 #endif
         for (int i = 0; i < options.warmup; ++i) {
           timed(run_case);
-          timed(other);
+          if (floor) timed(floor);
+          if (baseline) timed(baseline);
         }
         for (int i = 0; i < options.reps; ++i) {
           result.case_s.push_back(timed(run_case));
-          (threads ? result.floor_s : result.baseline_s).push_back(timed(other));
+          if (floor) result.floor_s.push_back(timed(floor));
+          if (baseline) result.baseline_s.push_back(timed(baseline));
         }
         std::string steps;
         for (const Step& s : plan->steps)

@@ -1,7 +1,8 @@
 // `meshflow bench redistribute`: S(0)->R, S(0)->S(1), P(sum)->S(0) and P(sum)->R on a 1-d mesh
 // against their memcpy floors (the same bytes moved in the same pattern on the same threads,
-// interleaved), plus planning times: a cached plan, a fresh plan on a 3-d mesh, and a fresh plan
-// for a 16x16x16 mesh (4096 devices, planning only).
+// interleaved; under mpi, against the raw MPI collective doing the same work), plus planning times:
+// a cached plan, a fresh plan on a 3-d mesh, and a fresh plan for a 16x16x16 mesh (4096 devices,
+// planning only).
 #pragma once
 
 #include <vector>

@@ -99,10 +99,11 @@ std::string to_table(const BenchReport& report) {
         notes);
   }
   out +=
-      "floor: the same bytes moved by plain memcpy on the same threads, interleaved with the case "
-      "(vs_floor near 1: nothing on top of the hardware; below 1: the case writes past the cache "
-      "with streaming stores, which memcpy does not); baseline: the named other "
-      "implementation of the same work, interleaved too.\n";
+      "floor: the same bytes moved by plain memcpy on the same threads (under mpi: by the raw "
+      "MPI collective in contiguous blocks), interleaved with the case (vs_floor near 1: nothing "
+      "on top of the hardware; below 1: the case writes past the cache with streaming stores, "
+      "which memcpy does not); baseline: the named other implementation of the same work, "
+      "interleaved too.\n";
   if (noisy) {
     out += fmt::format(
         "warning: some cases spread by more than {:.0f}% of their median: this machine is busy or "
