@@ -369,6 +369,40 @@ void check_large(Communicator& comm, const Env& env, int id) {
     EXPECT_EQ(std::memcmp(gathered.bytes() + displ[k] * 4, inputs[k].bytes(), counts[k] * 4), 0)
         << "16 MiB all_gather block " << k;
   }
+  // all_to_all of nearly 16 MiB from every rank, in blocks of uneven sizes so that they start off
+  // cache-line boundaries: rank k sends block(k, j) elements to rank j.
+  const int r = comm.rank();
+  auto block = [&](int from, int to) { return count / n - 3 * n + 3 * to + from; };
+  std::vector<std::int64_t> send_counts(n), recv_counts(n);
+  for (int k = 0; k < n; ++k) {
+    send_counts[k] = block(r, k);
+    recv_counts[k] = block(k, r);
+  }
+  const auto rdispl = displacements(recv_counts);
+  Tensor received(DType::kFloat32, {rdispl[n - 1] + recv_counts[n - 1]});
+  all_to_all(comm, {.send = inputs[r].bytes(),
+                    .send_counts = send_counts,
+                    .recv = received.bytes(),
+                    .recv_counts = recv_counts});
+  for (int k = 0; k < n; ++k) {
+    std::int64_t sdispl = 0;  // where k's block for r starts in k's input
+    for (int j = 0; j < r; ++j) sdispl += block(k, j);
+    EXPECT_EQ(std::memcmp(received.bytes() + rdispl[k] * 4, inputs[k].bytes() + sdispl * 4,
+                          block(k, r) * 4),
+              0)
+        << "16 MiB all_to_all block from " << k;
+  }
+  // broadcast of 16 MiB from the last rank, and a permute of 16 MiB from every rank.
+  Tensor broadcasted = inputs[r].clone();
+  broadcast(comm, {.data = broadcasted.bytes(), .count = count, .root = Rank{n - 1}});
+  EXPECT_EQ(compare_exact(broadcasted, inputs[n - 1]), std::nullopt) << "16 MiB broadcast";
+  Tensor permuted(DType::kFloat32, {count});
+  collective_permute(comm, {.send = inputs[r].bytes(),
+                            .send_count = count,
+                            .recv = permuted.bytes(),
+                            .recv_count = count,
+                            .shift = 1});
+  EXPECT_EQ(compare_exact(permuted, inputs[(r + 1) % n]), std::nullopt) << "16 MiB permute";
 }
 
 void check_exchange_boxes(Communicator& comm, const Env&, int id) {
