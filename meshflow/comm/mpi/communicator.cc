@@ -386,8 +386,8 @@ Event MpiCommunicator::exchange_boxes(const ExchangeBoxesOptions& o, Completion 
   // zero-filled. Derived sends rather than packing: Open MPI pipelines a strided send through
   // its shared-memory fragments, a copy on each side that overlaps, where a packed block is
   // copied whole before its transfer starts. On 4 ranks of 2 cores, S(0)->S(1) ran 0.92-1.00x
-  // MPI's own strided MPI_Alltoall at 16 and 256 MiB this way, and 0.83-1.47x packed (whose
-  // buffer also cost 3/4 of a shard of memory).
+  // MPI's own strided collective (an MPI_Alltoall with a vector send type) at 16 and 256 MiB
+  // this way, and 0.83-1.47x packed (whose buffer also cost 3/4 of a shard of memory).
   const std::string what = describe("exchange_boxes", devices_);
   check_exchange(*this, o);
   const int n = size();
