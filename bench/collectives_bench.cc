@@ -274,24 +274,32 @@ void raw_mpi(const std::string& name, Communicator& comm, Buffers& b, std::int64
   for (auto c : chunks(count, n)) cs.push_back(static_cast<int>(c));
   std::vector<int> d(n, 0);
   for (int k = 1; k < n; ++k) d[k] = d[k - 1] + cs[k - 1];
+  const std::string what = "bench collectives: " + name + " by MPI";
   if (name == "all_gather")
-    MPI_Allgatherv(b.send.bytes(), cs[r], MPI_FLOAT, b.recv.bytes(), cs.data(), d.data(), MPI_FLOAT,
-                   h);
+    mpi::check(MPI_Allgatherv(b.send.bytes(), cs[r], MPI_FLOAT, b.recv.bytes(), cs.data(), d.data(),
+                              MPI_FLOAT, h),
+               what);
   if (name == "reduce_scatter")
-    MPI_Reduce_scatter(b.send.bytes(), b.recv.bytes(), cs.data(), MPI_FLOAT, MPI_SUM, h);
+    mpi::check(MPI_Reduce_scatter(b.send.bytes(), b.recv.bytes(), cs.data(), MPI_FLOAT, MPI_SUM, h),
+               what);
   if (name == "all_reduce")
-    MPI_Allreduce(b.send.bytes(), b.recv.bytes(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, h);
+    mpi::check(MPI_Allreduce(b.send.bytes(), b.recv.bytes(), static_cast<int>(count), MPI_FLOAT,
+                             MPI_SUM, h),
+               what);
   if (name == "all_to_all") {
     std::vector<int> per(n, static_cast<int>(b.send.numel() / n)), pd(n);
     for (int k = 0; k < n; ++k) pd[k] = k * per[0];
-    MPI_Alltoallv(b.send.bytes(), per.data(), pd.data(), MPI_FLOAT, b.recv.bytes(), per.data(),
-                  pd.data(), MPI_FLOAT, h);
+    mpi::check(MPI_Alltoallv(b.send.bytes(), per.data(), pd.data(), MPI_FLOAT, b.recv.bytes(),
+                             per.data(), pd.data(), MPI_FLOAT, h),
+               what);
   }
-  if (name == "broadcast") MPI_Bcast(b.recv.bytes(), static_cast<int>(count), MPI_FLOAT, 0, h);
+  if (name == "broadcast")
+    mpi::check(MPI_Bcast(b.recv.bytes(), static_cast<int>(count), MPI_FLOAT, 0, h), what);
   if (name == "collective_permute") {
-    MPI_Sendrecv(b.send.bytes(), static_cast<int>(b.send.numel()), MPI_FLOAT, (r + n - 1) % n, 7,
-                 b.recv.bytes(), static_cast<int>(b.recv.numel()), MPI_FLOAT, (r + 1) % n, 7, h,
-                 MPI_STATUS_IGNORE);
+    mpi::check(MPI_Sendrecv(b.send.bytes(), static_cast<int>(b.send.numel()), MPI_FLOAT,
+                            (r + n - 1) % n, 7, b.recv.bytes(), static_cast<int>(b.recv.numel()),
+                            MPI_FLOAT, (r + 1) % n, 7, h, MPI_STATUS_IGNORE),
+               what);
   }
 }
 #endif

@@ -89,17 +89,6 @@ void floor_pattern(const std::string& name, const Layout& from, const Layout& to
 }
 
 #ifdef MESHFLOW_HAVE_MPI
-// Fails unless an MPI call made by the bench itself succeeded (meshflow's communicators return
-// MPI's errors rather than abort, so a baseline whose counts disagree would otherwise go unseen).
-void check_mpi(int rc, const char* call) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(rc, text, &length);
-  fail(ErrorKind::kCommunication, "bench redistribute: {} failed: {}", call,
-       std::string_view(text, static_cast<std::size_t>(length)));
-}
-
 // The raw MPI collective doing case `name`, the baseline "mpi": the same elements from the same
 // places to the same places. S(0)->R is an MPI_Allgatherv of the row blocks, S(0)->S(1) an
 // MPI_Alltoallw whose send types pick each receiver's columns out of the rows, P(sum)->S(0) an
@@ -119,9 +108,9 @@ void raw_mpi(const std::string& name, Communicator& comm, const Layout& from, co
   };
   if (name == "S(0)->R") {
     const auto c = row_counts(from);
-    check_mpi(MPI_Allgatherv(b.in.bytes(), c[comm.rank()], MPI_FLOAT, b.out.bytes(), c.data(),
-                             displs(c).data(), MPI_FLOAT, h),
-              "MPI_Allgatherv");
+    mpi::check(MPI_Allgatherv(b.in.bytes(), c[comm.rank()], MPI_FLOAT, b.out.bytes(), c.data(),
+                              displs(c).data(), MPI_FLOAT, h),
+               "bench redistribute: MPI_Allgatherv");
   } else if (name == "S(0)->S(1)") {
     // To device k: my rows restricted to k's columns (a vector type at k's first column); from
     // device k: k's rows of my columns, one contiguous run of my output.
@@ -138,19 +127,19 @@ void raw_mpi(const std::string& name, Communicator& comm, const Layout& from, co
       recv_counts[k] = static_cast<int>(rows.extent[0] * mine.extent[1]);
       recv_displs[k] = static_cast<int>(rows.offset[0] * mine.extent[1] * kElem);
     }
-    check_mpi(
+    mpi::check(
         MPI_Alltoallw(b.in.bytes(), send_counts.data(), send_displs.data(), send_types.data(),
                       b.out.bytes(), recv_counts.data(), recv_displs.data(), recv_types.data(), h),
-        "MPI_Alltoallw");
+        "bench redistribute: MPI_Alltoallw");
     for (MPI_Datatype& t : send_types) MPI_Type_free(&t);
   } else if (name == "P(sum)->S(0)") {
     const auto c = row_counts(to);
-    check_mpi(MPI_Reduce_scatter(b.in.bytes(), b.out.bytes(), c.data(), MPI_FLOAT, MPI_SUM, h),
-              "MPI_Reduce_scatter");
+    mpi::check(MPI_Reduce_scatter(b.in.bytes(), b.out.bytes(), c.data(), MPI_FLOAT, MPI_SUM, h),
+               "bench redistribute: MPI_Reduce_scatter");
   } else {
-    check_mpi(MPI_Allreduce(b.in.bytes(), b.out.bytes(), static_cast<int>(b.in.numel()), MPI_FLOAT,
-                            MPI_SUM, h),
-              "MPI_Allreduce");
+    mpi::check(MPI_Allreduce(b.in.bytes(), b.out.bytes(), static_cast<int>(b.in.numel()), MPI_FLOAT,
+                             MPI_SUM, h),
+               "bench redistribute: MPI_Allreduce");
   }
 }
 
@@ -166,8 +155,8 @@ void contiguous_alltoall(Communicator& comm, const Layout& from, const Layout& t
     smallest = std::min({smallest, numel(local_shape(from, d)), numel(local_shape(to, d))});
   }
   const int per = static_cast<int>(smallest / comm.size());
-  check_mpi(MPI_Alltoall(b.in.bytes(), per, MPI_FLOAT, b.out.bytes(), per, MPI_FLOAT, h),
-            "MPI_Alltoall");
+  mpi::check(MPI_Alltoall(b.in.bytes(), per, MPI_FLOAT, b.out.bytes(), per, MPI_FLOAT, h),
+             "bench redistribute: MPI_Alltoall");
 }
 
 // Runs the case and its baseline once each and fails on every rank unless both leave the same
@@ -183,9 +172,9 @@ void check_same_result(const std::string& name, Communicator& comm,
   const std::optional<std::string> diff =
       sums ? compare_close(b.out, ours, 1e-5, 1e-5) : compare_exact(b.out, ours);
   int bad = diff ? 1 : 0, any = 0;
-  check_mpi(MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX,
-                          dynamic_cast<mpi::MpiCommunicator&>(comm).handle()),
-            "MPI_Allreduce");
+  mpi::check(MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX,
+                           dynamic_cast<mpi::MpiCommunicator&>(comm).handle()),
+             "bench redistribute: MPI_Allreduce");
   if (any != 0) {
     fail(ErrorKind::kInternal, "bench redistribute: the raw MPI baseline of {} differs from {}",
          name, diff ? "meshflow's result: " + *diff : "meshflow's result on another rank");

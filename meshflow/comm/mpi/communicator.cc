@@ -14,8 +14,6 @@
 
 namespace meshflow::mpi {
 
-namespace {
-
 void check(int rc, std::string_view what) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
@@ -23,6 +21,8 @@ void check(int rc, std::string_view what) {
   MPI_Error_string(rc, text, &len);
   fail(ErrorKind::kCommunication, "{} failed: {}", what, std::string(text, len));
 }
+
+namespace {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {

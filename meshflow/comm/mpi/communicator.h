@@ -13,6 +13,10 @@
 
 namespace meshflow::mpi {
 
+// Fails with a communication error naming `what` and MPI's own text for `rc`, unless rc is
+// MPI_SUCCESS (meshflow's communicators return MPI's errors rather than abort).
+void check(int rc, std::string_view what);
+
 // What this process owns across its communicators: the devices of the launch, the default
 // timeout, the watchdog that bounds every blocking call, and the group cache.
 struct ProcessContext {
