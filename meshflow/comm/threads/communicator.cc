@@ -9,7 +9,8 @@
 //   broadcast       every non-root copies from the root.
 //   permute(k)      r copies from rank (r + k) mod n, which is the rank that sends to r.
 //   exchange_boxes  1 MiB slabs of every sender's rows, each copied to every receiver a few rows
-//                   at a time; written with streaming stores where the exchange fills the cache.
+//                   at a time.
+// A copy step that moves at least half the last-level cache writes with streaming stores.
 // Every collective ends when every piece of its last step is done, after which no rank reads
 // another's buffers; all_reduce's copies start once every reduction piece is done.
 #include "meshflow/comm/threads/communicator.h"
