@@ -14,7 +14,7 @@
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/task_graph.h"
-#include "meshflow/runtime/model_runner.h"
+#include "meshflow/train/trainer.h"
 
 namespace meshflow::bench {
 
@@ -98,7 +98,7 @@ std::vector<double> pytorch_steps(const TrainBenchOptions& o, const std::string&
 // Trains `m` for warmup + reps steps on threads and fills r's times with the timed steps, and
 // its extras with the medians of the reporting device's kernel, movement and other time.
 void time_training(const Model& m, const TrainBenchOptions& o, BenchResult& r) {
-  const TrainReport t = train_model(m, TrainOptions{.steps = o.warmup + o.reps, .lr = 0.01});
+  const TrainReport t = train_model(m, TrainOptions{.steps = o.warmup + o.reps, .optimizer = {.lr = 0.01}});
   std::vector<double> kernel, movement, overhead;
   for (std::size_t i = static_cast<std::size_t>(o.warmup); i < t.steps.size(); ++i) {
     const StepReport& s = t.steps[i];

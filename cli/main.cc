@@ -1,5 +1,7 @@
 // Entry point of the `meshflow` command: every error becomes one line on standard error and a
-// non-zero exit status (meshflow::exit_status; 2 for usage errors).
+// non-zero exit status (meshflow::exit_status; 2 for usage errors). Under mpirun only device 0
+// (world rank 0) prints: every other rank's standard output is discarded here, once for every
+// command, and an error every rank hits is printed by rank 0 alone.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -33,6 +35,11 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "meshflow: unknown command \"{}\" (see meshflow --help)\n", argv[1]);
     return 2;
   }
+  // A command that launches devices reports from device 0; one that does not (explain, plan, a
+  // bench on threads) runs alike on every rank: either way, one copy of the output.
+  if (meshflow::detect_backend() == meshflow::Backend::kMpi && !meshflow::prints_shared_errors())
+      [[maybe_unused]]
+    std::FILE* silenced = std::freopen("/dev/null", "w", stdout);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

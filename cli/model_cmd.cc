@@ -3,13 +3,15 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "meshflow/core/error.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
-#include "meshflow/runtime/model_runner.h"
+#include "meshflow/train/trainer.h"
 
 namespace meshflow::cli {
 
@@ -43,6 +45,86 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
   cmd->add_flag("--json", a.json, "print JSON");
 }
 
+// The optimizer options of train and explain (train/optimizer.h), kept as text so that every
+// value, "nan" included, reaches resolve_optimizer's checks and their one-line errors.
+struct OptimizerArgs {
+  std::string optimizer, lr, momentum, betas, eps, weight_decay, clip_grad_norm, warmup_steps,
+      decay, decay_steps;
+};
+
+void add_optimizer_options(CLI::App* cmd, OptimizerArgs& a) {
+  cmd->add_option("--optimizer", a.optimizer,
+                  "sgd (torch.optim.SGD) or adamw (torch.optim.AdamW) (default: the model "
+                  "file's \"train\", else sgd)");
+  cmd->add_option("--lr", a.lr, "learning rate, lr (default: sgd 0.1, adamw 0.001)");
+  cmd->add_option("--momentum", a.momentum, "sgd: momentum in [0, 1) (default 0)");
+  cmd->add_option("--betas", a.betas, "adamw: betas B1,B2, each in [0, 1) (default 0.9,0.999)");
+  cmd->add_option("--eps", a.eps, "adamw: eps > 0 (default 1e-8)");
+  cmd->add_option("--weight-decay", a.weight_decay,
+                  "adamw: decoupled weight_decay >= 0 (default 0.01)");
+  cmd->add_option("--clip-grad-norm", a.clip_grad_norm,
+                  "scale every gradient by min(1, X / (global L2 norm + 1e-6)) before the update "
+                  "(torch.nn.utils.clip_grad_norm_'s max_norm)");
+  cmd->add_option("--warmup-steps", a.warmup_steps,
+                  "learning rate lr*t/W for steps t <= W (default 0)");
+  cmd->add_option("--decay", a.decay,
+                  "none, cosine or linear: the learning rate falls from lr to 0 over "
+                  "--decay-steps after the warmup (default none)");
+  cmd->add_option("--decay-steps", a.decay_steps, "steps the decay takes, >= 1");
+}
+
+// Returns `text` as a number; throws naming `flag` when it is none (finiteness and ranges are
+// resolve_optimizer's).
+double number_option(std::string_view flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size())
+    fail(ErrorKind::kInvalidArgument, "--{} \"{}\": not a number", flag, text);
+  return v;
+}
+
+int integer_option(std::string_view flag, const std::string& text) {
+  const double v = number_option(flag, text);
+  if (v != std::floor(v) || std::abs(v) > (1 << 30))
+    fail(ErrorKind::kInvalidArgument, "--{} {}: not an integer", flag, text);
+  return static_cast<int>(v);
+}
+
+// Returns the optimizer the options and the model file's "train" object give.
+Optimizer optimizer_of(const OptimizerArgs& a, const Model& model) {
+  OptimizerOptions o;
+  if (!a.optimizer.empty()) {
+    o.kind = parse_optimizer_kind(a.optimizer);
+    if (!o.kind) {
+      fail(ErrorKind::kInvalidArgument, "--optimizer \"{}\": must be sgd or adamw", a.optimizer);
+    }
+  }
+  auto number = [](std::optional<double>& out, std::string_view flag, const std::string& text) {
+    if (!text.empty()) out = number_option(flag, text);
+  };
+  number(o.lr, "lr", a.lr);
+  number(o.momentum, "momentum", a.momentum);
+  number(o.eps, "eps", a.eps);
+  number(o.weight_decay, "weight-decay", a.weight_decay);
+  number(o.clip_grad_norm, "clip-grad-norm", a.clip_grad_norm);
+  if (!a.betas.empty()) {
+    const auto comma = a.betas.find(',');
+    if (comma == std::string::npos)
+      fail(ErrorKind::kInvalidArgument, "--betas \"{}\": must be B1,B2", a.betas);
+    o.betas = std::pair{number_option("betas", a.betas.substr(0, comma)),
+                        number_option("betas", a.betas.substr(comma + 1))};
+  }
+  if (!a.warmup_steps.empty()) o.warmup_steps = integer_option("warmup-steps", a.warmup_steps);
+  if (!a.decay_steps.empty()) o.decay_steps = integer_option("decay-steps", a.decay_steps);
+  if (!a.decay.empty()) {
+    o.decay = parse_lr_decay(a.decay);
+    if (!o.decay) {
+      fail(ErrorKind::kInvalidArgument, "--decay \"{}\": must be none, cosine or linear", a.decay);
+    }
+  }
+  return resolve_optimizer(o, optimizer_options_from_json(model.train, model.source));
+}
+
 // Returns the form --gather-form names (checked by CLI11), or none.
 std::optional<GatherForm> gather_form(const CommonArgs& a) {
   for (GatherForm f : {GatherForm::kPermute, GatherForm::kBroadcast, GatherForm::kInPlace})
@@ -66,15 +148,21 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   return o;
 }
 
-// Returns the model in `path`. Under mpi every rank reads the same file and fails alike, so a
-// bad file is reported once (by device 0) rather than by every rank.
-Model load(const std::string& path, Backend backend) {
+// Returns fn(). Under mpi every rank computes the same from the same input and fails alike, so
+// its error is reported once (by device 0) rather than by every rank.
+template <typename Fn>
+auto every_device(Backend backend, Fn&& fn) {
   try {
-    return load_model(path);
+    return fn();
   } catch (const Error& e) {
     if (backend != Backend::kMpi) throw;
     throw Error(e.kind(), e.what(), ErrorScope::kEveryDevice);
   }
+}
+
+// Returns the model in `path`, read alike by every rank under mpi.
+Model load(const std::string& path, Backend backend) {
+  return every_device(backend, [&] { return load_model(path); });
 }
 
 // Prints "step 3/10 [#####     ] loss 2.3012  4.1 steps/s" on standard error: redrawn in
@@ -126,16 +214,20 @@ void add_run(CLI::App& app) {
 void add_train(CLI::App& app) {
   struct Args : CommonArgs {
     int steps = 1;
-    double lr = 0.1;
-    bool check = false;
+    bool check = false, allow_nonfinite = false;
+    OptimizerArgs optimizer;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a model file with SGD on its meshes");
+  CLI::App* cmd = app.add_subcommand(
+      "train", "Train a model file on its meshes with SGD or AdamW, clipping and a schedule");
   add_common(cmd, *args, /*runs=*/true);
   cmd->add_option("--steps", args->steps, "training steps")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--lr", args->lr, "SGD learning rate")->capture_default_str();
+  add_optimizer_options(cmd, args->optimizer);
+  cmd->add_flag("--allow-nonfinite", args->allow_nonfinite,
+                "train on through a step whose loss or gradient norm is not finite (by default "
+                "such a step stops training before its update, writing nothing)");
   cmd->add_flag("--check", args->check,
                 "also train on one device and report the largest loss, weight and gradient "
                 "differences");
@@ -144,7 +236,12 @@ void add_train(CLI::App& app) {
     auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
     const Model model = load(args->model, options.backend);
-    TrainOptions o{.run = options, .steps = args->steps, .lr = args->lr, .check = args->check};
+    TrainOptions o{.run = options,
+                   .steps = args->steps,
+                   .optimizer = every_device(options.backend,
+                                             [&] { return optimizer_of(args->optimizer, model); }),
+                   .allow_nonfinite = args->allow_nonfinite,
+                   .check = args->check};
     double elapsed = 0;
     o.progress = [&](const StepReport& r) {
       elapsed += r.seconds;
@@ -170,20 +267,29 @@ void add_train(CLI::App& app) {
 }
 
 void add_explain(CLI::App& app) {
-  auto args = std::make_shared<CommonArgs>();
+  struct Args : CommonArgs {
+    OptimizerArgs optimizer;
+  };
+  auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
-      "explain", "Show every value's layout and every data movement a model compiles into");
+      "explain",
+      "Show every value's layout (optimizer state included) and every data movement a model "
+      "compiles into");
   add_common(cmd, *args, /*runs=*/false);
+  add_optimizer_options(cmd, args->optimizer);
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
-    const Model model = load_model(args->model);
+    const Model model = load(args->model, backend(*args));
     const PlanOptions plan{.machine = machine.get()};
+    const Optimizer optimizer =
+        every_device(backend(*args), [&] { return optimizer_of(args->optimizer, model); });
     const Explanation e = explain_compiled(
         model.pcg, {.plan = plan,
                     .overlap = args->overlap,
                     .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
                                   .gather_form = gather_form(*args),
-                                  .always = gather_form(*args).has_value()}});
+                                  .always = gather_form(*args).has_value()},
+                    .update = optimizer.rule});
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

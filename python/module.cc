@@ -21,7 +21,7 @@
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
 #include "meshflow/plan/planner.h"
-#include "meshflow/runtime/model_runner.h"
+#include "meshflow/train/trainer.h"
 
 namespace py = pybind11;
 
@@ -138,6 +138,38 @@ Op make_op(const std::string& name, const py::dict& attrs) {
 struct LoadedModel {
   Model model;
 };
+
+// Returns the optimizer options Model.train's keywords give (None: not given).
+OptimizerOptions optimizer_options(const py::dict& kw) {
+  auto given = [&](const char* key) { return kw.contains(key) && !kw[key].is_none(); };
+  OptimizerOptions o;
+  if (given("optimizer")) {
+    const auto text = kw["optimizer"].cast<std::string>();
+    o.kind = parse_optimizer_kind(text);
+    if (!o.kind)
+      fail(ErrorKind::kInvalidArgument, "optimizer=\"{}\": must be \"sgd\" or \"adamw\"", text);
+  }
+  if (given("decay")) {
+    const auto text = kw["decay"].cast<std::string>();
+    o.decay = parse_lr_decay(text);
+    if (!o.decay) {
+      fail(ErrorKind::kInvalidArgument, "decay=\"{}\": must be \"none\", \"cosine\" or \"linear\"",
+           text);
+    }
+  }
+  auto number = [&](const char* key, std::optional<double>& out) {
+    if (given(key)) out = kw[key].cast<double>();
+  };
+  number("lr", o.lr);
+  number("momentum", o.momentum);
+  number("eps", o.eps);
+  number("weight_decay", o.weight_decay);
+  number("clip_grad_norm", o.clip_grad_norm);
+  if (given("betas")) o.betas = kw["betas"].cast<std::pair<double, double>>();
+  if (given("warmup_steps")) o.warmup_steps = kw["warmup_steps"].cast<int>();
+  if (given("decay_steps")) o.decay_steps = kw["decay_steps"].cast<int>();
+  return o;
+}
 
 ModelRunOptions model_options(bool overlap) {
   ModelRunOptions o;
@@ -349,17 +381,24 @@ PYBIND11_MODULE(_meshflow, module) {
   py::class_<LoadedModel>(module, "_Model");
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
-  module.def(
-      "train_model", [](const LoadedModel& m, int steps, double lr, bool check, bool overlap) {
-        TrainOptions o{.run = model_options(overlap), .steps = steps, .lr = lr, .check = check};
-        std::string report;
-        {
-          py::gil_scoped_release release;
-          const TrainReport r = train_model(m.model, o);
-          report = shared_report(to_json(r).dump(), r.reporter);
-        }
-        return py::module_::import("json").attr("loads")(report);
-      });
+  module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
+                               bool check, bool overlap, bool allow_nonfinite) {
+    TrainOptions o{
+        .run = model_options(overlap),
+        .steps = steps,
+        .optimizer = resolve_optimizer(optimizer_options(optimizer),
+                                       optimizer_options_from_json(m.model.train, m.model.source),
+                                       OptionStyle::kKeyword),
+        .allow_nonfinite = allow_nonfinite,
+        .check = check};
+    std::string report;
+    {
+      py::gil_scoped_release release;
+      const TrainReport r = train_model(m.model, o);
+      report = shared_report(to_json(r).dump(), r.reporter);
+    }
+    return py::module_::import("json").attr("loads")(report);
+  });
   module.def("explain_model", [](const LoadedModel& m, bool overlap) {
     const Explanation e = explain_compiled(
         m.model.pcg, {.overlap = overlap,

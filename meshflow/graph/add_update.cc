@@ -1,25 +1,122 @@
-// The update phase (graph/passes.h): one SGD node per weight that has a gradient.
+// The update phase (graph/passes.h): per weight with a gradient, the gradient moved into the
+// weight's layout, the weight's optimizer state, and its update; once per step, the squared
+// global gradient norm every update reads.
+#include <fmt/format.h>
+
+#include <set>
+
+#include "meshflow/core/error.h"
 #include "meshflow/graph/passes.h"
 
 namespace meshflow {
 
-Pcg add_update(Pcg pcg) {
-  verify(pcg, Stage::kBuilt);
-  const auto count = static_cast<ValueId>(pcg.nodes.size());
-  for (ValueId w = 0; w < count; ++w) {
+namespace {
+
+ValueId push(Pcg& pcg, Node n) {
+  pcg.nodes.push_back(std::move(n));
+  return static_cast<ValueId>(pcg.nodes.size() - 1);
+}
+
+// Returns a node of `kind` in the update phase laid out as `layout`, its pins set to it.
+Node laid_out(std::string name, NodeKind kind, std::vector<ValueId> inputs, TensorSpec spec,
+              const Layout& layout) {
+  Node n{.name = std::move(name),
+         .kind = kind,
+         .phase = Phase::kUpdate,
+         .inputs = std::move(inputs),
+         .spec = std::move(spec)};
+  n.mesh = layout.mesh;
+  n.placements = layout.placements;
+  n.layout = layout;
+  return n;
+}
+
+}  // namespace
+
+Pcg add_update(Pcg pcg, const UpdateRule& rule) {
+  verify(pcg, Stage::kLaidOut);
+  struct Trained {
+    ValueId weight, grad;  // grad: in the weight's layout once moved
+  };
+  std::vector<Trained> trained;
+  for (ValueId w = 0; w < static_cast<ValueId>(pcg.nodes.size()); ++w) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(w)];
     if (n.kind != NodeKind::kWeight) continue;
-    auto g = pcg.names.find("grad:" + n.name);
-    if (g == pcg.names.end()) continue;
-    Node u{.name = "sgd:" + n.name,
-           .kind = NodeKind::kUpdate,
-           .phase = Phase::kUpdate,
-           .inputs = {w, g->second},
-           .spec = n.spec};
-    u.mesh = n.mesh;
-    pcg.nodes.push_back(std::move(u));
+    if (auto g = pcg.names.find("grad:" + n.name); g != pcg.names.end())
+      trained.push_back({w, g->second});
   }
-  verify(pcg, Stage::kBuilt);
+  if (trained.empty()) return pcg;
+  auto node = [&](ValueId v) -> const Node& { return pcg.nodes[static_cast<std::size_t>(v)]; };
+  auto update_name = [&](ValueId w) {
+    return fmt::format("{}:{}", to_string(rule.kind), node(w).name);
+  };
+  // Each gradient into its weight's layout (a Partial one reduced), named as copy insertion
+  // names a move for the update that needs it.
+  for (Trained& t : trained) {
+    const Layout& want = *node(t.weight).layout;
+    if (*node(t.grad).layout == want) continue;
+    const std::string value = "grad:" + node(t.weight).name;
+    Node m = laid_out(fmt::format("move:{}@{}", value, update_name(t.weight)), NodeKind::kMove,
+                      {t.grad}, node(t.grad).spec, want);
+    m.moved_value = value;
+    m.consumer = update_name(t.weight);
+    t.grad = push(pcg, std::move(m));
+  }
+  // The squared norm: each device's term on one mesh of every device holding a weight or the
+  // loss, then its all-reduce.
+  MESHFLOW_CHECK(pcg.loss.has_value(), "add_update without a loss");
+  std::set<DeviceId> devices(node(*pcg.loss).layout->mesh.devices.begin(),
+                             node(*pcg.loss).layout->mesh.devices.end());
+  std::vector<ValueId> norm_inputs = {*pcg.loss};
+  std::vector<Layout> norm_operands = {*node(*pcg.loss).layout};
+  for (const Trained& t : trained) {
+    const Layout& l = *node(t.grad).layout;
+    devices.insert(l.mesh.devices.begin(), l.mesh.devices.end());
+    norm_inputs.push_back(t.grad);
+    norm_operands.push_back(l);
+  }
+  const DeviceMesh mesh =
+      make_mesh({static_cast<std::int64_t>(devices.size())}, {devices.begin(), devices.end()});
+  const TensorSpec scalar{.shape = {}, .dtype = DType::kFloat64};
+  Node terms =
+      laid_out("update:grad_norm_sq:terms", NodeKind::kGradNorm, std::move(norm_inputs), scalar,
+               make_layout(mesh, {Placement::partial(ReduceOp::kSum)}, {}, scalar.dtype));
+  terms.operand_layouts = std::move(norm_operands);
+  const ValueId term_id = push(pcg, std::move(terms));
+  const Layout reduced_layout = make_layout(mesh, {Placement::replicate()}, {}, scalar.dtype);
+  Node reduced =
+      laid_out(std::string(kGradNormName), NodeKind::kMove, {term_id}, scalar, reduced_layout);
+  reduced.moved_value = "grad_norm_sq";
+  reduced.consumer = "the updates";
+  const ValueId norm = push(pcg, std::move(reduced));
+  // Per weight: its state (zeros in the weight's layout), then its update.
+  for (const Trained& t : trained) {
+    const Node& w = node(t.weight);
+    const Layout layout = *w.layout;
+    const std::string weight_name = w.name;
+    const TensorSpec spec = w.spec;
+    std::vector<ValueId> inputs = {t.weight, t.grad, norm};
+    std::vector<Layout> operands = {layout, layout, reduced_layout};
+    for (const std::string& s : state_names(rule)) {
+      std::string name = weight_name + "." + s;
+      if (pcg.names.count(name)) {
+        fail(ErrorKind::kInvalidArgument,
+             "tensor \"{}\" has the name of weight \"{}\"'s optimizer state: rename it", name,
+             weight_name);
+      }
+      Node state = laid_out(name, NodeKind::kState, {}, spec, layout);
+      state.source = Source{.kind = Source::Kind::kZeros};
+      const ValueId id = push(pcg, std::move(state));
+      pcg.names[name] = id;
+      inputs.push_back(id);
+      operands.push_back(layout);
+    }
+    Node u = laid_out(update_name(t.weight), NodeKind::kUpdate, std::move(inputs), spec, layout);
+    u.operand_layouts = std::move(operands);
+    u.update = rule;
+    push(pcg, std::move(u));
+  }
+  verify(pcg, Stage::kLaidOut);
   return pcg;
 }
 

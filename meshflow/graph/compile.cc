@@ -7,7 +7,7 @@ Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options) {
   Pcg g = infer_layouts(pcg, options.plan);
   if (mode == Mode::kTrain) {
     g = infer_layouts(expand_backward(std::move(g)), options.plan);
-    g = infer_layouts(add_update(std::move(g)), options.plan);
+    g = add_update(std::move(g), options.update);
   }
   g = insert_copies(expand_vocab_parallel(std::move(g), options.plan));
   return options.overlap ? decompose_collectives(std::move(g), options.plan, options.decompose) : g;

@@ -47,6 +47,7 @@ Pcg infer_layouts(Pcg pcg, const PlanOptions& options) {
     switch (n.kind) {
       case NodeKind::kInput:
       case NodeKind::kWeight:
+      case NodeKind::kState:
         n.layout = pinned_layout(n, nullptr);
         break;
       case NodeKind::kParallel:
@@ -59,9 +60,10 @@ Pcg infer_layouts(Pcg pcg, const PlanOptions& options) {
       case NodeKind::kCompute:
         lay_out_compute(pcg, n, cache);
         break;
+      case NodeKind::kGradNorm:
       case NodeKind::kUpdate:
-        n.layout = *input;
-        n.operand_layouts = {*input, *input};
+        MESHFLOW_CHECK(false, "node \"{}\" reached layout inference unlaid (add_update lays it out)",
+                       n.name);
         break;
     }
   }

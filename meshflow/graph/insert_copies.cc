@@ -76,7 +76,8 @@ Pcg insert_copies(Pcg pcg) {
     Node n = old;
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       const ValueId v = c.remap[static_cast<std::size_t>(n.inputs[i])];
-      const bool needs = n.kind == NodeKind::kCompute || n.kind == NodeKind::kUpdate;
+      const bool needs = n.kind == NodeKind::kCompute || n.kind == NodeKind::kUpdate ||
+                         n.kind == NodeKind::kGradNorm;
       n.inputs[i] = needs ? c.in_layout(v, n.operand_layouts[i], old.name, old.phase) : v;
     }
     if (n.kind == NodeKind::kCompute && *n.result_layout != *n.layout) {

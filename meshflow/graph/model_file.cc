@@ -187,7 +187,11 @@ struct Reader {
   }
 
   void read(const JsonField& top) {
-    only_keys(top, {"meshes", "tensors", "nodes", "loss", "outputs"}, "a model");
+    only_keys(top, {"meshes", "tensors", "nodes", "loss", "outputs", "train"}, "a model");
+    if (auto t = top.find("train")) {
+      if (!t->value().is_object()) t->reject("must be an object of training options");
+      model.train = t->value();
+    }
     const JsonField meshes = top.member("meshes");
     if (!meshes.value().is_object()) meshes.reject("must be an object of name: mesh");
     for (const auto& [name, text] : meshes.value().items()) {
@@ -223,6 +227,7 @@ Model parse_model(std::string_view text, const std::filesystem::path& base,
     fail(e.kind(), "{}: {}", source, e.what());
   }
   verify(r.model.pcg, Stage::kBuilt);
+  r.model.source = std::string(source);
   return std::move(r.model);
 }
 

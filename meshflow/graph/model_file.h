@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "meshflow/graph/pcg.h"
@@ -15,6 +16,10 @@ namespace meshflow {
 struct Model {
   Pcg pcg;  // Stage::kBuilt
   std::map<std::string, DeviceMesh> meshes;
+  // The optional "train" object: defaults for `train`'s options (read and checked by
+  // train/optimizer.h's optimizer_options_from_json); null when the file has none.
+  nlohmann::json train;
+  std::string source;  // the file's name, for messages about its contents
 };
 
 // Returns the model in file `path`, its data files' headers checked against it.

@@ -3,7 +3,8 @@
 //
 //   infer_layouts    fills every node's layout by sharding propagation (ops/strategy.h)
 //   expand_backward  adds the backward pass from the loss (ops/gradient.h's programs)
-//   add_update       adds an SGD update per weight that has a gradient
+//   add_update       adds the optimizer's update per weight that has a gradient, its state, and
+//                    the squared global gradient norm the updates read
 //   expand_vocab_parallel  replaces each loss whose strategy shards the classes by its steps
 //   insert_copies    inserts a move wherever a value is needed in another layout or mesh
 //   decompose_collectives  (--overlap) runs all-gathers into and reduce-scatters out of matrix
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include "meshflow/graph/pcg.h"
 #include "meshflow/plan/planner.h"
@@ -39,10 +41,24 @@ Pcg infer_layouts(Pcg pcg, const PlanOptions& options = {});
 // when the graph has no loss.
 Pcg expand_backward(Pcg pcg);
 
-// The update phase. Before: expand_backward ran. After: one Phase::kUpdate node "sgd:<w>" =
-// sgd(w, grad:w) per weight with a gradient (not laid out: infer_layouts gives both operands
-// the weight's layout, so copy insertion brings the gradient there, reducing a Partial one).
-Pcg add_update(Pcg pcg);
+// The update phase. Before: Stage::kLaidOut, expand_backward ran. After: Stage::kLaidOut, with
+// every added node in Phase::kUpdate and laid out, per weight w with a gradient (none added when
+// no weight has one):
+//   - "move:grad:w@<kind>:w", the gradient moved into w's layout where it is not there (a
+//     Partial gradient reduced: data parallelism's all-reduce);
+//   - the state tensors "w.<state>" (kernels/optimizer.h's state_names: "w.exp_avg", ...),
+//     kState sources of zeros in w's layout, named in `names`;
+//   - "<kind>:w" = update(w, gradient, squared norm, state...), in w's layout, `update` = rule;
+// and once: "update:grad_norm_sq:terms" (kGradNorm), each device's term of the squared global
+// L2 norm of the gradients in their weights' layouts (the loss in its own layout is an operand
+// too: a device holding a non-finite loss term makes its term NaN), Partial(sum) on a 1-d mesh
+// of every device holding a gradient or the loss, and its all-reduce "update:grad_norm_sq"
+// (Replicate), which every update reads (to clip, and to skip a non-finite step). Throws Error
+// when a tensor already has a state's name.
+Pcg add_update(Pcg pcg, const UpdateRule& rule = {});
+
+// The name of add_update's all-reduced squared gradient norm.
+inline constexpr std::string_view kGradNormName = "update:grad_norm_sq";
 
 // Vocabulary-parallel expansion. Before: Stage::kLaidOut. After: Stage::kLaidOut, and no compute
 // node needs lowering (ops/vocab_parallel.h): each softmax_cross_entropy or its gradient whose

@@ -79,8 +79,12 @@ std::string what_text(const Pcg& pcg, const Node& n) {
     }
     case NodeKind::kMove:
       return fmt::format("move({})", args);
+    case NodeKind::kState:
+      return "state";
+    case NodeKind::kGradNorm:
+      return fmt::format("grad_norm_sq({})", args);
     case NodeKind::kUpdate:
-      return fmt::format("sgd({})", args);
+      return fmt::format("{}({})", to_string(n.update.kind), args);
   }
   return "?";
 }
@@ -291,7 +295,12 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
   switch (n.kind) {
     case NodeKind::kInput:
     case NodeKind::kWeight:
+    case NodeKind::kState:
       check(n.inputs.empty() && n.mesh && n.placements, "a source has inputs or lacks its pin");
+      break;
+    case NodeKind::kGradNorm:
+      check(!n.inputs.empty() && n.spec == TensorSpec{.shape = {}, .dtype = DType::kFloat64},
+            "a gradient norm is not a float64 scalar of the loss and the gradients");
       break;
     case NodeKind::kCompute: {
       std::vector<TensorSpec> specs;
@@ -303,11 +312,16 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
     case NodeKind::kMove:
       check(n.inputs.size() == 1 && input(0).spec == n.spec, "a movement changes the spec");
       break;
-    case NodeKind::kUpdate:
-      check(n.inputs.size() == 2 && input(0).kind == NodeKind::kWeight && input(0).spec == n.spec &&
-                input(1).spec == n.spec,
-            "an update is not (weight, gradient of its spec)");
+    case NodeKind::kUpdate: {
+      const std::size_t states = state_names(n.update).size();
+      bool ok = n.inputs.size() == 3 + states && input(0).kind == NodeKind::kWeight &&
+                input(0).spec == n.spec && input(1).spec == n.spec &&
+                input(2).spec == TensorSpec{.shape = {}, .dtype = DType::kFloat64};
+      for (std::size_t i = 3; ok && i < n.inputs.size(); ++i)
+        ok = input(i).kind == NodeKind::kState && input(i).spec == n.spec;
+      check(ok, "an update is not (weight, gradient, squared norm, state of its spec...)");
       break;
+    }
   }
   if (stage == Stage::kBuilt) return;
   check(n.layout.has_value(), "no layout");
@@ -317,7 +331,8 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
   const bool pins_result = n.kind != NodeKind::kCompute;
   if (pins_result && n.placements)
     check(n.layout->placements == *n.placements, "layout differs from the pin");
-  const bool needs_operands = n.kind == NodeKind::kCompute || n.kind == NodeKind::kUpdate;
+  const bool needs_operands = n.kind == NodeKind::kCompute || n.kind == NodeKind::kUpdate ||
+                              n.kind == NodeKind::kGradNorm;
   if (needs_operands) {
     check(n.operand_layouts.size() == n.inputs.size(), "operand layouts missing");
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {

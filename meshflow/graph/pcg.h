@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/kernels/optimizer.h"
 #include "meshflow/mesh/layout.h"
 #include "meshflow/ops/op.h"
 #include "meshflow/plan/cost_model.h"
@@ -26,7 +27,9 @@ enum class NodeKind {
   kCompute,   // an operator of ops/
   kParallel,  // repartition, combine, replicate, reduction
   kMove,      // a change of layout inserted by a pass (copy insertion, backward, update)
-  kUpdate,    // SGD on a weight: weight -= lr * gradient (in place)
+  kState,     // optimizer state of a weight ("w1.exp_avg"): zeros, written by its update
+  kGradNorm,  // the gradients' squared global L2 norm, each device's term (Partial(sum))
+  kUpdate,    // the optimizer's step on a weight and its state (in place)
 };
 
 // Which pass of a training step a node belongs to.
@@ -78,7 +81,8 @@ struct Node {
   TensorSpec spec;      // the value's global shape and dtype
   Op op;                // kCompute
   ParallelOp parallel;  // kParallel
-  Source source;        // kInput, kWeight
+  Source source;        // kInput, kWeight, kState
+  UpdateRule update;    // kUpdate
   // Pins: sources and parallel ops name their layout; a compute node may pin its mesh and its
   // result's placements; a move names its target (placements unset: keep the input's).
   std::optional<DeviceMesh> mesh;

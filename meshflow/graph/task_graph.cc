@@ -17,6 +17,19 @@ namespace meshflow {
 
 namespace {
 
+bool is_source(NodeKind kind) {
+  return kind == NodeKind::kInput || kind == NodeKind::kWeight || kind == NodeKind::kState;
+}
+
+// Returns true when `device` holds the copy of its shard of `layout` that is counted once: its
+// coordinate is 0 on every mesh dim where the layout is Replicate.
+bool counts_replica(const Layout& layout, DeviceId device) {
+  const std::vector<std::int64_t> coords = coordinates(layout.mesh, device);
+  for (std::size_t j = 0; j < layout.placements.size(); ++j)
+    if (layout.placements[j].is_replicate() && coords[j] != 0) return false;
+  return true;
+}
+
 // Adds deps (producers of what a task reads, and for an in-place update the readers since)
 // and releases (after each value's last use on this device).
 void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
@@ -37,8 +50,14 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
           if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
           if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
           if constexpr (std::is_same_v<W, UpdateTask>) {
-            reads = {w.weight, w.grad};
+            reads = {w.weight, w.grad, w.norm};
+            reads.insert(reads.end(), w.state.begin(), w.state.end());
             writes = {w.weight};
+            writes.insert(writes.end(), w.state.begin(), w.state.end());
+          }
+          if constexpr (std::is_same_v<W, GradNormTask>) {
+            reads = w.counted;
+            if (w.loss) reads.push_back(*w.loss);
           }
           if constexpr (std::is_same_v<W, OverlapTask>) {
             reads = w.call->args;
@@ -122,7 +141,7 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
   std::vector<std::size_t> count(g.devices.size(), 0);
   for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
     const Node& n = pcg.nodes[id];
-    if (n.kind == NodeKind::kInput || n.kind == NodeKind::kWeight || absorbed[id]) continue;
+    if (is_source(n.kind) || absorbed[id]) continue;
     if ((n.kind == NodeKind::kMove || n.kind == NodeKind::kParallel) && scatter_of[id] < 0) {
       moves[id] =
           plans.programs(*pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout, *n.layout);
@@ -162,6 +181,7 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
     switch (n.kind) {
       case NodeKind::kInput:
       case NodeKind::kWeight:
+      case NodeKind::kState:
         keep.insert(id);
         for (DeviceId d : on) g.devices[index[d]].sources.push_back(id);
         break;
@@ -193,10 +213,30 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
               Task{.out = id, .phase = n.phase, .work = MoveTask{n.inputs[0], std::move(program)}});
         }
         break;
+      case NodeKind::kGradNorm:
+        for (DeviceId d : on) {
+          GradNormTask t;
+          for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+            const Layout& l = n.operand_layouts[i];
+            if (!find_device(l.mesh, d)) continue;
+            if (i == 0) {
+              t.loss = n.inputs[0];
+            } else if (counts_replica(l, d)) {
+              t.counted.push_back(n.inputs[i]);
+            }
+          }
+          g.devices[index[d]].tasks.push_back(Task{.out = id, .phase = n.phase, .work = t});
+        }
+        break;
       case NodeKind::kUpdate:
         for (DeviceId d : on) {
+          UpdateTask u{.weight = n.inputs[0],
+                       .grad = n.inputs[1],
+                       .norm = n.inputs[2],
+                       .state = {n.inputs.begin() + 3, n.inputs.end()},
+                       .rule = n.update};
           g.devices[index[d]].tasks.push_back(
-              Task{.out = id, .phase = n.phase, .work = UpdateTask{n.inputs[0], n.inputs[1]}});
+              Task{.out = id, .phase = n.phase, .work = std::move(u)});
         }
         break;
     }
@@ -238,8 +278,15 @@ std::string to_text(const TaskGraph& graph) {
                                        to_string(w.decomposition.form))
                          : fmt::format("reduce-scattered by {}", to_string(w.decomposition.form)),
                   fmt::join(w.group, ","), to_string(w.local_out));
+            } else if constexpr (std::is_same_v<W, GradNormTask>) {
+              std::string args = w.loss ? fmt::format("loss {}", name(*w.loss)) : "";
+              for (ValueId v : w.counted) args += (args.empty() ? "" : ", ") + name(v);
+              return fmt::format("grad_norm_sq_term({})", args);
             } else {
-              return fmt::format("sgd({}, {})", name(w.weight), name(w.grad));
+              std::string args =
+                  fmt::format("{}, {}, {}", name(w.weight), name(w.grad), name(w.norm));
+              for (ValueId v : w.state) args += ", " + name(v);
+              return fmt::format("{}({})", to_string(w.rule.kind), args);
             }
           },
           task.work);

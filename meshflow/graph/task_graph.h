@@ -1,11 +1,12 @@
 // Shard expansion: a laid-out, copied PCG (Stage::kCopied) becomes a task graph, the boundary
 // between compiler and runtime. Per device it lists, in the order the device runs them, the
 // tasks it takes part in: a kernel on its shards, its part of a move (a lowered plan,
-// plan/lower.h), or an SGD update of its weight shard; each with the earlier tasks it depends
+// plan/lower.h), its term of the gradient norm, or the optimizer's update of its weight shard; each with the earlier tasks it depends
 // on and the values it no longer needs afterwards. Plain data: the runtime only executes it.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -62,16 +63,31 @@ struct OverlapTask {
   }
 };
 
-// weight -= lr * grad, in place on the weight's shard (the output value is the weight).
+// The optimizer's step on this device's shards of a weight and its state, in place (the output
+// value is the weight): update_shard (kernels/optimizer.h) with the gradient scaled by
+// clip_coefficient of the squared norm `norm`, skipped when that norm is not finite unless the
+// run allows non-finite steps.
 struct UpdateTask {
-  ValueId weight = 0, grad = 0;
+  ValueId weight = 0, grad = 0, norm = 0;
+  std::vector<ValueId> state;  // state_names(rule)'s order
+  UpdateRule rule;
   bool operator==(const UpdateTask&) const = default;
+};
+
+// This device's term of the squared global gradient norm: the sum of squares of the gradient
+// shards it counts (each element of a gradient is counted on one device: the device with
+// coordinate 0 on every mesh dim where the gradient is Replicate), NaN when it holds a shard of
+// the loss (`loss`) that is not finite.
+struct GradNormTask {
+  std::vector<ValueId> counted;
+  std::optional<ValueId> loss;
+  bool operator==(const GradNormTask&) const = default;
 };
 
 struct Task {
   ValueId out = 0;  // the node this task runs (its value)
   Phase phase = Phase::kForward;
-  std::variant<ComputeTask, MoveTask, UpdateTask, OverlapTask> work;
+  std::variant<ComputeTask, MoveTask, UpdateTask, GradNormTask, OverlapTask> work;
   std::vector<int> deps;         // indices of earlier tasks of this device
   std::vector<ValueId> release;  // values this device drops after the task
   bool operator==(const Task&) const = default;

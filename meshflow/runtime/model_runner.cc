@@ -17,7 +17,6 @@
 #include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/compile.h"
-#include "meshflow/graph/reference.h"
 #include "meshflow/graph/source.h"
 #include "meshflow/mesh/sharded_folder.h"
 
@@ -26,15 +25,6 @@ namespace meshflow {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Prepared {
-  Pcg pcg;  // compiled, fetches appended
-  TaskGraph tasks;
-  DeviceId leader = 0;
-  std::optional<ValueId> loss;                                           // fetched loss
-  std::vector<std::pair<std::string, ValueId>> grads, weights, scalars;  // fetched
-  std::vector<ValueId> saved;                                            // values written by --save
-};
 
 // Appends a move of `value` to a one-device mesh of `leader`, all Replicate; returns its id.
 ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
@@ -51,49 +41,6 @@ ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
   f.consumer = "the report";
   pcg.nodes.push_back(std::move(f));
   return static_cast<ValueId>(pcg.nodes.size() - 1);
-}
-
-Prepared prepare(const Model& model, Mode mode, bool check, const ModelRunOptions& options) {
-  Prepared p;
-  p.pcg = compile(model.pcg, mode,
-                  {.plan = options.plan,
-                   .overlap = options.overlap,
-                   .decompose = {.shared_memory = options.backend == Backend::kThreads,
-                                 .gather_form = options.gather_form,
-                                 .always = options.overlap_always}});
-  const std::vector<DeviceId> used = pcg_devices(p.pcg);
-  p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
-  std::vector<ValueId> keep;  // fetched values stay until the step ends
-  auto fetch = [&](ValueId v) { return keep.emplace_back(add_fetch(p.pcg, v, p.leader)); };
-  if (mode == Mode::kTrain) {
-    p.loss = fetch(*p.pcg.loss);
-    keep.push_back(*p.pcg.loss);
-    for (const Node& n : model.pcg.nodes) {
-      if (n.kind != NodeKind::kWeight) continue;
-      p.saved.push_back(find_value(p.pcg, n.name));
-      if (!check) continue;
-      auto g = p.pcg.names.find("grad:" + n.name);
-      if (g != p.pcg.names.end()) p.grads.emplace_back(n.name, fetch(g->second));
-      p.weights.emplace_back(n.name, fetch(find_value(p.pcg, n.name)));
-    }
-  } else {
-    for (ValueId v : p.pcg.outputs) {
-      p.saved.push_back(v);
-      keep.push_back(v);
-      const Node& n = p.pcg.nodes[static_cast<std::size_t>(v)];
-      if (!n.spec.shape.empty()) continue;
-      std::string name = n.name;  // a copy: fetch appends to the nodes n lives in
-      p.scalars.emplace_back(std::move(name), fetch(v));
-    }
-  }
-  p.tasks = expand_shards(p.pcg, keep, options.plan);
-  return p;
-}
-
-double scalar_of(const Tensor& t) {
-  double v = 0;
-  visit_dtype(t.dtype(), [&](auto zero) { v = static_cast<double>(t.data<decltype(zero)>()[0]); });
-  return v;
 }
 
 // Returns every device's trace events on every device (one all-gather of counts, one of data).
@@ -134,17 +81,14 @@ std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<Tra
   return out;
 }
 
-// What one launch does on every device; `on_step` runs on the leader after each step.
+// What one launch does on every device.
 struct Session {
-  const Prepared* prepared = nullptr;  // null when preparing failed (the launch then fails)
+  const PreparedModel* prepared = nullptr;  // null when preparing failed (the launch then fails)
   const ModelRunOptions* options = nullptr;
-  int steps = 1;
-  double lr = 0.1;
-  std::function<void(int step, double seconds, const TaskTimes& times,
-                     const std::vector<Tensor>& values)>
-      on_step;
+  const StepLoop* loop = nullptr;
   std::mutex mu;
   fs::path staged;  // the leader's, for cleanup
+  LoopEnd end;      // the leader's
 
   void run(Communicator& world) {
     const DeviceId me = world.device();
@@ -164,18 +108,34 @@ struct Session {
     }
     if (options->save) path = broadcast_string(world, path, rank_of(world, prepared->leader));
     std::vector<TraceEvent> events;
-    for (int step = 1; step <= steps; ++step) {
+    LoopEnd ended;
+    for (int step = 1; step <= loop->steps; ++step) {
       TaskTimes times;
       const double start = steady_seconds();
       if (mine) {
-        run_tasks(
-            g, *mine, world, values,
-            {.lr = lr, .step = step, .trace = options->trace ? &events : nullptr, .times = &times});
+        TaskRunOptions o = loop->options ? loop->options(step) : TaskRunOptions{};
+        o.step = step;
+        o.trace = options->trace ? &events : nullptr;
+        o.times = &times;
+        run_tasks(g, *mine, world, values, o);
       }
-      barrier(world);
+      // Every device's flag, reduced: also the step's end on every device.
+      std::int32_t flag = loop->stop_flag ? loop->stop_flag(values, leader) : 0;
+      all_reduce(world, {.send = reinterpret_cast<const std::byte*>(&flag),
+                         .recv = reinterpret_cast<std::byte*>(&flag),
+                         .count = 1,
+                         .dtype = DType::kInt32,
+                         .op = ReduceOp::kMax});
       const double seconds = steady_seconds() - start;
-      if (leader && on_step) on_step(step, seconds, times, values);
+      if (leader && loop->on_step) loop->on_step(step, seconds, times, values);
+      ended = {.step = step, .stop_flag = flag};
+      if (flag != 0) break;
     }
+    if (leader) {
+      std::lock_guard lock(mu);
+      end = ended;
+    }
+    if (ended.stop_flag != 0) return;  // nothing is written; the staged folder is discarded
     if (options->save) save(world, fs::path(path), values);
     if (options->trace) {
       std::vector<TraceEvent> all = gather_events(world, events);
@@ -199,20 +159,81 @@ struct Session {
         write_npy(folder / shard_file_name(*index), values[static_cast<std::size_t>(v)]);
     }
     barrier(world);
-    if (leader) publish(dir, output_target(*options->save));
+    if (leader) {
+      publish(dir, output_target(*options->save));
+      std::lock_guard lock(mu);
+      staged.clear();
+    }
   }
 };
 
-// Launches `session` on every device of the task graph (and the leader).
-void launch_session(Session& s, const Prepared* prepared, const std::string& error,
-                    const ModelRunOptions& options, const std::string& what) {
+}  // namespace
+
+PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions& options,
+                            const UpdateRule& update, bool fetch_training_values) {
+  PreparedModel p;
+  p.pcg = compile(model.pcg, mode,
+                  {.plan = options.plan,
+                   .overlap = options.overlap,
+                   .decompose = {.shared_memory = options.backend == Backend::kThreads,
+                                 .gather_form = options.gather_form,
+                                 .always = options.overlap_always},
+                   .update = update});
+  const std::vector<DeviceId> used = pcg_devices(p.pcg);
+  p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
+  std::vector<ValueId> keep;  // fetched values stay until the step ends
+  auto fetch = [&](ValueId v) { return keep.emplace_back(add_fetch(p.pcg, v, p.leader)); };
+  if (mode == Mode::kTrain) {
+    p.loss = fetch(*p.pcg.loss);
+    keep.push_back(*p.pcg.loss);
+    for (ValueId v = 0; v < static_cast<ValueId>(p.pcg.nodes.size()); ++v) {
+      if (p.pcg.nodes[static_cast<std::size_t>(v)].name == kGradNormName)
+        p.grad_norm = keep.emplace_back(v);
+    }
+    for (const Node& n : model.pcg.nodes) {
+      if (n.kind != NodeKind::kWeight) continue;
+      p.saved.push_back(find_value(p.pcg, n.name));
+      if (!fetch_training_values) continue;
+      auto g = p.pcg.names.find("grad:" + n.name);
+      if (g != p.pcg.names.end()) p.grads.emplace_back(n.name, fetch(g->second));
+      p.weights.emplace_back(n.name, fetch(find_value(p.pcg, n.name)));
+    }
+  } else {
+    for (ValueId v : p.pcg.outputs) {
+      p.saved.push_back(v);
+      keep.push_back(v);
+      const Node& n = p.pcg.nodes[static_cast<std::size_t>(v)];
+      if (!n.spec.shape.empty()) continue;
+      std::string name = n.name;  // a copy: fetch appends to the nodes n lives in
+      p.scalars.emplace_back(std::move(name), fetch(v));
+    }
+  }
+  p.tasks = expand_shards(p.pcg, keep, options.plan);
+  return p;
+}
+
+std::optional<PreparedModel> try_prepare(const Model& model, Mode mode,
+                                         const ModelRunOptions& options, std::string& error,
+                                         const UpdateRule& update, bool fetch_training_values) {
+  try {
+    return prepare_model(model, mode, options, update, fetch_training_values);
+  } catch (const Error& e) {
+    if (options.backend != Backend::kMpi) throw;
+    error = e.what();
+    return std::nullopt;
+  }
+}
+
+LoopEnd run_loop(const PreparedModel* prepared, const std::string& error,
+                 const ModelRunOptions& options, const StepLoop& loop) {
+  Session s{.prepared = prepared, .options = &options, .loop = &loop};
   LaunchOptions lo{.backend = options.backend, .timeout = options.timeout};
   if (prepared) {
     // Under mpi, listing the devices makes a world too small for them one clear error.
     for (const DeviceTasks& dt : prepared->tasks.devices) lo.devices.push_back(dt.device);
     if (std::find(lo.devices.begin(), lo.devices.end(), prepared->leader) == lo.devices.end())
       lo.devices.insert(lo.devices.begin(), prepared->leader);
-    lo.agreement = {{"the model", what}};
+    lo.agreement = {{"the model", to_text(prepared->pcg)}};
   } else {
     lo.agreement = {{"preparation", "error: " + error}};
   }
@@ -222,115 +243,39 @@ void launch_session(Session& s, const Prepared* prepared, const std::string& err
     if (!s.staged.empty()) discard(s.staged);
     throw;
   }
-}
-
-// Under mpi a rank's failure to prepare must reach every rank (or they would wait for it), so
-// it travels in the launch's agreement; under threads it is thrown at once.
-std::optional<Prepared> try_prepare(const Model& model, Mode mode, bool check,
-                                    const ModelRunOptions& options, std::string& error) {
-  try {
-    return prepare(model, mode, check, options);
-  } catch (const Error& e) {
-    if (options.backend != Backend::kMpi) throw;
-    error = e.what();
-    return std::nullopt;
-  }
+  if (!s.staged.empty()) discard(s.staged);  // the loop stopped: nothing is published
+  MESHFLOW_CHECK(prepared != nullptr, "the launch ran without a prepared model");
+  return s.end;
 }
 
 bool reports(const ModelRunOptions& options) {
   return options.backend != Backend::kMpi || prints_shared_errors();
 }
 
-}  // namespace
+double scalar_of(const Tensor& t) {
+  double v = 0;
+  visit_dtype(t.dtype(), [&](auto zero) { v = static_cast<double>(t.data<decltype(zero)>()[0]); });
+  return v;
+}
 
 RunReport run_model(const Model& model, const ModelRunOptions& options) {
   std::string error;
-  std::optional<Prepared> p = try_prepare(model, Mode::kRun, false, options, error);
+  std::optional<PreparedModel> p = try_prepare(model, Mode::kRun, options, error);
   RunReport report;
-  Session s{.prepared = p ? &*p : nullptr, .options = &options};
+  StepLoop loop;
   if (p) {
-    s.on_step = [&](int, double, const TaskTimes&, const std::vector<Tensor>& values) {
+    loop.on_step = [&](int, double, const TaskTimes&, const std::vector<Tensor>& values) {
       for (const auto& [name, v] : p->scalars)
         report.scalars.emplace_back(name, scalar_of(values[static_cast<std::size_t>(v)]));
     };
   }
-  launch_session(s, p ? &*p : nullptr, error, options, p ? to_text(p->pcg) : "");
-  MESHFLOW_CHECK(p.has_value(), "the launch ran without a prepared model");
+  run_loop(p ? &*p : nullptr, error, options, loop);
   for (ValueId v : p->pcg.outputs) {
     const Node& n = p->pcg.nodes[static_cast<std::size_t>(v)];
     report.outputs.emplace_back(n.name, *n.layout);
   }
   report.reporter = reports(options);
   return report;
-}
-
-TrainReport train_model(const Model& model, const TrainOptions& options) {
-  std::string error;
-  std::optional<Prepared> p = try_prepare(model, Mode::kTrain, options.check, options.run, error);
-  TrainReport report;
-  // Per step, the fetched gradients and weights (check only).
-  std::vector<std::vector<Tensor>> grads, weights;
-  Session s{.prepared = p ? &*p : nullptr,
-            .options = &options.run,
-            .steps = options.steps,
-            .lr = options.lr};
-  if (p) {
-    s.on_step = [&](int step, double seconds, const TaskTimes& times,
-                    const std::vector<Tensor>& values) {
-      auto value = [&](ValueId v) -> const Tensor& { return values[static_cast<std::size_t>(v)]; };
-      StepReport r{
-          .step = step, .loss = scalar_of(value(*p->loss)), .seconds = seconds, .times = times};
-      report.steps.push_back(r);
-      if (options.check) {
-        grads.emplace_back();
-        weights.emplace_back();
-        for (const auto& [name, v] : p->grads) grads.back().push_back(value(v).clone());
-        for (const auto& [name, v] : p->weights) weights.back().push_back(value(v).clone());
-      }
-      if (options.progress) options.progress(r);
-    };
-  }
-  launch_session(s, p ? &*p : nullptr, error, options.run, p ? to_text(p->pcg) : "");
-  MESHFLOW_CHECK(p.has_value(), "the launch ran without a prepared model");
-  report.reporter = reports(options.run);
-  if (options.check && report.reporter) {
-    CheckReport c;
-    ReferenceModel ref = reference_load(model.pcg);
-    for (int step = 0; step < options.steps; ++step) {
-      reference_forward(ref);
-      const double loss = scalar_of(ref.values[static_cast<std::size_t>(*model.pcg.loss)]);
-      c.max_loss_diff = std::max(
-          c.max_loss_diff, std::abs(loss - report.steps[static_cast<std::size_t>(step)].loss));
-      std::map<std::string, Tensor> g = reference_gradients(ref);
-      for (std::size_t i = 0; i < p->grads.size(); ++i) {
-        c.max_grad_diff = std::max(
-            c.max_grad_diff,
-            max_abs_difference(grads[static_cast<std::size_t>(step)][i], g.at(p->grads[i].first)));
-      }
-      reference_update(ref, g, options.lr);
-      for (std::size_t i = 0; i < p->weights.size(); ++i) {
-        const Tensor& w =
-            ref.values[static_cast<std::size_t>(find_value(model.pcg, p->weights[i].first))];
-        c.max_weight_diff = std::max(
-            c.max_weight_diff, max_abs_difference(weights[static_cast<std::size_t>(step)][i], w));
-      }
-    }
-    report.check = c;
-  }
-  return report;
-}
-
-nlohmann::json to_json(const TrainReport& report) {
-  nlohmann::json steps = nlohmann::json::array();
-  for (const StepReport& s : report.steps)
-    steps.push_back({{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}});
-  nlohmann::json check = nullptr;
-  if (report.check) {
-    check = {{"max_loss_diff", report.check->max_loss_diff},
-             {"max_weight_diff", report.check->max_weight_diff},
-             {"max_grad_diff", report.check->max_grad_diff}};
-  }
-  return {{"steps", steps}, {"check", check}};
 }
 
 std::map<DeviceId, CallLog> record_calls(const Pcg& pcg) {

@@ -1,7 +1,8 @@
-// Running and training a model file's PCG on every device of its meshes, on either backend:
-// compile (graph/compile.h), expand into tasks, launch one device per thread or process, load
-// each device's source shards, run the task graph once (run) or once per step (train), and
-// write `--save` folders and `--trace` files. Under mpi only world rank 0 (device 0) reports.
+// Running a model file's PCG on every device of its meshes, on either backend: compile
+// (graph/compile.h), expand into tasks, launch one device per thread or process, load each
+// device's source shards, run the task graph once (run) or once per step of a loop that
+// train/ drives, and write `--save` folders and `--trace` files. Under mpi only world rank 0
+// (device 0) reports.
 #pragma once
 
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/comm/recording.h"
+#include "meshflow/graph/compile.h"
 #include "meshflow/graph/model_file.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/planner.h"
@@ -49,39 +51,62 @@ struct RunReport {
 // Runs the forward pass once.
 RunReport run_model(const Model& model, const ModelRunOptions& options);
 
-struct StepReport {
-  int step = 0;
-  double loss = 0;     // the loss of the forward pass before this step's update
-  double seconds = 0;  // the step's wall time on the reporting device (all devices done)
-  TaskTimes times;     // the reporting device's kernels and moves in this step
+// A compiled model ready to launch: its graph with the values the leader reports fetched to it
+// (to a one-device mesh of the leader, Replicate), and its task graph.
+struct PreparedModel {
+  Pcg pcg;
+  TaskGraph tasks;
+  DeviceId leader = 0;          // device 0 under mpi, the lowest device of the meshes under threads
+  std::optional<ValueId> loss;  // kTrain: the loss, fetched
+  std::optional<ValueId> grad_norm;  // kTrain: the all-reduced squared gradient norm (kept)
+  // kTrain with fetch_training_values: each weight's gradient and value, fetched.
+  std::vector<std::pair<std::string, ValueId>> grads, weights;
+  std::vector<std::pair<std::string, ValueId>> scalars;  // kRun: the scalar outputs, fetched
+  std::vector<ValueId> saved;  // what --save writes: outputs (kRun) or weights (kTrain)
 };
 
-struct CheckReport {
-  double max_loss_diff = 0, max_weight_diff = 0, max_grad_diff = 0;
-};
+// Returns `model` compiled for `mode` (kTrain with `update`) and expanded into tasks.
+PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions& options,
+                            const UpdateRule& update = {}, bool fetch_training_values = false);
 
-struct TrainOptions {
-  ModelRunOptions run;
+// What a launch does per step on every device. Step k runs the task graph with options(k)
+// (the runtime sets trace and times), then every device computes stop_flag on its values, the
+// flags are reduced by max over all devices (the step's end for every device), and the leader
+// calls on_step. A non-zero flag ends the loop after that step.
+struct StepLoop {
   int steps = 1;
-  double lr = 0.1;
-  // Also trains the model on one device with whole tensors (graph/reference.h) and reports the
-  // largest differences of losses, weights and gradients over all steps and elements.
-  bool check = false;
-  // Called on the reporting device after each step.
-  std::function<void(const StepReport&)> progress;
+  std::function<TaskRunOptions(int step)> options;
+  std::function<int(const std::vector<Tensor>& values, bool leader)> stop_flag;
+  std::function<void(int step, double seconds, const TaskTimes& times,
+                     const std::vector<Tensor>& values)>
+      on_step;
 };
 
-struct TrainReport {
-  std::vector<StepReport> steps;
-  std::optional<CheckReport> check;
-  bool reporter = false;
+// How a loop ended: the last step run and its reduced stop flag (0: every step ran).
+struct LoopEnd {
+  int step = 0;
+  int stop_flag = 0;
 };
 
-TrainReport train_model(const Model& model, const TrainOptions& options);
+// Launches `prepared` (null when preparing failed with `error`, which then reaches every
+// device under mpi) on every device of its task graph and the leader and runs `loop`. When
+// every step ran, writes --save and --trace; when the loop stopped, writes nothing. `what`
+// is what the devices must agree they run (under mpi).
+LoopEnd run_loop(const PreparedModel* prepared, const std::string& error,
+                 const ModelRunOptions& options, const StepLoop& loop);
 
-// Returns {"steps": [{"step", "loss", "seconds"}...], "check": {max_*_diff} or null}: what
-// `meshflow train --json` prints and the Python module's Model.train returns.
-nlohmann::json to_json(const TrainReport& report);
+// Prepares `model` as prepare_model does; under mpi a failure is returned in `error` (every
+// rank must still launch to learn of it), under threads it is thrown.
+std::optional<PreparedModel> try_prepare(const Model& model, Mode mode,
+                                         const ModelRunOptions& options, std::string& error,
+                                         const UpdateRule& update = {},
+                                         bool fetch_training_values = false);
+
+// Returns the value of a one-element tensor as a double.
+double scalar_of(const Tensor& t);
+
+// Returns true on the process that prints (always under threads; world rank 0 under mpi).
+bool reports(const ModelRunOptions& options);
 
 // Runs one pass of compiled graph `pcg` (graph/compile.h: a forward pass, or a training step)
 // on the threads backend, each device's communicator wrapped in a RecordingCommunicator, and

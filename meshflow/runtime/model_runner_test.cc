@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "meshflow/graph/testing.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
+#include "meshflow/train/trainer.h"
 
 namespace meshflow {
 namespace {
@@ -62,7 +64,7 @@ Model parallel_model(const ParallelCase& c) {
 
 void expect_matches_one_device(const Model& m, const std::string& what, bool overlap = false,
                                std::optional<GatherForm> gather_form = std::nullopt) {
-  TrainOptions o{.steps = 2, .lr = 0.5, .check = true};
+  TrainOptions o{.steps = 2, .optimizer = {.lr = 0.5}, .check = true};
   o.run.overlap = overlap;
   o.run.gather_form = gather_form;
   o.run.overlap_always = overlap;  // these graphs are too small for the cost model to choose it
@@ -143,17 +145,25 @@ Model data_parallel() {
   return m;
 }
 
+// Returns true for the update's reduction of the squared gradient norm: one float64 term per
+// device (the planner moves so few bytes as point-to-point boxes, each device summing them).
+bool is_norm_reduction(const RecordedCall& call) {
+  return call.dtype == DType::kFloat64 &&
+         std::all_of(call.counts.begin(), call.counts.end(), [](auto c) { return c == 1; });
+}
+
 TEST(TaskRuntime, DataParallelismReducesEachGradientOnceAndMovesNothingElse) {
   const Model m = data_parallel();
   expect_matches_one_device(m, "data parallel");
   const Pcg g = compile(m.pcg, Mode::kTrain);
   for (const auto& [device, log] : record_calls(g)) {
-    // One reduction per weight gradient (w1, b1, w2), each over the 4 devices, and nothing in
-    // the forward or backward passes.
-    ASSERT_EQ(log.size(), 3u) << "device " << device;
+    // One reduction per weight gradient (w1, b1, w2), each over the 4 devices, then the
+    // squared gradient norm's (one float64), and nothing in the forward or backward passes.
+    ASSERT_EQ(log.size(), 4u) << "device " << device;
     for (const RecordedCall& call : log) {
       EXPECT_EQ(call.group, first_devices(4)) << to_string(call);
     }
+    EXPECT_TRUE(is_norm_reduction(log.back())) << to_string(log.back());
   }
 }
 
@@ -216,8 +226,13 @@ TEST(TaskRuntime, AVocabularyParallelLossMovesOnlyItsRowStatistics) {
       // tp (by whichever algorithm the planner picks for their size), and with dp > 1 the head
       // gradient's all-reduce over dp; never the logits.
       const std::int64_t head_local = 16 * (device % tp == tp - 1 ? vocab / tp : vocab / tp + 1);
-      int statistics_calls = 0, head_reductions = 0;
+      int statistics_calls = 0, head_reductions = 0, norm_reductions = 0;
       for (const RecordedCall& call : log) {
+        if (is_norm_reduction(call)) {
+          ++norm_reductions;
+          EXPECT_EQ(call.group, first_devices(dp * tp)) << to_string(call);
+          continue;
+        }
         std::int64_t elements = 0;
         for (std::int64_t c : call.counts) elements += c;
         if (call.collective == "all_reduce" && elements == head_local) {
@@ -230,6 +245,7 @@ TEST(TaskRuntime, AVocabularyParallelLossMovesOnlyItsRowStatistics) {
       }
       EXPECT_EQ(statistics_calls, 2) << what << " device " << device;
       EXPECT_EQ(head_reductions, dp > 1 ? 1 : 0) << what << " device " << device;
+      EXPECT_EQ(norm_reductions, 1) << what << " device " << device;
     }
   }
   fs::remove_all(dir);
@@ -258,7 +274,7 @@ TEST(Overlap, TrainingWithDecomposedCollectivesEqualsOneDeviceAndThePlainRun) {
     // Uneven row blocks (batch 2 tp + 1) and column blocks (hidden 4 tp + 1 does not split
     // evenly over tp... nor need it: the chunk rule).
     const Model m{.pcg = testing::sp_mlp(dp, tp, 2 * tp + 1, 5, 4 * tp + 1)};
-    TrainOptions plain{.steps = 2, .lr = 0.5};
+    TrainOptions plain{.steps = 2, .optimizer = {.lr = 0.5}};
     const TrainReport a = train_model(m, plain);
     // Every collective decomposed: in the cost model's form on threads (in place), and in the
     // two forms that move blocks.
@@ -300,7 +316,7 @@ TEST(Overlap, WhereCopiesTakeTheCoresTheLoopsRunInPlaceAndTrainingEqualsOneDevic
     for (const Node& n : g.nodes)
       if (n.decomposed) forms.emplace_back(to_string(n.decomposed->form));
     EXPECT_EQ(forms, std::vector<std::string>(4, "in_place")) << "dp " << dp << " tp " << tp;
-    TrainOptions o{.steps = 2, .lr = 0.5, .check = true};
+    TrainOptions o{.steps = 2, .optimizer = {.lr = 0.5}, .check = true};
     o.run.plan.machine = &slow;
     o.run.overlap = true;
     const TrainReport r = train_model(m, o);

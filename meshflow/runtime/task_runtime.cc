@@ -4,12 +4,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/optimizer.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/runtime/executor.h"
 #include "meshflow/runtime/overlap.h"
@@ -43,7 +46,8 @@ void run_overlap(const OverlapTask& o, ValueId out, Communicator& world,
 
 // Runs one task's work; returns its kind for traces.
 TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world,
-                   std::vector<Tensor>& values, double lr, std::vector<OverlapEvent>* blocks) {
+                   std::vector<Tensor>& values, const TaskRunOptions& options,
+                   std::vector<OverlapEvent>* blocks) {
   auto value = [&](ValueId v) -> Tensor& { return values[static_cast<std::size_t>(v)]; };
   if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
     std::vector<const Tensor*> locals;
@@ -73,8 +77,25 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
     run_overlap(*o, task.out, world, values, blocks);
     return TraceKind::kOverlap;
   }
+  if (const auto* n = std::get_if<GradNormTask>(&task.work)) {
+    double term = 0;
+    for (ValueId v : n->counted) term += sum_of_squares(value(v));
+    if (n->loss && !std::isfinite(sum_of_squares(value(*n->loss))))
+      term = std::numeric_limits<double>::quiet_NaN();
+    Tensor out(DType::kFloat64, Shape{});
+    out.data<double>()[0] = term;
+    value(task.out) = std::move(out);
+    return TraceKind::kUpdate;
+  }
   const auto& u = std::get<UpdateTask>(task.work);
-  sgd_update(value(u.weight), value(u.grad), lr);
+  const double norm_sq = value(u.norm).data<double>()[0];
+  if (!std::isfinite(norm_sq) && !options.allow_nonfinite) return TraceKind::kUpdate;
+  std::vector<Tensor*> state;
+  for (ValueId v : u.state) state.push_back(&value(v));
+  update_shard(
+      u.rule,
+      {.lr = options.lr, .step = options.step, .grad_scale = clip_coefficient(u.rule, norm_sq)},
+      value(u.weight), value(u.grad), state);
   return TraceKind::kUpdate;
 }
 
@@ -96,7 +117,7 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     std::vector<OverlapEvent> blocks;
     TraceKind kind = TraceKind::kCompute;
     try {
-      kind = run_work(graph, task, world, values, options.lr, timed ? &blocks : nullptr);
+      kind = run_work(graph, task, world, values, options, timed ? &blocks : nullptr);
     } catch (...) {
       state->fail(std::current_exception());
       throw;

@@ -1,5 +1,6 @@
 // Runs one device's part of a task graph (graph/task_graph.h) over a Communicator: kernels on
-// its shards, its part of every move through the plan executor, SGD updates in place. Each
+// its shards, its part of every move through the plan executor, its term of the gradient norm,
+// and the optimizer's updates in place. Each
 // task starts once the events of the tasks it depends on are complete, and completes its own;
 // tasks run in the graph's order, which every device of a move shares, so collectives match
 // and results are identical run to run.
@@ -39,8 +40,11 @@ struct TaskTimes {
 };
 
 struct TaskRunOptions {
-  double lr = 0.1;                           // updates
-  int step = 0;                              // recorded in trace events
+  double lr = 0.1;  // updates: this step's learning rate
+  int step = 1;     // updates: the step number, 1-based (adamw's bias corrections); traces
+  // Updates run when the squared gradient norm they read is not finite (a NaN or infinite
+  // loss or gradient); by default they are skipped.
+  bool allow_nonfinite = false;
   std::vector<TraceEvent>* trace = nullptr;  // appended to when set
   TaskTimes* times = nullptr;                // accumulated when set
 };

@@ -17,9 +17,23 @@ class Model:
         """Runs the forward pass; returns {name: numpy.ndarray} of the model's outputs."""
         return _meshflow.run_model(self._h, overlap)
 
-    def train(self, steps, lr=0.1, check=False, overlap=False):
-        """Trains ``steps`` SGD steps; returns the dict ``meshflow train --json`` prints."""
-        return _meshflow.train_model(self._h, int(steps), float(lr), bool(check), overlap)
+    def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
+              weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
+              decay_steps=None, check=False, overlap=False, allow_nonfinite=False):
+        """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
+
+        The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
+        "adamw"; ``lr`` (None: the optimizer's default, 0.1 or 0.001); sgd's ``momentum``;
+        adamw's ``betas`` (b1, b2), ``eps``, ``weight_decay``; ``clip_grad_norm``;
+        ``warmup_steps``, ``decay`` ("none", "cosine", "linear") and ``decay_steps``. An
+        option left None takes the model file's "train" object's value, then the default.
+        A step whose loss or gradient norm is not finite raises unless ``allow_nonfinite``.
+        """
+        options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
+                       weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
+                       warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
+        return _meshflow.train_model(self._h, int(steps), options, bool(check), overlap,
+                                     bool(allow_nonfinite))
 
     def explain(self, overlap=False):
         """Returns the dict ``meshflow explain --json`` prints."""

@@ -1,0 +1,60 @@
+// The training loop (`meshflow train`, Model.train in Python): compile the model with the
+// optimizer's update pass, run one step per iteration on every device with that step's
+// learning rate, stop at a step whose loss or global gradient norm is not finite (unless
+// allowed), and with --check train the same model on one device with whole tensors and the
+// float64 reference optimizer and report the largest differences.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "meshflow/graph/model_file.h"
+#include "meshflow/runtime/model_runner.h"
+#include "meshflow/train/optimizer.h"
+
+namespace meshflow {
+
+struct StepReport {
+  int step = 0;
+  double loss = 0;     // the loss of the forward pass before this step's update (may be nan)
+  double seconds = 0;  // the step's wall time on the reporting device (all devices done)
+  TaskTimes times;     // the reporting device's kernels and moves in this step
+};
+
+struct CheckReport {
+  double max_loss_diff = 0, max_weight_diff = 0, max_grad_diff = 0;
+};
+
+struct TrainOptions {
+  ModelRunOptions run;
+  int steps = 1;
+  Optimizer optimizer;  // resolve_optimizer's; the default is SGD at lr 0.1
+  // Train on through a step whose loss or gradient norm is not finite (its update applied, as
+  // PyTorch would); by default such a step stops training before its update, writing nothing.
+  bool allow_nonfinite = false;
+  // Also trains the model on one device with whole tensors (graph/reference.h and
+  // train/reference_optimizer.h) and reports the largest differences of losses, weights and
+  // gradients over all steps and elements.
+  bool check = false;
+  // Called on the reporting device after each step.
+  std::function<void(const StepReport&)> progress;
+};
+
+struct TrainReport {
+  std::vector<StepReport> steps;
+  std::optional<CheckReport> check;
+  bool reporter = false;
+};
+
+// Returns the report of training `model`. Throws Error (exit 1, printed once) naming the step
+// whose loss or global gradient norm is not finite, after every device stopped before that
+// step's update, with nothing saved or traced.
+TrainReport train_model(const Model& model, const TrainOptions& options);
+
+// Returns {"steps": [{"step", "loss" (null when not finite), "seconds"}...], "check": {max_*_diff}
+// or null}: what `meshflow train --json` prints and the Python module's Model.train returns.
+nlohmann::json to_json(const TrainReport& report);
+
+}  // namespace meshflow
