@@ -3,6 +3,7 @@ message for each class of bad value. The binary's path is written as `meshflow`.
 intended change, regenerate with `cli_golden_test.py MESHFLOW --update` and review the diff.
 Usage: cli_golden_test.py MESHFLOW [--update]"""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -10,6 +11,8 @@ import tempfile
 meshflow = sys.argv[1]
 update = "--update" in sys.argv
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_golden")
+models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                      "models")
 
 HELP = [[], ["shard"], ["gather"], ["plan"], ["redistribute"], ["run"], ["train"], ["explain"],
         ["bench"], ["bench", "copy"], ["bench", "collectives"], ["bench", "redistribute"],
@@ -41,14 +44,34 @@ ERRORS = [
     ("model file missing", ["train", "{tmp}/nothing.json"]),
     ("model file not JSON", ["explain", "{tmp}/a/rank0.npy"]),
     ("training steps out of range", ["train", "{tmp}/nothing.json", "--steps", "0"]),
+    ("learning rate not a number", ["train", "{models}/tp_mlp.json", "--lr", "nan"]),
+    ("learning rate negative", ["train", "{models}/tp_mlp.json", "--lr", "-1"]),
+    ("learning rate not numeric", ["train", "{models}/tp_mlp.json", "--lr", "fast"]),
+    ("unknown optimizer", ["train", "{models}/tp_mlp.json", "--optimizer", "adam"]),
+    ("momentum out of range", ["train", "{models}/tp_mlp.json", "--momentum", "1"]),
+    ("beta out of range", ["train", "{models}/tp_mlp.json", "--optimizer", "adamw", "--betas", "0.9,1.5"]),
+    ("betas malformed", ["train", "{models}/tp_mlp.json", "--optimizer", "adamw", "--betas", "0.9"]),
+    ("eps zero", ["explain", "{models}/tp_mlp.json", "--optimizer", "adamw", "--eps", "0"]),
+    ("weight decay negative", ["train", "{models}/tp_mlp.json", "--optimizer", "adamw", "--weight-decay", "-0.1"]),
+    ("clip norm zero", ["train", "{models}/tp_mlp.json", "--clip-grad-norm", "0"]),
+    ("warmup negative", ["train", "{models}/tp_mlp.json", "--warmup-steps", "-2"]),
+    ("decay without steps", ["train", "{models}/tp_mlp.json", "--decay", "cosine"]),
+    ("decay steps zero", ["train", "{models}/tp_mlp.json", "--decay", "linear", "--decay-steps", "0"]),
+    ("unknown decay", ["train", "{models}/tp_mlp.json", "--decay", "exponential", "--decay-steps", "3"]),
+    ("momentum with adamw", ["train", "{models}/tp_mlp.json", "--optimizer", "adamw", "--momentum", "0.9"]),
+    ("betas with sgd", ["train", "{models}/tp_mlp.json", "--betas", "0.9,0.99"]),
+    ("eps with sgd", ["train", "{models}/tp_mlp.json", "--eps", "1e-6"]),
+    ("a non-finite loss", ["train", "{models}/tp_mlp.json", "--lr", "1e30", "--steps", "4", "--save", "{tmp}/never"]),
 ]
 
 
 def run(args, tmp):
-    args = [a.replace("{tmp}", tmp) for a in args]
+    args = [a.replace("{tmp}", tmp).replace("{models}", models) for a in args]
     r = subprocess.run([meshflow, *args], capture_output=True, text=True, timeout=60)
     clean = lambda s: s.replace(meshflow, "meshflow").replace(tmp, "TMP")
-    return r.returncode, clean(r.stdout), clean(r.stderr)
+    # Training's progress lines (timings) are not the error.
+    err = "".join(l for l in r.stderr.splitlines(keepends=True) if not re.match(r"step \d+/\d+ \[", l))
+    return r.returncode, clean(r.stdout), clean(err)
 
 
 failures = checked = 0
@@ -83,5 +106,9 @@ with tempfile.TemporaryDirectory() as tmp:
         code, out, err = run(args, tmp)
         lines += f"{what}: exit {code}: {err}"
     compare("errors.txt", lines)
+    # A failed run writes nothing: no --save folder in place of a good one.
+    if os.path.exists(f"{tmp}/never"):
+        failures += 1
+        print("FAILED: the non-finite run wrote its --save folder")
 print(f"{checked - failures} passed, {failures} failed")
 sys.exit(1 if failures else 0)

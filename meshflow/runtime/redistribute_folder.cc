@@ -69,6 +69,10 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
   try {
     prepared = prepare(options);
     launch_options.devices = prepared->devices;
+    // Under mpi device 0 reports (DESIGN: only device 0 prints), so it takes part.
+    auto& d = launch_options.devices;
+    if (options.backend == Backend::kMpi && std::find(d.begin(), d.end(), 0) == d.end())
+      d.insert(d.begin(), DeviceId{0});
     launch_options.agreement = {{"the source folder", options.in.string()},
                                 {"the output folder", options.out.string()},
                                 {"the plan", to_text(prepared->plan)}};
@@ -107,8 +111,8 @@ RedistributeFolderResult redistribute_folder(const RedistributeFolderOptions& op
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (me == leader && options.progress) options.progress("moved the data");
     if (to_index) write_npy(tmp / shard_file_name(*to_index), out);
-    if (me == leader) {
-      write_file_atomic(tmp / "layout.json", layout_to_json(to).dump(2) + "\n");
+    if (me == leader) write_file_atomic(tmp / "layout.json", layout_to_json(to).dump(2) + "\n");
+    if (me == (options.backend == Backend::kMpi ? DeviceId{0} : leader)) {
       std::lock_guard lock(mu);
       result.seconds = seconds;
       result.reporter = true;

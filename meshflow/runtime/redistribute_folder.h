@@ -28,7 +28,8 @@ struct RedistributeFolderOptions {
 struct RedistributeFolderResult {
   Plan plan;
   double seconds = 0;     // wall time of the plan's execution on device 0 of the source mesh
-  bool reporter = false;  // true on the process that should print (always under threads)
+  bool reporter = false;  // true on the process that prints: the destination's first device
+                          // under threads, device 0 under mpi
 };
 
 // Runs the redistribution. Throws Error for bad input (naming the file or value) before any
