@@ -1,0 +1,178 @@
+// Training with every optimizer option against the float64 reference (train/reference_optimizer.h:
+// torch.optim's formulas on whole tensors), on one device, data, tensor and sequence parallel
+// layouts and a pipeline; optimizer state as graph values; clipping that bites; a non-finite
+// step that stops before its update, or trains on when allowed.
+#include "meshflow/train/trainer.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "meshflow/core/error.h"
+#include "meshflow/core/npy.h"
+#include "meshflow/graph/explain.h"
+#include "meshflow/graph/testing.h"
+
+namespace meshflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Layouts {
+  fs::path dir = fs::temp_directory_path() / fmt::format("meshflow_trainer_{}", ::getpid());
+  Layouts() {
+    fs::create_directories(dir);
+    Tensor labels(DType::kInt64, {8});
+    for (std::int64_t i = 0; i < 8; ++i) labels.data<std::int64_t>()[i] = (i * 7 + 1) % 4;
+    write_npy(dir / "labels.npy", labels);
+  }
+  ~Layouts() { fs::remove_all(dir); }
+  // (name, model): one device, data parallel, tensor parallel, sequence parallel on dp x tp,
+  // DP x TP with a reduction, and a two-stage pipeline.
+  std::vector<std::pair<std::string, Model>> all() const {
+    return {{"one device", Model{.pcg = testing::sp_mlp(1, 1)}},
+            {"data parallel", Model{.pcg = testing::sp_mlp(4, 1)}},
+            {"tensor parallel", Model{.pcg = testing::sp_mlp(1, 4)}},
+            {"dp x tp sequence parallel", Model{.pcg = testing::sp_mlp(2, 2)}},
+            {"dp x tp", Model{.pcg = testing::dp_tp_mlp(dir / "labels.npy")}},
+            {"pipeline", Model{.pcg = testing::pipeline()}}};
+  }
+};
+
+// The optimizer configurations tested: each option of DESIGN's list at work, clipping small
+// enough to bite on these models.
+std::vector<std::pair<std::string, Optimizer>> configurations() {
+  return {
+      {"sgd", resolve_optimizer({.lr = 0.3})},
+      {"sgd momentum, clipping, warmup, cosine",
+       resolve_optimizer({.lr = 0.3,
+                          .momentum = 0.9,
+                          .clip_grad_norm = 0.05,
+                          .warmup_steps = 2,
+                          .decay_steps = 3,
+                          .decay = LrDecay::kCosine})},
+      {"adamw", resolve_optimizer({.kind = OptimizerKind::kAdamW, .lr = 0.02})},
+      {"adamw betas, eps, weight decay, clipping, linear decay",
+       resolve_optimizer({.kind = OptimizerKind::kAdamW,
+                          .lr = 0.05,
+                          .eps = 1e-6,
+                          .weight_decay = 0.1,
+                          .clip_grad_norm = 0.05,
+                          .betas = std::pair{0.8, 0.95},
+                          .warmup_steps = 1,
+                          .decay_steps = 3,
+                          .decay = LrDecay::kLinear})},
+  };
+}
+
+TEST(Trainer, EveryOptimizerEqualsTheFloat64ReferenceOnEveryLayout) {
+  const Layouts layouts;
+  for (const auto& [name, optimizer] : configurations()) {
+    for (const auto& [layout, model] : layouts.all()) {
+      const TrainReport r =
+          train_model(model, {.steps = 5, .optimizer = optimizer, .check = true});
+      ASSERT_TRUE(r.check.has_value());
+      const std::string what = name + " on " + layout;
+      EXPECT_LE(r.check->max_loss_diff, 2e-6) << what;
+      EXPECT_LE(r.check->max_grad_diff, 2e-6) << what;
+      EXPECT_LE(r.check->max_weight_diff, 2e-6) << what;
+      EXPECT_LT(r.steps.back().loss, r.steps.front().loss) << what << ": training lowers the loss";
+    }
+  }
+}
+
+TEST(Trainer, ClippingBitesAndAHugeBoundChangesNothing) {
+  const Model m{.pcg = testing::sp_mlp(2, 2)};
+  const Optimizer plain = resolve_optimizer({.kind = OptimizerKind::kAdamW, .lr = 0.05});
+  Optimizer loose = plain, tight = plain;
+  loose.rule.clip_grad_norm = 1e30;
+  tight.rule.clip_grad_norm = 1e-3;
+  auto losses = [&](const Optimizer& o) {
+    std::vector<double> out;
+    for (const StepReport& s : train_model(m, {.steps = 3, .optimizer = o}).steps)
+      out.push_back(s.loss);
+    return out;
+  };
+  const std::vector<double> a = losses(plain), b = losses(loose), c = losses(tight);
+  EXPECT_EQ(a, b) << "a bound no norm reaches scales by exactly 1";
+  EXPECT_NE(a[2], c[2]) << "a tight bound changes the steps";
+}
+
+TEST(Trainer, OptimizerStateIsAGraphValueInItsWeightsLayout) {
+  const Pcg built = testing::sp_mlp(2, 2);
+  for (const auto& [rule, states] :
+       std::vector<std::pair<UpdateRule, std::vector<std::string>>>{
+           {{.kind = OptimizerKind::kSgd}, {}},
+           {{.kind = OptimizerKind::kSgd, .momentum = 0.9}, {"momentum_buffer"}},
+           {{.kind = OptimizerKind::kAdamW}, {"exp_avg", "exp_avg_sq"}}}) {
+    const Pcg g = compile(built, Mode::kTrain, {.update = rule});
+    const Explanation e = explain(g);
+    for (const std::string w : {"w0", "w1", "b1", "w2"}) {
+      const Layout& layout = *g.nodes[static_cast<std::size_t>(find_value(g, w))].layout;
+      for (const std::string& s : states) {
+        const std::string name = w + "." + s;
+        const Node& n = g.nodes[static_cast<std::size_t>(find_value(g, name))];
+        EXPECT_EQ(n.kind, NodeKind::kState) << name;
+        EXPECT_EQ(*n.layout, layout) << name;
+        bool listed = false;
+        for (const auto& [value, l] : e.values) listed = listed || (value == name && l == layout);
+        EXPECT_TRUE(listed) << name << " is in explain's values";
+      }
+    }
+    // The state moves nothing: the update's moves are the gradients' and the norm's.
+    for (const MoveReport& mv : e.moves) {
+      if (mv.phase != Phase::kUpdate) continue;
+      EXPECT_TRUE(mv.value.starts_with("grad:") || mv.value == "grad_norm_sq") << mv.value;
+    }
+  }
+}
+
+TEST(Trainer, ANonFiniteStepStopsBeforeItsUpdateNamingTheStep) {
+  const Layouts layouts;
+  const Model m{.pcg = testing::dp_tp_mlp(layouts.dir / "labels.npy")};
+  const fs::path save = layouts.dir / "saved";
+  TrainOptions o{.steps = 4, .optimizer = resolve_optimizer({.lr = 1e30})};
+  o.run.save = save;
+  try {
+    train_model(m, o);
+    FAIL() << "a nan loss trained on";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "step 2: the loss is not finite; training stopped before its update and wrote "
+              "nothing (--allow-nonfinite trains on)");
+    EXPECT_EQ(e.scope(), ErrorScope::kEveryDevice);
+  }
+  EXPECT_FALSE(fs::exists(save)) << "nothing is written";
+  o.allow_nonfinite = true;
+  const TrainReport r = train_model(m, o);
+  ASSERT_EQ(r.steps.size(), 4u);
+  EXPECT_TRUE(std::isfinite(r.steps[0].loss));
+  EXPECT_FALSE(std::isfinite(r.steps[1].loss));
+  EXPECT_TRUE(to_json(r)["steps"][1]["loss"].is_null());
+  EXPECT_TRUE(fs::exists(save / "w1" / "layout.json")) << "an allowed run saves";
+}
+
+TEST(Trainer, AnOverflowingFirstStepStopsBeforeAnyUpdate) {
+  // A weight of 1e30: the first forward's product overflows float32 on its way to the loss.
+  Pcg g;
+  const DeviceMesh m = parse_mesh("2");
+  const ValueId x = add_input(g, "x", {{4, 3}}, m, parse_placements("S(0)"), Source::normal(1, 1));
+  const ValueId w = add_weight(g, "w", {{3, 3}}, m, parse_placements("R"),
+                               Source{.kind = Source::Kind::kFill, .a = 1e30});
+  const ValueId t = add_input(g, "t", {{4, 3}}, m, parse_placements("S(0)"), Source::normal(1, 2));
+  const ValueId h = add_compute(g, "h", Op{.type = OpType::kMatmul}, {x, w});
+  const ValueId a = add_compute(g, "a", Op{.type = OpType::kTanh}, {h});
+  const ValueId s = add_compute(g, "s", Op{.type = OpType::kMul}, {a, h});
+  set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {s, t}));
+  try {
+    train_model(Model{.pcg = g}, {.steps = 2});
+    FAIL() << "an infinite loss trained on";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::string(e.what()).starts_with("step 1: the loss is not finite")) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshflow
