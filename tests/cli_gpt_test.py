@@ -1,6 +1,6 @@
 """The GPT example (examples/models/gpt): make_gpt.py writes exactly the files checked in; every
-layout trains 3 steps equal to one device (--check) on threads, and the TP and DP x TP layouts
-under mpirun -n 4 (and a wide-vocabulary tp_vocab, whose loss runs vocabulary-parallel, on
+layout trains 3 steps equal to one device (--check), with SGD and with AdamW, clipping, warmup
+and cosine decay, on threads, and the TP and DP x TP layouts under mpirun -n 4 (and a wide-vocabulary tp_vocab, whose loss runs vocabulary-parallel, on
 both); every layout's losses are the one-device losses; the sequence-parallel layout
 moves, per block forward, two all-gathers into the products and two reduce-scatters out of them,
 and nothing else but its embedding's reduce-scatter and its logits' gathers; with a vocabulary
@@ -37,22 +37,28 @@ if not mpirun:
             check(filecmp.cmp(os.path.join(tmp, f), os.path.join(gpt, f), shallow=False),
                   f"{f} is not what make_gpt.py writes")
 
-losses = {}
-for layout in (["tp", "dp_tp"] if mpirun else LAYOUTS):
-    r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--check", "--json"],
-                     mpirun, 4 if mpirun else None, timeout=300)
-    check(r.returncode == 0, f"train {layout}: {r.stderr}")
-    if r.returncode != 0:
-        continue
-    out = json.loads(r.stdout)
-    for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
-        check(out["check"][key] <= TOLERANCE, f"{layout} {key} = {out['check'][key]}")
-    losses[layout] = [s["loss"] for s in out["steps"]]
-    check(losses[layout][2] < losses[layout][0], f"{layout}: the loss falls {losses[layout]}")
-if "one" in losses:
-    for layout, l in losses.items():
-        check(max(abs(a - b) for a, b in zip(l, losses["one"])) <= TOLERANCE,
-              f"{layout} losses {l} against one device's {losses['one']}")
+# Plain SGD, and AdamW with clipping (tight enough to bite), warmup and cosine decay.
+OPTIMIZERS = {"sgd": [],
+              "adamw": ["--optimizer", "adamw", "--lr", "0.003", "--clip-grad-norm", "0.5",
+                        "--warmup-steps", "1", "--decay", "cosine", "--decay-steps", "3"]}
+for optimizer, options in OPTIMIZERS.items():
+    losses = {}
+    for layout in (["tp", "dp_tp"] if mpirun else LAYOUTS):
+        r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--check", "--json",
+                                    *options], mpirun, 4 if mpirun else None, timeout=300)
+        check(r.returncode == 0, f"train {layout} {optimizer}: {r.stderr}")
+        if r.returncode != 0:
+            continue
+        out = json.loads(r.stdout)
+        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
+            check(out["check"][key] <= TOLERANCE, f"{layout} {optimizer} {key} = {out['check'][key]}")
+        losses[layout] = [s["loss"] for s in out["steps"]]
+        check(losses[layout][2] < losses[layout][0],
+              f"{layout} {optimizer}: the loss falls {losses[layout]}")
+    if "one" in losses:
+        for layout, l in losses.items():
+            check(max(abs(a - b) for a, b in zip(l, losses["one"])) <= TOLERANCE,
+                  f"{layout} {optimizer} losses {l} against one device's {losses['one']}")
 
 if not mpirun:
     r = run_meshflow(meshflow, ["explain", model("sp"), "--json"], None, None, timeout=300)

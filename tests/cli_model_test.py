@@ -4,6 +4,7 @@ DESIGN.md's form, saved folders gather to NumPy's forward pass, and every bad mo
 one line naming the culprit, exit status 1 and no output folder.
 Usage: cli_model_test.py MESHFLOW EXAMPLES_DIR [--mpi MPIRUN]"""
 import json
+import subprocess
 import os
 import shutil
 import sys
@@ -68,6 +69,12 @@ runs = [(name, []) for name in trained] + [
     (name, ["--overlap"]) for name in (["tp_sp_mlp", "dp_tp_sp_mlp"] if mpirun else ALL)] + [
     (name, ["--overlap", "--gather-form", form]) for name in ["tp_sp_mlp", "dp_tp_sp_mlp"]
     for form in ["permute", "broadcast"] + ([] if mpirun else ["in_place"])]
+# The optimizers: AdamW with clipping that bites and warmup, SGD with momentum and linear decay.
+ADAMW_WEIGHT_TOLERANCE = 1e-2 * 0.01  # a hundredth of the learning rate
+ADAMW = ["--optimizer", "adamw", "--lr", "0.01", "--clip-grad-norm", "0.1", "--warmup-steps", "1"]
+MOMENTUM = ["--momentum", "0.9", "--decay", "linear", "--decay-steps", "4"]
+runs += [(name, options) for name in ["tp_mlp", "dp_tp_mlp", "pipeline_mlp"]
+         for options in [ADAMW, MOMENTUM]]
 for name, extra in runs:
     r = run("train", model(name), "--steps", "3", "--check", "--json", *extra,
             ranks=4 if mpirun else None)
@@ -78,10 +85,68 @@ for name, extra in runs:
     check([s["step"] for s in out["steps"]] == [1, 2, 3], f"{name} steps {out['steps']}")
     check(out["steps"][2]["loss"] < out["steps"][0]["loss"], f"{name}: the loss falls")
     for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
-        check(out["check"][key] <= TOLERANCE, f"{name} {key} = {out['check'][key]}")
+        # AdamW divides by sqrt(v): where a gradient element is near zero, float32 sums in
+        # another order change its update by up to a fraction of lr (measured: 2.7e-5 at lr
+        # 0.01 on pipeline_mlp, 2e-14 in float64 models).
+        tolerance = ADAMW_WEIGHT_TOLERANCE if extra is ADAMW and key == "max_weight_diff" else TOLERANCE
+        check(out["check"][key] <= tolerance, f"{name} {extra} {key} = {out['check'][key]}")
     check("step 3/3" in r.stderr and "steps/s" in r.stderr, f"{name} progress: {r.stderr!r}")
     if mpirun:
         check(r.stdout.count('"steps"') == 1, f"{name}: only device 0 prints")
+
+# Every command prints once, under mpirun too: explain's JSON, a benchmark's table.
+r = run("explain", model("dp_tp_mlp"), "--json", "--optimizer", "adamw", ranks=4 if mpirun else None)
+check(r.returncode == 0 and r.stdout.count('"values"') == 1, f"explain prints once: {r.stdout[:200]}")
+if r.returncode == 0:
+    values = json.loads(r.stdout)["values"]
+    check(values.get("w1.exp_avg") == values["w1"] and values.get("w2.exp_avg_sq") == values["w2"],
+          f"adamw's state has its weight's layout: {values}")
+if mpirun:
+    b = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "-n", "2", meshflow,
+                        "bench", "copy", "--mib", "1", "--reps", "1", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    check(b.returncode == 0 and b.stdout.count('"benchmark"') == 1, f"bench copy prints once: {b.stdout}")
+
+with tempfile.TemporaryDirectory() as tmp:
+    # A step whose loss is not finite: exit 1, one line naming the step (once under mpirun),
+    # no --save folder; --allow-nonfinite trains on and reports the loss as null.
+    ranks = 4 if mpirun else None
+    r = run("train", model("tp_mlp"), "--lr", "1e30", "--steps", "3", "--save", f"{tmp}/w", ranks=ranks)
+    errors = [l for l in r.stderr.splitlines() if l.startswith("meshflow: error")]
+    check(r.returncode == 1 and errors == ["meshflow: error: step 2: the loss is not finite; training "
+                                           "stopped before its update and wrote nothing "
+                                           "(--allow-nonfinite trains on)"], f"nan loss: {r.stderr}")
+    check(not os.path.exists(f"{tmp}/w"), "a stopped run wrote its --save folder")
+    r = run("train", model("tp_mlp"), "--lr", "1e30", "--steps", "3", "--allow-nonfinite", "--json",
+            ranks=ranks)
+    check(r.returncode == 0, f"--allow-nonfinite: {r.stderr}")
+    if r.returncode == 0:
+        losses = [s["loss"] for s in json.loads(r.stdout)["steps"]]
+        check(losses[0] is not None and losses[1] is None and losses[2] is None, f"losses {losses}")
+
+    # The model file's "train" object gives defaults; the command line wins.
+    spec = json.load(open(model("tp_mlp")))
+    spec["train"] = {"optimizer": "adamw", "lr": 0.02, "clip_grad_norm": 0.5}
+    for t in spec["tensors"].values():
+        for field in ["input", "weight"]:
+            if isinstance(t.get(field), str):
+                t[field] = os.path.join(os.path.abspath(examples), t[field])
+    with open(f"{tmp}/adamw.json", "w") as f:
+        json.dump(spec, f)
+    r = run("explain", f"{tmp}/adamw.json", "--json", ranks=ranks)
+    check(r.returncode == 0 and "w1.exp_avg" in json.loads(r.stdout or "{}").get("values", {}),
+          f"the file's optimizer: {r.stderr}")
+    r = run("train", f"{tmp}/adamw.json", "--steps", "2", "--check", "--json", "--lr", "0.01", ranks=ranks)
+    check(r.returncode == 0 and json.loads(r.stdout)["check"]["max_weight_diff"] <= TOLERANCE,
+          f"train with the file's optimizer: {r.stderr}")
+    r = run("train", f"{tmp}/adamw.json", "--optimizer", "sgd", ranks=ranks)
+    check(r.returncode == 0, f"--optimizer sgd over the file's adamw (its lr and clipping apply): {r.stderr}")
+    spec["train"]["eps"] = 1e-6
+    with open(f"{tmp}/adamw.json", "w") as f:
+        json.dump(spec, f)
+    r = run("train", f"{tmp}/adamw.json", "--optimizer", "sgd", ranks=ranks)
+    check(r.returncode == 1 and r.stderr.count("meshflow: error: --eps is not an option of --optimizer sgd") == 1,
+          f"the file's adamw option with sgd: {r.stderr}")
 
 with tempfile.TemporaryDirectory() as tmp:
     # run --save: each output gathers to NumPy's own forward pass of the data-parallel MLP.
