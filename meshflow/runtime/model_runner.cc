@@ -88,7 +88,7 @@ struct Session {
   const StepLoop* loop = nullptr;
   std::mutex mu;
   fs::path staged;  // the leader's, for cleanup
-  LoopEnd end;      // the leader's
+  LoopEnd end;      // the same on every device
 
   void run(Communicator& world) {
     const DeviceId me = world.device();
@@ -131,7 +131,8 @@ struct Session {
       ended = {.step = step, .stop_flag = flag};
       if (flag != 0) break;
     }
-    if (leader) {
+    {
+      // Every device reduced the same flags: under mpi each process learns how the loop ended.
       std::lock_guard lock(mu);
       end = ended;
     }

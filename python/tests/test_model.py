@@ -40,3 +40,127 @@ def test_bad_model_is_an_exception(tmp_path):
         assert "bad.json" in str(e)
     else:
         raise AssertionError("no error")
+
+
+def test_train_takes_the_optimizer_options():
+    m = mf.Model.load(MODELS / "dp_tp_mlp.json")
+    r = m.train(3, optimizer="adamw", lr=0.01, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.05,
+                clip_grad_norm=0.5, warmup_steps=1, decay="cosine", decay_steps=3, check=True)
+    assert r["check"]["max_loss_diff"] < 1e-5 and r["check"]["max_weight_diff"] < 1e-4
+    assert r["steps"][2]["loss"] < r["steps"][0]["loss"]
+    sgd = m.train(2, momentum=0.9, check=True)  # lr=None: sgd's 0.1
+    assert sgd["check"]["max_weight_diff"] < 1e-5
+
+
+def test_bad_optimizer_option_names_the_keyword():
+    m = mf.Model.load(MODELS / "dp_tp_mlp.json")
+    for kwargs, want in [(dict(lr=float("nan")), "lr= nan: must be finite and >= 0"),
+                         (dict(optimizer="adamw", momentum=0.9),
+                          "momentum= is not an option of --optimizer adamw"),
+                         (dict(optimizer="adam"), 'optimizer="adam": must be'),
+                         (dict(decay="cosine"), "decay= cosine needs decay_steps=")]:
+        try:
+            m.train(1, **kwargs)
+        except mf.Error as e:
+            assert want in str(e), str(e)
+        else:
+            raise AssertionError(f"no error for {kwargs}")
+
+
+def test_a_nonfinite_loss_raises_naming_the_step():
+    m = mf.Model.load(MODELS / "dp_tp_mlp.json")
+    try:
+        m.train(3, lr=1e30)
+    except mf.Error as e:
+        assert "step 2: the loss is not finite" in str(e)
+    else:
+        raise AssertionError("a nan loss trained on")
+    r = m.train(3, lr=1e30, allow_nonfinite=True)
+    assert r["steps"][1]["loss"] is None
+
+
+def _mlp_files(tmp_path, rng):
+    """Writes a DP x TP MLP on a 2x2 mesh (weights from .npy files) and returns its arrays."""
+    import json
+    arrays = {"x": rng.standard_normal((16, 6)).astype(np.float32),
+              "y": rng.integers(0, 4, 16).astype(np.int64),
+              "w1": (0.4 * rng.standard_normal((6, 8))).astype(np.float32),
+              "b1": (0.1 * rng.standard_normal(8)).astype(np.float32),
+              "w2": (0.4 * rng.standard_normal((8, 4))).astype(np.float32),
+              "b2": (0.1 * rng.standard_normal(4)).astype(np.float32)}
+    for name, a in arrays.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    placements = {"x": ["S(0)", "R"], "y": ["S(0)", "R"], "w1": ["R", "S(1)"], "b1": ["R", "S(0)"],
+                  "w2": ["R", "S(0)"], "b2": ["R", "R"]}
+    tensors = {}
+    for name, a in arrays.items():
+        kind = "input" if name in ("x", "y") else "weight"
+        tensors[name] = {"shape": list(a.shape), "dtype": str(a.dtype), kind: f"{name}.npy",
+                         "mesh": "m", "placements": placements[name]}
+    model = {"meshes": {"m": "2x2"}, "tensors": tensors,
+             "nodes": [{"name": "h", "op": "linear", "inputs": ["x", "w1", "b1"]},
+                       {"name": "a", "op": "relu", "inputs": ["h"]},
+                       {"name": "o", "op": "linear", "inputs": ["a", "w2", "b2"]},
+                       {"name": "r", "op": "reduction", "inputs": ["o"], "degree": 2,
+                        "placements": ["S(0)", "R"]},
+                       {"name": "loss", "op": "softmax_cross_entropy", "inputs": ["r", "y"]}],
+             "loss": "loss"}
+    (tmp_path / "mlp.json").write_text(json.dumps(model))
+    return arrays
+
+
+def _schedule(lr, warmup, decay, decay_steps):
+    """DESIGN's learning rate of step t (1-based), written out again for torch's LambdaLR."""
+    import math
+
+    def at(t):
+        if warmup and t <= warmup:
+            return lr * t / warmup
+        if decay == "none":
+            return lr
+        u = (t - warmup) / decay_steps
+        if u >= 1:
+            return 0.0
+        return lr * 0.5 * (1 + math.cos(math.pi * u)) if decay == "cosine" else lr * (1 - u)
+    return at
+
+
+def test_training_equals_torch_optim(tmp_path, rng):
+    """AdamW and SGD with momentum, clip_grad_norm_ and a schedule, step by step against
+    torch.optim on the same model and data (skipped where python3-torch does not import)."""
+    torch = __import__("pytest").importorskip("torch")
+    torch.set_num_threads(1)
+    arrays = _mlp_files(tmp_path, rng)
+    steps = 6
+    configs = [
+        dict(optimizer="adamw", lr=0.02, betas=(0.85, 0.98), eps=1e-7, weight_decay=0.05,
+             clip_grad_norm=0.3, warmup_steps=2, decay="cosine", decay_steps=3),
+        dict(optimizer="sgd", lr=0.2, momentum=0.9, clip_grad_norm=0.3, warmup_steps=1,
+             decay="linear", decay_steps=4),
+    ]
+    m = mf.Model.load(tmp_path / "mlp.json")
+    for config in configs:
+        ours = [s["loss"] for s in m.train(steps, **config)["steps"]]
+        p = {k: torch.nn.Parameter(torch.from_numpy(arrays[k].copy()))
+             for k in ("w1", "b1", "w2", "b2")}
+        params = list(p.values())
+        if config["optimizer"] == "adamw":
+            opt = torch.optim.AdamW(params, lr=config["lr"], betas=config["betas"],
+                                    eps=config["eps"], weight_decay=config["weight_decay"])
+        else:
+            opt = torch.optim.SGD(params, lr=config["lr"], momentum=config["momentum"])
+        at = _schedule(config["lr"], config["warmup_steps"], config["decay"], config["decay_steps"])
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: at(e + 1) / config["lr"])
+        x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
+        theirs = []
+        for _ in range(steps):
+            opt.zero_grad()
+            h = torch.relu(x @ p["w1"] + p["b1"])
+            loss = torch.nn.functional.cross_entropy(h @ p["w2"] + p["b2"], y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config["clip_grad_norm"])
+            opt.step()
+            sched.step()
+            theirs.append(loss.item())
+        assert np.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (config["optimizer"], ours, theirs)
+        assert theirs[-1] < theirs[0]
