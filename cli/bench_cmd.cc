@@ -148,7 +148,8 @@ void add_bench(CLI::App& app) {
   auto train_json = std::make_shared<bool>(false);
   CLI::App* t = bench->add_subcommand(
       "train",
-      "the PCG runtime: an MLP's training step on 1, 2, 4 and 2x2 devices, a GPT's on 1 and 2, "
+      "the PCG runtime: an MLP's training step on 1, 2, 4 and 2x2 devices, a GPT's on 1 and 2 "
+      "with SGD and with AdamW (its optimizer against the floor), "
       "the bytes a GPT block moves under TP + SP; compile time");
   t->add_option("--reps", train->reps, "timed repetitions")
       ->check(CLI::Range(1, 1000))

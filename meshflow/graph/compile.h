@@ -1,6 +1,7 @@
 // The pass pipeline a model goes through before it runs, with the verifier between passes:
-// infer_layouts, then (to train) expand_backward, infer_layouts, add_update, then expand_vocab_parallel, insert_copies, and with `overlap` decompose_collectives. The
-// result is Stage::kCopied, ready for expand_shards.
+// infer_layouts, then (to train) expand_backward, infer_layouts, add_update, then
+// expand_vocab_parallel, insert_copies, and with `overlap` decompose_collectives. The result is
+// Stage::kCopied, ready for expand_shards.
 #pragma once
 
 #include "meshflow/graph/passes.h"

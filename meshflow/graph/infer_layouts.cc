@@ -62,8 +62,8 @@ Pcg infer_layouts(Pcg pcg, const PlanOptions& options) {
         break;
       case NodeKind::kGradNorm:
       case NodeKind::kUpdate:
-        MESHFLOW_CHECK(false, "node \"{}\" reached layout inference unlaid (add_update lays it out)",
-                       n.name);
+        MESHFLOW_CHECK(
+            false, "node \"{}\" reached layout inference unlaid (add_update lays it out)", n.name);
         break;
     }
   }

@@ -331,8 +331,8 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
   const bool pins_result = n.kind != NodeKind::kCompute;
   if (pins_result && n.placements)
     check(n.layout->placements == *n.placements, "layout differs from the pin");
-  const bool needs_operands = n.kind == NodeKind::kCompute || n.kind == NodeKind::kUpdate ||
-                              n.kind == NodeKind::kGradNorm;
+  const bool needs_operands =
+      n.kind == NodeKind::kCompute || n.kind == NodeKind::kUpdate || n.kind == NodeKind::kGradNorm;
   if (needs_operands) {
     check(n.operand_layouts.size() == n.inputs.size(), "operand layouts missing");
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {

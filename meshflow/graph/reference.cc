@@ -77,10 +77,4 @@ std::map<std::string, Tensor> reference_gradients(const ReferenceModel& model) {
   return out;
 }
 
-void reference_update(ReferenceModel& model, const std::map<std::string, Tensor>& grads,
-                      double lr) {
-  for (const auto& [name, g] : grads)
-    sgd_update(model.values[static_cast<std::size_t>(find_value(*model.pcg, name))], g, lr);
-}
-
 }  // namespace meshflow

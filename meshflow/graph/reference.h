@@ -1,8 +1,8 @@
 // A model run on one device with whole tensors: sources loaded whole, compute nodes through
 // ops' compute, parallel ops as the identity on values, the backward pass through
-// compute_backward, SGD. It reads the graph as built (Stage::kBuilt) and never touches
-// layouts, passes, plans or the runtime: the independent reference `train --check` and the
-// tests compare distributed runs with.
+// compute_backward (the optimizer's step is train/reference_optimizer.h's). It reads the graph as
+// built (Stage::kBuilt) and never touches layouts, passes, plans or the runtime: the independent
+// reference `train --check` and the tests compare distributed runs with.
 #pragma once
 
 #include <map>
@@ -27,8 +27,5 @@ void reference_forward(ReferenceModel& model);
 // Returns the gradient of the loss for each weight the loss depends on, by name, after
 // reference_forward.
 std::map<std::string, Tensor> reference_gradients(const ReferenceModel& model);
-
-// Applies weight -= lr * gradient to every weight in `grads`.
-void reference_update(ReferenceModel& model, const std::map<std::string, Tensor>& grads, double lr);
 
 }  // namespace meshflow

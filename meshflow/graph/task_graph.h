@@ -1,8 +1,9 @@
 // Shard expansion: a laid-out, copied PCG (Stage::kCopied) becomes a task graph, the boundary
 // between compiler and runtime. Per device it lists, in the order the device runs them, the
 // tasks it takes part in: a kernel on its shards, its part of a move (a lowered plan,
-// plan/lower.h), its term of the gradient norm, or the optimizer's update of its weight shard; each with the earlier tasks it depends
-// on and the values it no longer needs afterwards. Plain data: the runtime only executes it.
+// plan/lower.h), its term of the gradient norm, or the optimizer's update of its weight shard; each
+// with the earlier tasks it depends on and the values it no longer needs afterwards. Plain data:
+// the runtime only executes it.
 #pragma once
 
 #include <memory>

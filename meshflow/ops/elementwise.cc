@@ -239,21 +239,4 @@ DimLabels elementwise_labels(const Op& op, const std::vector<TensorSpec>& in, co
   }
 }
 
-void sgd_update(Tensor& weight, const Tensor& grad, double lr) {
-  MESHFLOW_CHECK(weight.shape() == grad.shape() && weight.dtype() == grad.dtype(),
-                 "sgd_update: weight {} and gradient {} differ", to_string(weight.shape()),
-                 to_string(grad.shape()));
-  visit_dtype(weight.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    if constexpr (std::is_floating_point_v<T>) {
-      const T rate = static_cast<T>(lr);
-      std::span<T> w = weight.data<T>();
-      std::span<const T> g = grad.data<T>();
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= rate * g[i];
-    } else {
-      MESHFLOW_CHECK(false, "sgd_update on {}", to_string(weight.dtype()));
-    }
-  });
-}
-
 }  // namespace meshflow

@@ -20,10 +20,6 @@ bool is_unary_grad(OpType type);  // relu_grad, gelu_grad, tanh_grad, sigmoid_gr
 TensorSpec infer_elementwise(const Op& op, const std::vector<TensorSpec>& inputs);
 Tensor elementwise_kernel(const Op& op, const std::vector<const Tensor*>& in);
 
-// SGD's update in place: weight -= lr * grad, elementwise on tensors of one shape and
-// floating-point dtype (local shards or whole tensors alike).
-void sgd_update(Tensor& weight, const Tensor& grad, double lr);
-
 // The family's sharding rule (op.h's DimLabels) for a result of shape `out`.
 DimLabels elementwise_labels(const Op& op, const std::vector<TensorSpec>& inputs, const Shape& out);
 

@@ -151,6 +151,7 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
         const bool moves = kind == TraceKind::kMove || kind == TraceKind::kOverlap;
         (moves ? options.times->move_s : options.times->compute_s) += end - start - products;
         options.times->compute_s += products;
+        if (kind == TraceKind::kUpdate) options.times->update_s += end - start;
       }
     }
     for (ValueId v : task.release) values[static_cast<std::size_t>(v)] = Tensor();

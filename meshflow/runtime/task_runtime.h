@@ -34,9 +34,11 @@ struct TraceEvent {
 };
 
 // Where a device's run accounts its time (for the train benchmark): kernels and updates (and
-// the products of overlapped loops), moves (and the rest of those loops), and the whole run.
+// the products of overlapped loops), moves (and the rest of those loops), and the whole run;
+// update_s is the part of compute_s the optimizer took (the gradient norm's terms and the
+// updates).
 struct TaskTimes {
-  double compute_s = 0, move_s = 0, total_s = 0;
+  double compute_s = 0, move_s = 0, total_s = 0, update_s = 0;
 };
 
 struct TaskRunOptions {

@@ -46,13 +46,12 @@ struct Layouts {
 std::vector<std::pair<std::string, Optimizer>> configurations() {
   return {
       {"sgd", resolve_optimizer({.lr = 0.3})},
-      {"sgd momentum, clipping, warmup, cosine",
-       resolve_optimizer({.lr = 0.3,
-                          .momentum = 0.9,
-                          .clip_grad_norm = 0.05,
-                          .warmup_steps = 2,
-                          .decay_steps = 3,
-                          .decay = LrDecay::kCosine})},
+      {"sgd momentum, clipping, warmup, cosine", resolve_optimizer({.lr = 0.3,
+                                                                    .momentum = 0.9,
+                                                                    .clip_grad_norm = 0.05,
+                                                                    .warmup_steps = 2,
+                                                                    .decay_steps = 3,
+                                                                    .decay = LrDecay::kCosine})},
       {"adamw", resolve_optimizer({.kind = OptimizerKind::kAdamW, .lr = 0.02})},
       {"adamw betas, eps, weight decay, clipping, linear decay",
        resolve_optimizer({.kind = OptimizerKind::kAdamW,
@@ -71,8 +70,7 @@ TEST(Trainer, EveryOptimizerEqualsTheFloat64ReferenceOnEveryLayout) {
   const Layouts layouts;
   for (const auto& [name, optimizer] : configurations()) {
     for (const auto& [layout, model] : layouts.all()) {
-      const TrainReport r =
-          train_model(model, {.steps = 5, .optimizer = optimizer, .check = true});
+      const TrainReport r = train_model(model, {.steps = 5, .optimizer = optimizer, .check = true});
       ASSERT_TRUE(r.check.has_value());
       const std::string what = name + " on " + layout;
       EXPECT_LE(r.check->max_loss_diff, 2e-6) << what;
@@ -102,8 +100,7 @@ TEST(Trainer, ClippingBitesAndAHugeBoundChangesNothing) {
 
 TEST(Trainer, OptimizerStateIsAGraphValueInItsWeightsLayout) {
   const Pcg built = testing::sp_mlp(2, 2);
-  for (const auto& [rule, states] :
-       std::vector<std::pair<UpdateRule, std::vector<std::string>>>{
+  for (const auto& [rule, states] : std::vector<std::pair<UpdateRule, std::vector<std::string>>>{
            {{.kind = OptimizerKind::kSgd}, {}},
            {{.kind = OptimizerKind::kSgd, .momentum = 0.9}, {"momentum_buffer"}},
            {{.kind = OptimizerKind::kAdamW}, {"exp_avg", "exp_avg_sq"}}}) {
