@@ -12,7 +12,6 @@
 #include <mutex>
 
 #include "meshflow/core/clock.h"
-#include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"

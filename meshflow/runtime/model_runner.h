@@ -89,9 +89,9 @@ struct LoopEnd {
 };
 
 // Launches `prepared` (null when preparing failed with `error`, which then reaches every
-// device under mpi) on every device of its task graph and the leader and runs `loop`. When
-// every step ran, writes --save and --trace; when the loop stopped, writes nothing. `what`
-// is what the devices must agree they run (under mpi).
+// device under mpi) on every device of its task graph and the leader and runs `loop` (under mpi
+// every rank first agrees it runs the same graph). When every step ran, writes --save and
+// --trace; when the loop stopped, writes nothing.
 LoopEnd run_loop(const PreparedModel* prepared, const std::string& error,
                  const ModelRunOptions& options, const StepLoop& loop);
 

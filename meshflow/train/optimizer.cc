@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <numbers>
@@ -18,14 +19,16 @@ namespace {
 // An option's name as a message shows it, from its command-line spelling ("weight-decay").
 using Namer = std::function<std::string(std::string_view flag)>;
 
+// Returns the option's name as Python keywords and model-file fields spell it ("weight_decay").
+std::string underscored(std::string_view flag) {
+  std::string k(flag);
+  std::replace(k.begin(), k.end(), '-', '_');
+  return k;
+}
+
 Namer namer(OptionStyle style) {
   if (style == OptionStyle::kFlag) return [](std::string_view f) { return fmt::format("--{}", f); };
-  return [](std::string_view f) {
-    std::string k(f);
-    for (char& c : k)
-      if (c == '-') c = '_';
-    return k + "=";
-  };
+  return [](std::string_view f) { return underscored(f) + "="; };
 }
 
 [[noreturn]] void reject(const Namer& name, std::string_view flag, std::string_view value,
@@ -181,12 +184,7 @@ OptimizerOptions optimizer_options_from_json(const nlohmann::json& train, std::s
     }
   }
   const std::string where = fmt::format("{}: \"train\" field ", source);
-  check_ranges(o, [&](std::string_view flag) {
-    std::string k(flag);
-    for (char& c : k)
-      if (c == '-') c = '_';
-    return where + "\"" + k + "\"";
-  });
+  check_ranges(o, [&](std::string_view flag) { return where + "\"" + underscored(flag) + "\""; });
   return o;
 }
 
