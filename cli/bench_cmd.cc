@@ -12,6 +12,7 @@
 #include "bench/redistribute_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
+#include "meshflow/comm/launch.h"
 
 namespace meshflow::cli {
 
@@ -32,6 +33,11 @@ void add_output_flags(CLI::App* cmd, bool& json, bool& progress) {
   cmd->add_flag(
       "--quiet", [&progress](std::int64_t) { progress = false; }, "no progress lines");
 }
+
+// Returns false on every process but world rank 0 under mpirun: a benchmark of one process
+// (copy, io, ops, train) runs there alone, since copies on the other ranks would compete for
+// the memory and cores it measures (and only device 0 prints).
+bool runs_here() { return prints_shared_errors(); }
 
 // What the distributed benchmarks (collectives, redistribute) take, parsed.
 struct DistributedRun {
@@ -111,7 +117,9 @@ void add_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_output_flags(c, *copy_json, copy->progress);
-  c->callback([copy, copy_json] { print_report(bench::run_copy_bench(*copy), *copy_json); });
+  c->callback([copy, copy_json] {
+    if (runs_here()) print_report(bench::run_copy_bench(*copy), *copy_json);
+  });
 
   auto io = std::make_shared<bench::IoBenchOptions>();
   auto io_json = std::make_shared<bool>(false);
@@ -127,6 +135,7 @@ void add_bench(CLI::App& app) {
   i->add_option("--dir", io->dir, "folder for the files (default: the temporary folder)");
   add_output_flags(i, *io_json, io->progress);
   i->callback([io, io_json, io_mib] {
+    if (!runs_here()) return;
     io->bytes = *io_mib << 20;
     print_report(bench::run_io_bench(*io), *io_json);
   });
@@ -142,7 +151,9 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   add_output_flags(o, *ops_json, ops->progress);
-  o->callback([ops, ops_json] { print_report(bench::run_ops_bench(*ops), *ops_json); });
+  o->callback([ops, ops_json] {
+    if (runs_here()) print_report(bench::run_ops_bench(*ops), *ops_json);
+  });
 
   auto train = std::make_shared<bench::TrainBenchOptions>();
   auto train_json = std::make_shared<bool>(false);
@@ -185,7 +196,9 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   add_output_flags(t, *train_json, train->progress);
-  t->callback([train, train_json] { print_report(bench::run_train_bench(*train), *train_json); });
+  t->callback([train, train_json] {
+    if (runs_here()) print_report(bench::run_train_bench(*train), *train_json);
+  });
 
   struct Simulate {
     bool on = false;
