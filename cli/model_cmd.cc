@@ -213,7 +213,7 @@ void add_run(CLI::App& app) {
 
 void add_train(CLI::App& app) {
   struct Args : CommonArgs {
-    int steps = 1;
+    int steps = 1, micro_batches = 1;
     bool check = false, allow_nonfinite = false;
     OptimizerArgs optimizer;
   };
@@ -225,6 +225,11 @@ void add_train(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));
   add_optimizer_options(cmd, args->optimizer);
+  cmd->add_option("--micro-batches", args->micro_batches,
+                  "split each step's inputs along dim 0 into M micro-batches, accumulating the "
+                  "gradients and updating once per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--allow-nonfinite", args->allow_nonfinite,
                 "train on through a step whose loss or gradient norm is not finite (by default "
                 "such a step stops training before its update, writing nothing)");
@@ -240,6 +245,7 @@ void add_train(CLI::App& app) {
                    .steps = args->steps,
                    .optimizer = every_device(options.backend,
                                              [&] { return optimizer_of(args->optimizer, model); }),
+                   .micro_batches = args->micro_batches,
                    .allow_nonfinite = args->allow_nonfinite,
                    .check = args->check};
     double elapsed = 0;
@@ -269,6 +275,7 @@ void add_train(CLI::App& app) {
 void add_explain(CLI::App& app) {
   struct Args : CommonArgs {
     OptimizerArgs optimizer;
+    int micro_batches = 1;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -277,6 +284,10 @@ void add_explain(CLI::App& app) {
       "compiles into");
   add_common(cmd, *args, /*runs=*/false);
   add_optimizer_options(cmd, args->optimizer);
+  cmd->add_option("--micro-batches", args->micro_batches,
+                  "compile the step for M micro-batches (the layouts of one micro-batch)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     const Model model = load(args->model, backend(*args));
@@ -289,7 +300,8 @@ void add_explain(CLI::App& app) {
                     .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
                                   .gather_form = gather_form(*args),
                                   .always = gather_form(*args).has_value()},
-                    .update = optimizer.rule});
+                    .update = optimizer.rule,
+                    .micro_batches = args->micro_batches});
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

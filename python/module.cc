@@ -382,13 +382,16 @@ PYBIND11_MODULE(_meshflow, module) {
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
   module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
-                               bool check, bool overlap, bool allow_nonfinite) {
+                               bool check, bool overlap, bool allow_nonfinite, int micro_batches) {
+    if (micro_batches < 1)
+      fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", micro_batches);
     TrainOptions o{
         .run = model_options(overlap),
         .steps = steps,
         .optimizer = resolve_optimizer(optimizer_options(optimizer),
                                        optimizer_options_from_json(m.model.train, m.model.source),
                                        OptionStyle::kKeyword),
+        .micro_batches = micro_batches,
         .allow_nonfinite = allow_nonfinite,
         .check = check};
     std::string report;

@@ -4,7 +4,8 @@
 namespace meshflow {
 
 Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options) {
-  Pcg g = infer_layouts(pcg, options.plan);
+  Pcg g = infer_layouts(
+      mode == Mode::kTrain ? split_micro_batches(pcg, options.micro_batches) : pcg, options.plan);
   if (mode == Mode::kTrain) {
     g = infer_layouts(expand_backward(std::move(g)), options.plan);
     g = add_update(std::move(g), options.update);

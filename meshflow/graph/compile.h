@@ -1,5 +1,5 @@
 // The pass pipeline a model goes through before it runs, with the verifier between passes:
-// infer_layouts, then (to train) expand_backward, infer_layouts, add_update, then
+// (to train) split_micro_batches, infer_layouts, then (to train) expand_backward, infer_layouts, add_update, then
 // expand_vocab_parallel, insert_copies, and with `overlap` decompose_collectives. The result is
 // Stage::kCopied, ready for expand_shards.
 #pragma once
@@ -17,6 +17,7 @@ struct CompileOptions {
   bool overlap = false;
   DecomposeOptions decompose;  // with `overlap`: the forms a decomposed all-gather may take
   UpdateRule update;           // kTrain: the optimizer every weight's update applies
+  int micro_batches = 1;       // kTrain: split_micro_batches' M
 };
 
 // Returns the compiled graph of `pcg` (Stage::kBuilt). kTrain needs a loss.

@@ -100,7 +100,7 @@ struct Reader {
   }
 
   void tensor(const std::string& name, const JsonField& t) {
-    only_keys(t, {"shape", "dtype", "input", "weight", "mesh", "placements"}, "a tensor");
+    only_keys(t, {"shape", "dtype", "input", "weight", "mesh", "placements", "batch"}, "a tensor");
     TensorSpec spec;
     const JsonField shape = t.member("shape");
     for (std::size_t i = 0; i < shape.size(); ++i)
@@ -121,6 +121,10 @@ struct Reader {
     std::vector<Placement> ps = placements_of(t.member("placements"));
     const ValueId id = input ? add_input(model.pcg, name, spec, m, ps, std::move(src))
                              : add_weight(model.pcg, name, spec, m, ps, std::move(src));
+    if (auto b = t.find("batch")) {
+      if (!input) b->reject("applies to inputs only (a weight is never split into micro-batches)");
+      model.pcg.nodes[static_cast<std::size_t>(id)].batch = b->as_bool();
+    }
     const Node& n = model.pcg.nodes[static_cast<std::size_t>(id)];
     check_source(n, make_layout(*n.mesh, *n.placements, n.spec.shape, n.spec.dtype));
   }

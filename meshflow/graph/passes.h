@@ -60,6 +60,15 @@ Pcg add_update(Pcg pcg, const UpdateRule& rule = {});
 // The name of add_update's all-reduced squared gradient norm.
 inline constexpr std::string_view kGradNormName = "update:grad_norm_sq";
 
+// Micro-batching (train --micro-batches M). Before and after: Stage::kBuilt with a loss. Every
+// input with `batch` has dim 0 divided by M and micro_batches = M; every other spec is
+// re-inferred. The batch dim is followed from the inputs through every node (broadcasting,
+// reshapes that write dim 0 as -1, transposes); a node that contracts, reduces or normalises
+// over it, a reshape that fixes it, or a sum over it is refused with an Error naming the node,
+// except the loss itself, which must be a mean over the rows (softmax_cross_entropy, mse, mean).
+// M = 1 returns the graph unchanged.
+Pcg split_micro_batches(Pcg pcg, int micro_batches);
+
 // Vocabulary-parallel expansion. Before: Stage::kLaidOut. After: Stage::kLaidOut, and no compute
 // node needs lowering (ops/vocab_parallel.h): each softmax_cross_entropy or its gradient whose
 // operand layouts shard the classes is replaced by lower's steps, laid out as it chose, each

@@ -82,6 +82,11 @@ struct Node {
   Op op;                // kCompute
   ParallelOp parallel;  // kParallel
   Source source;        // kInput, kWeight, kState
+  // kInput: split into micro-batches along dim 0 (false: a mask, a constant target); after
+  // split_micro_batches, the number of micro-batches its spec is one of (its source holds
+  // micro_batches times the spec's dim 0).
+  bool batch = true;
+  int micro_batches = 1;
   UpdateRule update;    // kUpdate
   // Pins: sources and parallel ops name their layout; a compute node may pin its mesh and its
   // result's placements; a move names its target (placements unset: keep the input's).

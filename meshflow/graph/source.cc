@@ -65,6 +65,13 @@ Layout folder_layout_checked(const Node& node, const Layout& layout) {
   return on_disk;
 }
 
+// Returns the shape the source holds: the spec's, with dim 0 times the micro-batches.
+Shape source_shape(const Node& node) {
+  Shape s = node.spec.shape;
+  if (node.micro_batches > 1) s[0] *= node.micro_batches;
+  return s;
+}
+
 }  // namespace
 
 void check_source(const Node& node, const Layout& layout) {
@@ -123,8 +130,9 @@ Tensor load_global(const Node& node) {
       return assemble(t.layout, t.shards);
     }
     default: {
-      Tensor out = Tensor::uninitialized(node.spec.dtype, node.spec.shape);
-      fill_box(node.source, node.spec.shape, full_box(node.spec.shape), out);
+      const Shape shape = source_shape(node);
+      Tensor out = Tensor::uninitialized(node.spec.dtype, shape);
+      fill_box(node.source, shape, full_box(shape), out);
       return out;
     }
   }
@@ -134,9 +142,39 @@ std::vector<Tensor> load_sources(const Pcg& pcg, const DeviceTasks& tasks) {
   std::vector<Tensor> values(pcg.nodes.size());
   for (ValueId v : tasks.sources) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
-    values[static_cast<std::size_t>(v)] = load_shard(n, *n.layout, tasks.device);
+    values[static_cast<std::size_t>(v)] = n.micro_batches > 1
+                                              ? load_micro_batch(n, *n.layout, tasks.device, 0)
+                                              : load_shard(n, *n.layout, tasks.device);
   }
   return values;
+}
+
+Tensor load_micro_batch(const Node& node, const Layout& layout, DeviceId device, int m) {
+  MESHFLOW_CHECK(node.micro_batches > 1 && m >= 0 && m < node.micro_batches,
+                 "micro-batch {} of \"{}\"", m, node.name);
+  Box box = shard_box(layout, device);
+  box.offset[0] += static_cast<std::int64_t>(m) * layout.shape[0];
+  switch (node.source.kind) {
+    case Source::Kind::kNpy:
+      return slice(read_npy(node.source.path), box);
+    case Source::Kind::kFolder:
+      return slice(load_global(node), box);
+    default: {
+      Tensor out = Tensor::uninitialized(layout.dtype, box.extent);
+      fill_box(node.source, source_shape(node), box, out);
+      return out;
+    }
+  }
+}
+
+std::vector<std::vector<Tensor>> load_micro_batches(const Pcg& pcg, const DeviceTasks& tasks) {
+  std::vector<std::vector<Tensor>> out(pcg.nodes.size());
+  for (ValueId v : tasks.sources) {
+    const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+    for (int m = 0; m < n.micro_batches && n.micro_batches > 1; ++m)
+      out[static_cast<std::size_t>(v)].push_back(load_micro_batch(n, *n.layout, tasks.device, m));
+  }
+  return out;
 }
 
 }  // namespace meshflow

@@ -25,7 +25,17 @@ Tensor load_shard(const Node& node, const Layout& layout, DeviceId device);
 // of the sources it lists: what run_tasks starts from.
 std::vector<Tensor> load_sources(const Pcg& pcg, const DeviceTasks& tasks);
 
-// Returns the whole tensor (a folder's Partial terms reduced).
+// Returns the whole tensor (a folder's Partial terms reduced); for a micro-batched input
+// (Node::micro_batches > 1), the whole source, all micro-batches.
 Tensor load_global(const Node& node);
+
+// Returns `device`'s shard in `layout` (the micro-batch's) of micro-batch `m` of micro-batched
+// input `node`: rows [m·R, (m+1)·R) of the source, R the layout's dim 0.
+Tensor load_micro_batch(const Node& node, const Layout& layout, DeviceId device, int m);
+
+// Returns, per value of `pcg`, the device's shards of every micro-batch of each micro-batched
+// input among `tasks.sources` (empty for every other value): what the runtime swaps in before
+// each micro-batch.
+std::vector<std::vector<Tensor>> load_micro_batches(const Pcg& pcg, const DeviceTasks& tasks);
 
 }  // namespace meshflow

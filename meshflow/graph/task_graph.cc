@@ -30,6 +30,31 @@ bool counts_replica(const Layout& layout, DeviceId device) {
   return true;
 }
 
+// Returns the values `task` reads.
+std::vector<ValueId> task_reads(const Task& task) {
+  std::vector<ValueId> reads;
+  std::visit(
+      [&](const auto& w) {
+        using W = std::decay_t<decltype(w)>;
+        if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
+        if constexpr (std::is_same_v<W, OverlapTask>) {
+          reads = w.call->args;
+          if (w.decomposition.kind == Decomposition::Kind::kGatherOperand) reads[0] = w.source;
+        }
+        if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
+        if constexpr (std::is_same_v<W, UpdateTask>) {
+          reads = {w.weight, w.grad, w.norm};
+          reads.insert(reads.end(), w.state.begin(), w.state.end());
+        }
+        if constexpr (std::is_same_v<W, GradNormTask>) {
+          reads = w.counted;
+          if (w.loss) reads.push_back(*w.loss);
+        }
+      },
+      task.work);
+  return reads;
+}
+
 // Adds deps (producers of what a task reads, and for an in-place update the readers since)
 // and releases (after each value's last use on this device).
 void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
@@ -40,34 +65,18 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
   std::vector<int> last_use(values, -1);
   for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
     Task& task = dt.tasks[t];
-    std::vector<ValueId> reads;
-    // An update writes its weight in place; every other task writes its own value, and a
-    // decomposed gather also its operand 0 as gathered.
+    const std::vector<ValueId> reads = task_reads(task);
+    // An update writes its weight and state in place; every other task writes its own value,
+    // and a decomposed gather also its operand 0 as gathered.
     std::vector<ValueId> writes = {task.out};
-    std::visit(
-        [&](const auto& w) {
-          using W = std::decay_t<decltype(w)>;
-          if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
-          if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
-          if constexpr (std::is_same_v<W, UpdateTask>) {
-            reads = {w.weight, w.grad, w.norm};
-            reads.insert(reads.end(), w.state.begin(), w.state.end());
-            writes = {w.weight};
-            writes.insert(writes.end(), w.state.begin(), w.state.end());
-          }
-          if constexpr (std::is_same_v<W, GradNormTask>) {
-            reads = w.counted;
-            if (w.loss) reads.push_back(*w.loss);
-          }
-          if constexpr (std::is_same_v<W, OverlapTask>) {
-            reads = w.call->args;
-            if (w.decomposition.kind == Decomposition::Kind::kGatherOperand) {
-              reads[0] = w.source;
-              writes.push_back(w.call->args[0]);
-            }
-          }
-        },
-        task.work);
+    if (const auto* u = std::get_if<UpdateTask>(&task.work)) {
+      writes = {u->weight};
+      writes.insert(writes.end(), u->state.begin(), u->state.end());
+    }
+    if (const auto* o = std::get_if<OverlapTask>(&task.work)) {
+      if (o->decomposition.kind == Decomposition::Kind::kGatherOperand)
+        writes.push_back(o->call->args[0]);
+    }
     std::set<int> deps;
     for (ValueId v : reads) {
       const auto i = static_cast<std::size_t>(v);
@@ -90,6 +99,53 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
   for (std::size_t v = 0; v < values; ++v) {
     if (last_use[v] < 0 || keep.count(static_cast<ValueId>(v))) continue;
     dt.tasks[static_cast<std::size_t>(last_use[v])].release.push_back(static_cast<ValueId>(v));
+  }
+}
+
+// Returns, per node, whether it runs once per step: an update-phase node, a node reading one's
+// value, or one after an update that reads what the update wrote in place (a weight, a state).
+// Decided on the graph, so every device of a collective puts it in the same part.
+std::vector<bool> once_per_step(const Pcg& pcg) {
+  std::vector<bool> once(pcg.nodes.size(), false);
+  std::set<ValueId> updated;  // weights and states an earlier update wrote
+  for (std::size_t id = 0; id < pcg.nodes.size(); ++id) {
+    const Node& n = pcg.nodes[id];
+    bool o = n.phase == Phase::kUpdate;
+    for (ValueId v : n.inputs) o = o || once[static_cast<std::size_t>(v)] || updated.count(v);
+    once[id] = o;
+    if (n.kind == NodeKind::kUpdate) {
+      updated.insert(n.inputs[0]);
+      updated.insert(n.inputs.begin() + 3, n.inputs.end());
+    }
+  }
+  return once;
+}
+
+// Marks the tasks that run once per step (`once`) and lists the values the per-micro-batch
+// tasks make for them or for the caller.
+void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueId>& keep,
+                          const std::vector<bool>& once) {
+  std::set<ValueId> read_once, made_per_micro_batch;
+  for (Task& task : dt.tasks) {
+    task.once_per_step = once[static_cast<std::size_t>(task.out)];
+    if (task.once_per_step) {
+      const std::vector<ValueId> reads = task_reads(task);
+      read_once.insert(reads.begin(), reads.end());
+    }
+    std::visit(
+        [&](const auto& w) {
+          using W = std::decay_t<decltype(w)>;
+          // A move makes its value only on the devices of its destination.
+          bool makes = true;
+          if constexpr (std::is_same_v<W, MoveTask>) makes = w.program->in_to;
+          if (!task.once_per_step && makes) made_per_micro_batch.insert(task.out);
+        },
+        task.work);
+  }
+  for (ValueId v : made_per_micro_batch) {
+    const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+    if (is_floating(n.spec.dtype) && (read_once.count(v) || keep.count(v)))
+      dt.accumulated.push_back(v);
   }
 }
 
@@ -241,7 +297,11 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         break;
     }
   }
-  for (DeviceTasks& dt : g.devices) link(dt, pcg.nodes.size(), keep);
+  const std::vector<bool> once = once_per_step(pcg);
+  for (DeviceTasks& dt : g.devices) {
+    link(dt, pcg.nodes.size(), keep);
+    split_by_micro_batch(dt, pcg, keep, once);
+  }
   return g;
 }
 

@@ -91,6 +91,9 @@ struct Task {
   std::variant<ComputeTask, MoveTask, UpdateTask, GradNormTask, OverlapTask> work;
   std::vector<int> deps;         // indices of earlier tasks of this device
   std::vector<ValueId> release;  // values this device drops after the task
+  // Runs once per step after every micro-batch's tasks (the update phase and what reads its
+  // results); the other tasks run once per micro-batch.
+  bool once_per_step = false;
   bool operator==(const Task&) const = default;
 };
 
@@ -98,6 +101,10 @@ struct DeviceTasks {
   DeviceId device = 0;
   std::vector<ValueId> sources;  // the sources this device holds a shard of, loaded once
   std::vector<Task> tasks;
+  // Floating-point values the per-micro-batch tasks make that a once-per-step task reads or
+  // the caller keeps (gradients, the loss): averaged over the micro-batches of a step, and
+  // never dropped by a per-micro-batch task while micro-batches run.
+  std::vector<ValueId> accumulated;
   bool operator==(const DeviceTasks&) const = default;
 };
 

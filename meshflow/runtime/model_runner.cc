@@ -98,6 +98,8 @@ struct Session {
       if (dt.device == me) mine = &dt;
     std::vector<Tensor> values =
         mine ? load_sources(pcg, *mine) : std::vector<Tensor>(pcg.nodes.size());
+    std::vector<std::vector<Tensor>> micro_inputs;
+    if (mine && prepared->micro_batches > 1) micro_inputs = load_micro_batches(pcg, *mine);
     const bool leader = me == prepared->leader;
     std::string path;
     if (options->save && leader) {
@@ -116,7 +118,7 @@ struct Session {
         o.step = step;
         o.trace = options->trace ? &events : nullptr;
         o.times = &times;
-        run_tasks(g, *mine, world, values, o);
+        run_step(g, *mine, world, values, micro_inputs, prepared->micro_batches, o);
       }
       // Every device's flag, reduced: also the step's end on every device.
       std::int32_t flag = loop->stop_flag ? loop->stop_flag(values, leader) : 0;
@@ -170,15 +172,18 @@ struct Session {
 }  // namespace
 
 PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions& options,
-                            const UpdateRule& update, bool fetch_training_values) {
+                            const UpdateRule& update, bool fetch_training_values,
+                            int micro_batches) {
   PreparedModel p;
+  p.micro_batches = mode == Mode::kTrain ? micro_batches : 1;
   p.pcg = compile(model.pcg, mode,
                   {.plan = options.plan,
                    .overlap = options.overlap,
                    .decompose = {.shared_memory = options.backend == Backend::kThreads,
                                  .gather_form = options.gather_form,
                                  .always = options.overlap_always},
-                   .update = update});
+                   .update = update,
+                   .micro_batches = p.micro_batches});
   const std::vector<DeviceId> used = pcg_devices(p.pcg);
   p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
   std::vector<ValueId> keep;  // fetched values stay until the step ends
@@ -214,9 +219,10 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
 
 std::optional<PreparedModel> try_prepare(const Model& model, Mode mode,
                                          const ModelRunOptions& options, std::string& error,
-                                         const UpdateRule& update, bool fetch_training_values) {
+                                         const UpdateRule& update, bool fetch_training_values,
+                                         int micro_batches) {
   try {
-    return prepare_model(model, mode, options, update, fetch_training_values);
+    return prepare_model(model, mode, options, update, fetch_training_values, micro_batches);
   } catch (const Error& e) {
     if (options.backend != Backend::kMpi) throw;
     error = e.what();
@@ -289,7 +295,10 @@ std::map<DeviceId, CallLog> record_calls(const Pcg& pcg) {
                                            comm.group(comm.devices()));
            const DeviceTasks& mine = tasks.devices[static_cast<std::size_t>(comm.device())];
            std::vector<Tensor> values = load_sources(pcg, mine);
-           run_tasks(tasks, mine, recording, values, {});
+           std::vector<std::vector<Tensor>> micro_inputs = load_micro_batches(pcg, mine);
+           int micro_batches = 1;
+           for (const Node& n : pcg.nodes) micro_batches = std::max(micro_batches, n.micro_batches);
+           run_step(tasks, mine, recording, values, micro_inputs, micro_batches, {});
            std::lock_guard lock(mu);
            logs[comm.device()] = std::move(*log);
          });

@@ -63,11 +63,13 @@ struct PreparedModel {
   std::vector<std::pair<std::string, ValueId>> grads, weights;
   std::vector<std::pair<std::string, ValueId>> scalars;  // kRun: the scalar outputs, fetched
   std::vector<ValueId> saved;  // what --save writes: outputs (kRun) or weights (kTrain)
+  int micro_batches = 1;       // kTrain: each step's micro-batches
 };
 
 // Returns `model` compiled for `mode` (kTrain with `update`) and expanded into tasks.
 PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions& options,
-                            const UpdateRule& update = {}, bool fetch_training_values = false);
+                            const UpdateRule& update = {}, bool fetch_training_values = false,
+                            int micro_batches = 1);
 
 // What a launch does per step on every device. Step k runs the task graph with options(k)
 // (the runtime sets trace and times), then every device computes stop_flag on its values, the
@@ -100,7 +102,7 @@ LoopEnd run_loop(const PreparedModel* prepared, const std::string& error,
 std::optional<PreparedModel> try_prepare(const Model& model, Mode mode,
                                          const ModelRunOptions& options, std::string& error,
                                          const UpdateRule& update = {},
-                                         bool fetch_training_values = false);
+                                         bool fetch_training_values = false, int micro_batches = 1);
 
 // Returns the value of a one-element tensor as a double.
 double scalar_of(const Tensor& t);
@@ -108,7 +110,8 @@ double scalar_of(const Tensor& t);
 // Returns true on the process that prints (always under threads; world rank 0 under mpi).
 bool reports(const ModelRunOptions& options);
 
-// Runs one pass of compiled graph `pcg` (graph/compile.h: a forward pass, or a training step)
+// Runs one pass of compiled graph `pcg` (graph/compile.h: a forward pass, or a training step
+// of as many micro-batches as it was compiled for)
 // on the threads backend, each device's communicator wrapped in a RecordingCommunicator, and
 // returns every device's calls: how tests and benchmarks count a model's communication.
 std::map<DeviceId, CallLog> record_calls(const Pcg& pcg);

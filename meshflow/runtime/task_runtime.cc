@@ -106,10 +106,25 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
   MESHFLOW_CHECK(values.size() == graph.names.size());
   const double run_start = options.times ? steady_seconds() : 0;
   std::vector<Event> done(tasks.tasks.size());
+  // While micro-batches run, what they accumulate outlives them (a fetch later in the order may
+  // hold its release).
+  std::vector<bool> accumulated(values.size(), false);
+  if (options.part == TaskPart::kMicroBatch)
+    for (ValueId v : tasks.accumulated) accumulated[static_cast<std::size_t>(v)] = true;
+  auto in_part = [&](const Task& task) {
+    return options.part == TaskPart::kAll ||
+           task.once_per_step == (options.part == TaskPart::kOncePerStep);
+  };
   for (std::size_t t = 0; t < tasks.tasks.size(); ++t) {
     const Task& task = tasks.tasks[t];
+    if (!in_part(task)) continue;
     std::vector<Event> deps;
-    for (int d : task.deps) deps.push_back(done[static_cast<std::size_t>(d)]);
+    for (int d : task.deps) {
+      // A dependency in the other part ran in an earlier call (micro-batches before the step's
+      // once-per-step tasks; no micro-batch task depends on one of those).
+      if (in_part(tasks.tasks[static_cast<std::size_t>(d)]))
+        deps.push_back(done[static_cast<std::size_t>(d)]);
+    }
     when_all(deps).wait(world.default_timeout());
     auto state = std::make_shared<EventState>(graph.names[static_cast<std::size_t>(task.out)]);
     const bool timed = options.trace || options.times;
@@ -154,9 +169,75 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
         if (kind == TraceKind::kUpdate) options.times->update_s += end - start;
       }
     }
-    for (ValueId v : task.release) values[static_cast<std::size_t>(v)] = Tensor();
+    for (ValueId v : task.release)
+      if (!accumulated[static_cast<std::size_t>(v)]) values[static_cast<std::size_t>(v)] = Tensor();
   }
   if (options.times) options.times->total_s += steady_seconds() - run_start;
+}
+
+namespace {
+
+// acc += x, elementwise (floating point, one shape).
+void add_into(Tensor& acc, const Tensor& x) {
+  MESHFLOW_CHECK(acc.shape() == x.shape() && acc.dtype() == x.dtype(), "accumulating {} into {}",
+                 to_string(x.shape()), to_string(acc.shape()));
+  visit_dtype(acc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>) {
+      std::span<T> a = acc.data<T>();
+      std::span<const T> b = x.data<T>();
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    }
+  });
+}
+
+void scale_in_place(Tensor& t, double s) {
+  visit_dtype(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>)
+      for (T& x : t.data<T>()) x = static_cast<T>(x * s);
+  });
+}
+
+}  // namespace
+
+void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
+              std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
+              int micro_batches, TaskRunOptions options) {
+  if (micro_batches == 1) {
+    options.part = TaskPart::kAll;
+    run_tasks(graph, tasks, world, values, options);
+    return;
+  }
+  std::vector<Tensor> sums(tasks.accumulated.size());
+  for (int m = 0; m < micro_batches; ++m) {
+    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+      if (!micro_inputs[v].empty())
+        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    options.part = TaskPart::kMicroBatch;
+    run_tasks(graph, tasks, world, values, options);
+    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+      if (!micro_inputs[v].empty())
+        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    for (std::size_t i = 0; i < sums.size(); ++i) {
+      Tensor& made = values[static_cast<std::size_t>(tasks.accumulated[i])];
+      MESHFLOW_CHECK(m == 0 || made.shape() == sums[i].shape(),
+                     "device {}: micro-batch {} made \"{}\" of {}, the first {}", tasks.device, m,
+                     graph.names[static_cast<std::size_t>(tasks.accumulated[i])],
+                     to_string(made.shape()), to_string(sums[i].shape()));
+      if (m == 0) {
+        sums[i] = std::move(made);
+      } else {
+        add_into(sums[i], made);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    scale_in_place(sums[i], 1.0 / micro_batches);
+    values[static_cast<std::size_t>(tasks.accumulated[i])] = std::move(sums[i]);
+  }
+  options.part = TaskPart::kOncePerStep;
+  run_tasks(graph, tasks, world, values, options);
 }
 
 std::string_view to_string(TraceKind kind) {

@@ -41,7 +41,12 @@ struct TaskTimes {
   double compute_s = 0, move_s = 0, total_s = 0, update_s = 0;
 };
 
+// Which of a device's tasks a run runs (Task::once_per_step): all of them (one micro-batch per
+// step), or one micro-batch's tasks, or the once-per-step tasks after every micro-batch's ran.
+enum class TaskPart { kAll, kMicroBatch, kOncePerStep };
+
 struct TaskRunOptions {
+  TaskPart part = TaskPart::kAll;
   double lr = 0.1;  // updates: this step's learning rate
   int step = 1;     // updates: the step number, 1-based (adamw's bias corrections); traces
   // Updates run when the squared gradient norm they read is not finite (a NaN or infinite
@@ -55,6 +60,15 @@ struct TaskRunOptions {
 // shards on entry (kept), every other value it makes on exit unless a task released it.
 void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
                std::vector<Tensor>& values, const TaskRunOptions& options);
+
+// Runs one training step of `micro_batches` micro-batches: with one, run_tasks of every task;
+// otherwise, per micro-batch m, each micro-batched input's shard of m (micro_inputs[v][m],
+// graph/source.h's load_micro_batches) swapped into `values`, the per-micro-batch tasks, and
+// the device's accumulated values (DeviceTasks::accumulated) summed; then those sums divided by
+// M (the mean over the micro-batches: the loss, the gradients) and the once-per-step tasks.
+void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
+              std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
+              int micro_batches, TaskRunOptions options);
 
 // Returns the Chrome / Perfetto trace JSON of `events`: a process per device with two tracks,
 // "tasks" (every task, an overlapped loop's products nested in it) and "transfers" (the loops'

@@ -51,7 +51,8 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
 TrainReport train_model(const Model& model, const TrainOptions& options) {
   std::string error;
   std::optional<PreparedModel> p =
-      try_prepare(model, Mode::kTrain, options.run, error, options.optimizer.rule, options.check);
+      try_prepare(model, Mode::kTrain, options.run, error, options.optimizer.rule, options.check,
+                  options.micro_batches);
   TrainReport report;
   // Per step, the fetched gradients and weights (check only).
   std::vector<std::vector<Tensor>> grads, weights;

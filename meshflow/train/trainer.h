@@ -31,6 +31,9 @@ struct TrainOptions {
   ModelRunOptions run;
   int steps = 1;
   Optimizer optimizer;  // resolve_optimizer's; the default is SGD at lr 0.1
+  // Each step's inputs split along dim 0 into this many micro-batches (graph/passes.h's
+  // split_micro_batches), the gradients averaged over them, one update per step.
+  int micro_batches = 1;
   // Train on through a step whose loss or gradient norm is not finite (its update applied, as
   // PyTorch would); by default such a step stops training before its update, writing nothing.
   bool allow_nonfinite = false;

@@ -32,10 +32,10 @@ struct Layouts {
   // (name, model): one device, data parallel, tensor parallel, sequence parallel on dp x tp,
   // DP x TP with a reduction, and a two-stage pipeline.
   std::vector<std::pair<std::string, Model>> all() const {
-    return {{"one device", Model{.pcg = testing::sp_mlp(1, 1)}},
-            {"data parallel", Model{.pcg = testing::sp_mlp(4, 1)}},
-            {"tensor parallel", Model{.pcg = testing::sp_mlp(1, 4)}},
-            {"dp x tp sequence parallel", Model{.pcg = testing::sp_mlp(2, 2)}},
+    return {{"one device", Model{.pcg = testing::sp_mlp(1, 1, 8)}},
+            {"data parallel", Model{.pcg = testing::sp_mlp(4, 1, 8)}},
+            {"tensor parallel", Model{.pcg = testing::sp_mlp(1, 4, 8)}},
+            {"dp x tp sequence parallel", Model{.pcg = testing::sp_mlp(2, 2, 8)}},
             {"dp x tp", Model{.pcg = testing::dp_tp_mlp(dir / "labels.npy")}},
             {"pipeline", Model{.pcg = testing::pipeline()}}};
   }
@@ -169,6 +169,117 @@ TEST(Trainer, AnOverflowingFirstStepStopsBeforeAnyUpdate) {
   } catch (const Error& e) {
     EXPECT_TRUE(std::string(e.what()).starts_with("step 1: the loss is not finite")) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+TEST(MicroBatches, EqualTheFullBatchOnEveryLayoutWithSgdAndAdamw) {
+  const Layouts layouts;
+  for (const auto& [name, optimizer] :
+       std::vector<std::pair<std::string, Optimizer>>{
+           {"sgd momentum", resolve_optimizer({.lr = 0.3, .momentum = 0.9})},
+           {"adamw, clipping", resolve_optimizer({.kind = OptimizerKind::kAdamW, .lr = 0.02,
+                                                  .clip_grad_norm = 0.05})}}) {
+    for (const auto& [layout, model] : layouts.all()) {
+      std::vector<double> full;
+      for (int m : {1, 2, 4}) {
+        const std::string what = fmt::format("{} on {}, {} micro-batches", name, layout, m);
+        // Every model's batch divides by 4 when it is 8 (the pipeline's is 6: 1 and 2 only).
+        if (layout == "pipeline" && m == 4) continue;
+        const TrainReport r = train_model(
+            model, {.steps = 3, .optimizer = optimizer, .micro_batches = m, .check = true});
+        ASSERT_TRUE(r.check.has_value()) << what;
+        // The reference trains on the full batch: equal up to rounding.
+        EXPECT_LE(r.check->max_loss_diff, 2e-6) << what;
+        EXPECT_LE(r.check->max_grad_diff, 2e-6) << what;
+        EXPECT_LE(r.check->max_weight_diff, 2e-6) << what;
+        std::vector<double> losses;
+        for (const StepReport& s : r.steps) losses.push_back(s.loss);
+        if (m == 1) full = losses;
+        for (std::size_t i = 0; i < losses.size(); ++i)
+          EXPECT_NEAR(losses[i], full[i], 2e-6) << what << " step " << i + 1;
+      }
+    }
+  }
+}
+
+std::string micro_error(const Pcg& g, int m) {
+  try {
+    train_model(Model{.pcg = g}, {.steps = 1, .micro_batches = m});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MicroBatches, RefuseWhatDoesNotSplitNamingTheNodeOrTensor) {
+  const DeviceMesh mesh = parse_mesh("2");
+  auto base = [&](Pcg& g) {
+    const ValueId x = add_input(g, "x", {{8, 3}}, mesh, parse_placements("S(0)"), Source::normal(1, 1));
+    const ValueId w = add_weight(g, "w", {{3, 3}}, mesh, parse_placements("R"), Source::normal(1, 2));
+    return add_compute(g, "h", Op{.type = OpType::kMatmul}, {x, w});
+  };
+  {
+    Pcg g;
+    const ValueId h = base(g);
+    set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMean, .dims = {0, 1}}, {h}));
+    EXPECT_EQ(micro_error(g, 3), "input \"x\" of shape 8x3 does not split into 3 micro-batches along dim 0");
+    EXPECT_EQ(micro_error(g, 4), "") << "a mean over the rows is a loss micro-batches take";
+  }
+  {
+    Pcg g;
+    const ValueId h = base(g);
+    set_loss(g, add_compute(g, "loss", Op{.type = OpType::kSum, .dims = {0, 1}}, {h}));
+    EXPECT_EQ(micro_error(g, 2),
+              "node \"loss\" is a sum over the rows (a loss must be a mean): it cannot run in 2 "
+              "micro-batches");
+  }
+  {
+    Pcg g;
+    const ValueId h = base(g);
+    const ValueId s = add_compute(g, "colsum", Op{.type = OpType::kSum, .dims = {0}}, {h});
+    set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMean, .dims = {0}}, {s}));
+    EXPECT_EQ(micro_error(g, 2),
+              "node \"colsum\" sums over the rows before the loss: it cannot run in 2 "
+              "micro-batches");
+  }
+  {
+    Pcg g;
+    const ValueId h = base(g);
+    const ValueId r = add_compute(g, "r", Op{.type = OpType::kReshape, .shape = {8, 3, 1}}, {h});
+    set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMean, .dims = {0, 1, 2}}, {r}));
+    EXPECT_EQ(micro_error(g, 2),
+              "node \"r\" fixes dim 0 to 8 (write the rows' dim as -1): it cannot run in 2 "
+              "micro-batches");
+  }
+  {
+    // A mask that is no batch: not split, read whole by every micro-batch.
+    Pcg g;
+    const ValueId h = base(g);
+    add_input(g, "mask", {{3}}, mesh, parse_placements("R"), Source::normal(1, 3));
+    g.nodes.back().batch = false;
+    const ValueId masked = add_compute(g, "masked", Op{.type = OpType::kMul}, {h, find_value(g, "mask")});
+    set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMean, .dims = {0, 1}}, {masked}));
+    EXPECT_EQ(micro_error(g, 2), "");
+  }
+}
+
+TEST(MicroBatches, GradientReductionsDoNotGrowWithTheirNumber) {
+  const Model m{.pcg = testing::sp_mlp(4, 1, 8)};  // data parallel over 4
+  std::vector<std::size_t> calls;
+  for (int micro : {1, 4}) {
+    const Pcg g = compile(m.pcg, Mode::kTrain, {.micro_batches = micro});
+    const auto logs = record_calls(g);
+    calls.push_back(logs.at(0).size());
+    for (const RecordedCall& c : logs.at(0))
+      EXPECT_EQ(c.group, first_devices(4)) << micro << " " << to_string(c);
+  }
+  EXPECT_EQ(calls[0], calls[1]) << "one reduction per gradient and the norm's, whatever M";
+  EXPECT_EQ(calls[0], 5u) << "w0, w1, b1, w2 and the squared norm";
 }
 
 }  // namespace

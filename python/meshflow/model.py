@@ -19,7 +19,8 @@ class Model:
 
     def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
-              decay_steps=None, check=False, overlap=False, allow_nonfinite=False):
+              decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
+              micro_batches=1):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -28,12 +29,13 @@ class Model:
         ``warmup_steps``, ``decay`` ("none", "cosine", "linear") and ``decay_steps``. An
         option left None takes the model file's "train" object's value, then the default.
         A step whose loss or gradient norm is not finite raises unless ``allow_nonfinite``.
+        ``micro_batches`` splits each step's inputs along dim 0, accumulating the gradients.
         """
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
         return _meshflow.train_model(self._h, int(steps), options, bool(check), overlap,
-                                     bool(allow_nonfinite))
+                                     bool(allow_nonfinite), int(micro_batches))
 
     def explain(self, overlap=False):
         """Returns the dict ``meshflow explain --json`` prints."""
