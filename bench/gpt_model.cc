@@ -91,14 +91,14 @@ Model gpt_model(const GptConfig& c, GptLayout layout, const std::string& mesh_te
           b.compute(fmt::format("{}_{}", p, part), Op{.type = OpType::kLinear}, {n, w}, "S(2)");
       const ValueId y4 =
           b.compute(fmt::format("{}_{}4", p, part),
-                    Op{.type = OpType::kReshape, .shape = {c.batch, c.seq, c.heads, dh}}, {y});
+                    Op{.type = OpType::kReshape, .shape = {-1, c.seq, c.heads, dh}}, {y});
       heads.push_back(b.compute(fmt::format("{}_{}h", p, part), to_heads, {y4}));
     }
     const ValueId att =
         b.compute(p + "_att", Op{.type = OpType::kAttention, .causal = true}, heads);
     const ValueId at = b.compute(p + "_at", to_heads, {att});
     const ValueId a =
-        b.compute(p + "_a", Op{.type = OpType::kReshape, .shape = {c.batch, c.seq, c.width}}, {at});
+        b.compute(p + "_a", Op{.type = OpType::kReshape, .shape = {-1, c.seq, c.width}}, {at});
     const ValueId wo = b.normal(p + "_wo", {c.width, c.width}, "S(0)", 0.3);
     const ValueId o = b.compute(p + "_o", Op{.type = OpType::kLinear}, {a, wo});
     x = b.compute(p + "_x1", Op{.type = OpType::kAdd}, {x, o}, "S(1)");
@@ -114,7 +114,7 @@ Model gpt_model(const GptConfig& c, GptLayout layout, const std::string& mesh_te
   const ValueId head = b.normal("head", {c.width, c.vocab}, "S(1)", 0.3);
   const ValueId logits = b.compute("logits", Op{.type = OpType::kLinear}, {n, head}, "S(2)");
   const ValueId flat = b.compute(
-      "flat", Op{.type = OpType::kReshape, .shape = {c.batch * c.seq, c.vocab}}, {logits});
+      "flat", Op{.type = OpType::kReshape, .shape = {-1, c.vocab}}, {logits});
   set_loss(g, b.compute("loss", Op{.type = OpType::kSoftmaxCrossEntropy}, {flat, labels}));
   return std::move(b.m);
 }

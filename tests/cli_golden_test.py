@@ -61,6 +61,8 @@ ERRORS = [
     ("momentum with adamw", ["train", "{models}/tp_mlp.json", "--optimizer", "adamw", "--momentum", "0.9"]),
     ("betas with sgd", ["train", "{models}/tp_mlp.json", "--betas", "0.9,0.99"]),
     ("eps with sgd", ["train", "{models}/tp_mlp.json", "--eps", "1e-6"]),
+    ("micro-batches that do not divide the batch", ["train", "{models}/tp_mlp.json", "--micro-batches", "3"]),
+    ("micro-batches zero", ["train", "{models}/tp_mlp.json", "--micro-batches", "0"]),
     ("a non-finite loss", ["train", "{models}/tp_mlp.json", "--lr", "1e30", "--steps", "4", "--save", "{tmp}/never"]),
 ]
 

@@ -1,6 +1,6 @@
 """The GPT example (examples/models/gpt): make_gpt.py writes exactly the files checked in; every
 layout trains 3 steps equal to one device (--check), with SGD and with AdamW, clipping, warmup
-and cosine decay, on threads, and the TP and DP x TP layouts under mpirun -n 4 (and a wide-vocabulary tp_vocab, whose loss runs vocabulary-parallel, on
+and cosine decay, in one and in two micro-batches, on threads, and the TP and DP x TP layouts under mpirun -n 4 (and a wide-vocabulary tp_vocab, whose loss runs vocabulary-parallel, on
 both); every layout's losses are the one-device losses; the sequence-parallel layout
 moves, per block forward, two all-gathers into the products and two reduce-scatters out of them,
 and nothing else but its embedding's reduce-scatter and its logits' gathers; with a vocabulary
@@ -41,11 +41,13 @@ if not mpirun:
 OPTIMIZERS = {"sgd": [],
               "adamw": ["--optimizer", "adamw", "--lr", "0.003", "--clip-grad-norm", "0.5",
                         "--warmup-steps", "1", "--decay", "cosine", "--decay-steps", "3"]}
-for optimizer, options in OPTIMIZERS.items():
+# Each also in 2 micro-batches: equal to the full batch (and to one device).
+for (optimizer, options), micro in [(o, m) for o in OPTIMIZERS.items() for m in (1, 2)]:
     losses = {}
     for layout in (["tp", "dp_tp"] if mpirun else LAYOUTS):
         r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--check", "--json",
-                                    *options], mpirun, 4 if mpirun else None, timeout=300)
+                                    "--micro-batches", str(micro), *options], mpirun,
+                         4 if mpirun else None, timeout=300)
         check(r.returncode == 0, f"train {layout} {optimizer}: {r.stderr}")
         if r.returncode != 0:
             continue
@@ -55,10 +57,12 @@ for optimizer, options in OPTIMIZERS.items():
         losses[layout] = [s["loss"] for s in out["steps"]]
         check(losses[layout][2] < losses[layout][0],
               f"{layout} {optimizer}: the loss falls {losses[layout]}")
-    if "one" in losses:
-        for layout, l in losses.items():
-            check(max(abs(a - b) for a, b in zip(l, losses["one"])) <= TOLERANCE,
-                  f"{layout} {optimizer} losses {l} against one device's {losses['one']}")
+    if micro == 1:
+        full_batch = losses
+    for layout, l in losses.items():
+        want = full_batch.get("one", full_batch.get(layout))
+        check(max(abs(a - b) for a, b in zip(l, want)) <= TOLERANCE,
+              f"{layout} {optimizer} in {micro} micro-batches: losses {l} against {want}")
 
 if not mpirun:
     r = run_meshflow(meshflow, ["explain", model("sp"), "--json"], None, None, timeout=300)

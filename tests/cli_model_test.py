@@ -75,6 +75,9 @@ ADAMW = ["--optimizer", "adamw", "--lr", "0.01", "--clip-grad-norm", "0.1", "--w
 MOMENTUM = ["--momentum", "0.9", "--decay", "linear", "--decay-steps", "4"]
 runs += [(name, options) for name in ["tp_mlp", "dp_tp_mlp", "pipeline_mlp"]
          for options in [ADAMW, MOMENTUM]]
+# Micro-batches: the gradient accumulated over 2 or 4 of them equals the full batch's.
+runs += [(name, ["--micro-batches", m]) for name in ["tp_mlp", "dp_tp_mlp", "pipeline_mlp",
+                                                      "tp_attention_block"] for m in ["2", "4"]]
 for name, extra in runs:
     r = run("train", model(name), "--steps", "3", "--check", "--json", *extra,
             ranks=4 if mpirun else None)

@@ -164,3 +164,17 @@ def test_training_equals_torch_optim(tmp_path, rng):
             theirs.append(loss.item())
         assert np.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (config["optimizer"], ours, theirs)
         assert theirs[-1] < theirs[0]
+
+
+def test_micro_batches_equal_the_full_batch():
+    m = mf.Model.load(MODELS / "dp_tp_mlp.json")
+    full = [s["loss"] for s in m.train(3, optimizer="adamw", lr=0.01)["steps"]]
+    r = m.train(3, optimizer="adamw", lr=0.01, micro_batches=4, check=True)
+    assert np.allclose([s["loss"] for s in r["steps"]], full, rtol=1e-6, atol=1e-6)
+    assert r["check"]["max_grad_diff"] < 1e-5
+    try:
+        m.train(1, micro_batches=3)
+    except mf.Error as e:
+        assert "does not split into 3 micro-batches" in str(e)
+    else:
+        raise AssertionError("64 rows split into 3")

@@ -111,11 +111,11 @@ def model(layout):
         for part in "qkv":
             w = weight(f"{b}_w{part}", [DIM, DIM], "col", {"normal": 0.3})
             pinned(f"{b}_{part}", "linear", [n, w], "split")
-            node(f"{b}_{part}4", "reshape", [f"{b}_{part}"], shape=[BATCH, SEQ, HEADS, dh])
+            node(f"{b}_{part}4", "reshape", [f"{b}_{part}"], shape=[-1, SEQ, HEADS, dh])
             heads.append(node(f"{b}_{part}h", "transpose", [f"{b}_{part}4"], dims=[0, 2, 1, 3]))
         node(f"{b}_att", "attention", heads, causal=True)
         node(f"{b}_at", "transpose", [f"{b}_att"], dims=[0, 2, 1, 3])
-        node(f"{b}_a", "reshape", [f"{b}_at"], shape=[BATCH, SEQ, DIM])
+        node(f"{b}_a", "reshape", [f"{b}_at"], shape=[-1, SEQ, DIM])
         wo = weight(f"{b}_wo", [DIM, DIM], "row", {"normal": 0.3})
         node(f"{b}_o", "linear", [f"{b}_a", wo])
         x = residual(f"{b}_x1", "add", [x, f"{b}_o"])
@@ -129,7 +129,7 @@ def model(layout):
     n = layer_norm("lnf", x)
     head = weight("head", [DIM, VOCAB], "head", {"normal": 0.3})
     pinned("logits", "linear", [n, head], "logits")
-    node("flat", "reshape", ["logits"], shape=[BATCH * SEQ, VOCAB])
+    node("flat", "reshape", ["logits"], shape=[-1, VOCAB])
     node("loss", "softmax_cross_entropy", ["flat", "next"])
     return {"meshes": {"m": p["mesh"]}, "tensors": tensors, "nodes": nodes, "loss": "loss",
             "outputs": ["loss"]}
