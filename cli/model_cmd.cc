@@ -122,7 +122,13 @@ Optimizer optimizer_of(const OptimizerArgs& a, const Model& model) {
       fail(ErrorKind::kInvalidArgument, "--decay \"{}\": must be none, cosine or linear", a.decay);
     }
   }
-  return resolve_optimizer(o, optimizer_options_from_json(model.train, model.source));
+  return resolve_optimizer(o, train_defaults_from_json(model.train, model.source).optimizer);
+}
+
+// Returns --micro-batches when given (0: not given), else the model file's, else 1.
+int micro_batches_of(int given, const Model& model) {
+  if (given > 0) return given;
+  return train_defaults_from_json(model.train, model.source).micro_batches.value_or(1);
 }
 
 // Returns the form --gather-form names (checked by CLI11), or none.
@@ -213,7 +219,7 @@ void add_run(CLI::App& app) {
 
 void add_train(CLI::App& app) {
   struct Args : CommonArgs {
-    int steps = 1, micro_batches = 1;
+    int steps = 1, micro_batches = 0;  // 0: not given
     bool check = false, allow_nonfinite = false;
     OptimizerArgs optimizer;
   };
@@ -227,8 +233,8 @@ void add_train(CLI::App& app) {
   add_optimizer_options(cmd, args->optimizer);
   cmd->add_option("--micro-batches", args->micro_batches,
                   "split each step's inputs along dim 0 into M micro-batches, accumulating the "
-                  "gradients and updating once per step")
-      ->capture_default_str()
+                  "gradients and updating once per step (default: the model file's \"train\", "
+                  "else 1)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--allow-nonfinite", args->allow_nonfinite,
                 "train on through a step whose loss or gradient norm is not finite (by default "
@@ -241,13 +247,15 @@ void add_train(CLI::App& app) {
     auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
     const Model model = load(args->model, options.backend);
-    TrainOptions o{.run = options,
-                   .steps = args->steps,
-                   .optimizer = every_device(options.backend,
-                                             [&] { return optimizer_of(args->optimizer, model); }),
-                   .micro_batches = args->micro_batches,
-                   .allow_nonfinite = args->allow_nonfinite,
-                   .check = args->check};
+    TrainOptions o{
+        .run = options,
+        .steps = args->steps,
+        .optimizer =
+            every_device(options.backend, [&] { return optimizer_of(args->optimizer, model); }),
+        .micro_batches = every_device(options.backend,
+                                      [&] { return micro_batches_of(args->micro_batches, model); }),
+        .allow_nonfinite = args->allow_nonfinite,
+        .check = args->check};
     double elapsed = 0;
     o.progress = [&](const StepReport& r) {
       elapsed += r.seconds;
@@ -275,7 +283,7 @@ void add_train(CLI::App& app) {
 void add_explain(CLI::App& app) {
   struct Args : CommonArgs {
     OptimizerArgs optimizer;
-    int micro_batches = 1;
+    int micro_batches = 0;  // 0: not given
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -285,8 +293,8 @@ void add_explain(CLI::App& app) {
   add_common(cmd, *args, /*runs=*/false);
   add_optimizer_options(cmd, args->optimizer);
   cmd->add_option("--micro-batches", args->micro_batches,
-                  "compile the step for M micro-batches (the layouts of one micro-batch)")
-      ->capture_default_str()
+                  "compile the step for M micro-batches (the layouts of one micro-batch; default: "
+                  "the model file's \"train\", else 1)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
@@ -301,7 +309,9 @@ void add_explain(CLI::App& app) {
                                   .gather_form = gather_form(*args),
                                   .always = gather_form(*args).has_value()},
                     .update = optimizer.rule,
-                    .micro_batches = args->micro_batches});
+                    .micro_batches = every_device(backend(*args), [&] {
+                      return micro_batches_of(args->micro_batches, model);
+                    })});
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

@@ -381,27 +381,27 @@ PYBIND11_MODULE(_meshflow, module) {
   py::class_<LoadedModel>(module, "_Model");
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
-  module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
-                               bool check, bool overlap, bool allow_nonfinite, int micro_batches) {
-    if (micro_batches < 1)
-      fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", micro_batches);
-    TrainOptions o{
-        .run = model_options(overlap),
-        .steps = steps,
-        .optimizer = resolve_optimizer(optimizer_options(optimizer),
-                                       optimizer_options_from_json(m.model.train, m.model.source),
-                                       OptionStyle::kKeyword),
-        .micro_batches = micro_batches,
-        .allow_nonfinite = allow_nonfinite,
-        .check = check};
-    std::string report;
-    {
-      py::gil_scoped_release release;
-      const TrainReport r = train_model(m.model, o);
-      report = shared_report(to_json(r).dump(), r.reporter);
-    }
-    return py::module_::import("json").attr("loads")(report);
-  });
+  module.def(
+      "train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check,
+                        bool overlap, bool allow_nonfinite, std::optional<int> micro_batches) {
+        if (micro_batches && *micro_batches < 1)
+          fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+        const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
+        TrainOptions o{.run = model_options(overlap),
+                       .steps = steps,
+                       .optimizer = resolve_optimizer(optimizer_options(optimizer),
+                                                      defaults.optimizer, OptionStyle::kKeyword),
+                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
+                       .allow_nonfinite = allow_nonfinite,
+                       .check = check};
+        std::string report;
+        {
+          py::gil_scoped_release release;
+          const TrainReport r = train_model(m.model, o);
+          report = shared_report(to_json(r).dump(), r.reporter);
+        }
+        return py::module_::import("json").attr("loads")(report);
+      });
   module.def("explain_model", [](const LoadedModel& m, bool overlap) {
     const Explanation e = explain_compiled(
         m.model.pcg, {.overlap = overlap,

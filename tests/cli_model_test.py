@@ -144,6 +144,15 @@ with tempfile.TemporaryDirectory() as tmp:
           f"train with the file's optimizer: {r.stderr}")
     r = run("train", f"{tmp}/adamw.json", "--optimizer", "sgd", ranks=ranks)
     check(r.returncode == 0, f"--optimizer sgd over the file's adamw (its lr and clipping apply): {r.stderr}")
+    spec["train"]["micro_batches"] = 3  # 64 rows do not split into 3: the file's M is used
+    with open(f"{tmp}/adamw.json", "w") as f:
+        json.dump(spec, f)
+    r = run("train", f"{tmp}/adamw.json", ranks=ranks)
+    check(r.returncode == 1 and "does not split into 3 micro-batches" in r.stderr,
+          f"the file's micro_batches: {r.stderr}")
+    r = run("train", f"{tmp}/adamw.json", "--micro-batches", "2", ranks=ranks)
+    check(r.returncode == 0, f"--micro-batches over the file's: {r.stderr}")
+    del spec["train"]["micro_batches"]
     spec["train"]["eps"] = 1e-6
     with open(f"{tmp}/adamw.json", "w") as f:
         json.dump(spec, f)

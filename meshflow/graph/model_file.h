@@ -17,7 +17,7 @@ struct Model {
   Pcg pcg;  // Stage::kBuilt
   std::map<std::string, DeviceMesh> meshes;
   // The optional "train" object: defaults for `train`'s options (read and checked by
-  // train/optimizer.h's optimizer_options_from_json); null when the file has none.
+  // train/optimizer.h's train_defaults_from_json); null when the file has none.
   nlohmann::json train;
   std::string source;  // the file's name, for messages about its contents
 };

@@ -145,9 +145,10 @@ double learning_rate(const Optimizer& o, int step) {
   return o.lr * (1 - u);
 }
 
-OptimizerOptions optimizer_options_from_json(const nlohmann::json& train, std::string_view source) {
-  OptimizerOptions o;
-  if (train.is_null()) return o;
+TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_view source) {
+  TrainDefaults defaults;
+  OptimizerOptions& o = defaults.optimizer;
+  if (train.is_null()) return defaults;
   const JsonField f(train, fmt::format("{}: \"train\"", source), ErrorKind::kInvalidArgument);
   if (!train.is_object()) f.reject("must be an object");
   constexpr double kAny = 1e308;
@@ -176,16 +177,18 @@ OptimizerOptions optimizer_options_from_json(const nlohmann::json& train, std::s
       if (!o.decay) v.reject("must be \"none\", \"cosine\" or \"linear\"");
     } else if (key == "decay_steps") {
       o.decay_steps = static_cast<int>(v.as_int(1, 1 << 30));
+    } else if (key == "micro_batches") {
+      defaults.micro_batches = static_cast<int>(v.as_int(1, 1 << 20));
     } else {
       f.reject(fmt::format(
           "has unknown field \"{}\" (allowed: optimizer, lr, momentum, betas, eps, weight_decay, "
-          "clip_grad_norm, warmup_steps, decay, decay_steps)",
+          "clip_grad_norm, warmup_steps, decay, decay_steps, micro_batches)",
           key));
     }
   }
   const std::string where = fmt::format("{}: \"train\" field ", source);
   check_ranges(o, [&](std::string_view flag) { return where + "\"" + underscored(flag) + "\""; });
-  return o;
+  return defaults;
 }
 
 nlohmann::json to_json(const Optimizer& o) {

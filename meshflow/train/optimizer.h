@@ -62,12 +62,19 @@ Optimizer resolve_optimizer(const OptimizerOptions& given, const OptimizerOption
 // linear: lr·(1 − (t−W)/D)), 0 after; lr throughout without warmup or decay.
 double learning_rate(const Optimizer& optimizer, int step);
 
-// Returns the options a model file's "train" object holds (null: none). Its fields are the
+// The defaults a model file's "train" object holds for `train`'s options (unset: not given).
+struct TrainDefaults {
+  OptimizerOptions optimizer;
+  std::optional<int> micro_batches;
+  bool operator==(const TrainDefaults&) const = default;
+};
+
+// Returns what a model file's "train" object holds (null: nothing). Its fields are the
 // options' names with '_' for '-': "optimizer", "lr", "momentum", "betas" ([b1, b2]), "eps",
-// "weight_decay", "clip_grad_norm", "warmup_steps", "decay", "decay_steps". Throws
-// Error(kInvalidArgument) naming `source` and the field for an unknown field or a value of the
-// wrong type or out of its range.
-OptimizerOptions optimizer_options_from_json(const nlohmann::json& train, std::string_view source);
+// "weight_decay", "clip_grad_norm", "warmup_steps", "decay", "decay_steps", "micro_batches".
+// Throws Error(kInvalidArgument) naming `source` and the field for an unknown field or a value
+// of the wrong type or out of its range.
+TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_view source);
 
 // Returns DESIGN's checkpoint "optimizer" object: {"kind", "lr", "momentum" | "betas", "eps",
 // "weight_decay", "clip_grad_norm" (null: none), "warmup_steps", "decay", "decay_steps"}.

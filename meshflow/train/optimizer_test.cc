@@ -40,10 +40,12 @@ TEST(ResolveOptimizer, DefaultsAreTorchOptims) {
 }
 
 TEST(ResolveOptimizer, GivenOptionsWinOverTheModelFile) {
-  const OptimizerOptions file = optimizer_options_from_json(
-      nlohmann::json::parse(R"({"optimizer": "adamw", "lr": 0.01, "betas": [0.8, 0.9],
+  const OptimizerOptions file =
+      train_defaults_from_json(
+          nlohmann::json::parse(R"({"optimizer": "adamw", "lr": 0.01, "betas": [0.8, 0.9],
                                 "clip_grad_norm": 1.5, "warmup_steps": 3})"),
-      "m.json");
+          "m.json")
+          .optimizer;
   const Optimizer o = resolve_optimizer({.lr = 0.02}, file);
   EXPECT_EQ(o.rule.kind, OptimizerKind::kAdamW);
   EXPECT_EQ(o.lr, 0.02);
@@ -90,10 +92,10 @@ TEST(ResolveOptimizer, EveryInvalidOptionIsOneLineNamingIt) {
             "--eps is not an option of --optimizer sgd (it comes from the model file's \"train\")");
 }
 
-TEST(OptimizerOptionsFromJson, NamesTheFileAndTheField) {
+TEST(TrainDefaultsFromJson, NamesTheFileAndTheField) {
   auto error = [](const char* text) {
     try {
-      optimizer_options_from_json(nlohmann::json::parse(text), "m.json");
+      train_defaults_from_json(nlohmann::json::parse(text), "m.json");
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -106,7 +108,11 @@ TEST(OptimizerOptionsFromJson, NamesTheFileAndTheField) {
             std::string::npos);
   EXPECT_NE(error(R"({"betas": [0.9]})").find("must be [beta1, beta2]"), std::string::npos);
   EXPECT_NE(error(R"({"warmup_steps": 1.5})").find("warmup_steps"), std::string::npos);
-  EXPECT_EQ(optimizer_options_from_json(nullptr, "m.json"), OptimizerOptions{});
+  EXPECT_EQ(train_defaults_from_json(nullptr, "m.json"), TrainDefaults{});
+  EXPECT_EQ(train_defaults_from_json(nlohmann::json::parse(R"({"micro_batches": 4})"), "m.json")
+                .micro_batches,
+            4);
+  EXPECT_NE(error(R"({"micro_batches": 0})").find("micro_batches"), std::string::npos);
 }
 
 TEST(LearningRate, WarmupThenCosineOrLinearDecayToZero) {

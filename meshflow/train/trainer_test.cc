@@ -179,11 +179,11 @@ namespace {
 
 TEST(MicroBatches, EqualTheFullBatchOnEveryLayoutWithSgdAndAdamw) {
   const Layouts layouts;
-  for (const auto& [name, optimizer] :
-       std::vector<std::pair<std::string, Optimizer>>{
+  for (const auto& [name, optimizer] : std::vector<std::pair<std::string, Optimizer>>{
            {"sgd momentum", resolve_optimizer({.lr = 0.3, .momentum = 0.9})},
-           {"adamw, clipping", resolve_optimizer({.kind = OptimizerKind::kAdamW, .lr = 0.02,
-                                                  .clip_grad_norm = 0.05})}}) {
+           {"adamw, clipping",
+            resolve_optimizer(
+                {.kind = OptimizerKind::kAdamW, .lr = 0.02, .clip_grad_norm = 0.05})}}) {
     for (const auto& [layout, model] : layouts.all()) {
       std::vector<double> full;
       for (int m : {1, 2, 4}) {
@@ -219,15 +219,18 @@ std::string micro_error(const Pcg& g, int m) {
 TEST(MicroBatches, RefuseWhatDoesNotSplitNamingTheNodeOrTensor) {
   const DeviceMesh mesh = parse_mesh("2");
   auto base = [&](Pcg& g) {
-    const ValueId x = add_input(g, "x", {{8, 3}}, mesh, parse_placements("S(0)"), Source::normal(1, 1));
-    const ValueId w = add_weight(g, "w", {{3, 3}}, mesh, parse_placements("R"), Source::normal(1, 2));
+    const ValueId x =
+        add_input(g, "x", {{8, 3}}, mesh, parse_placements("S(0)"), Source::normal(1, 1));
+    const ValueId w =
+        add_weight(g, "w", {{3, 3}}, mesh, parse_placements("R"), Source::normal(1, 2));
     return add_compute(g, "h", Op{.type = OpType::kMatmul}, {x, w});
   };
   {
     Pcg g;
     const ValueId h = base(g);
     set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMean, .dims = {0, 1}}, {h}));
-    EXPECT_EQ(micro_error(g, 3), "input \"x\" of shape 8x3 does not split into 3 micro-batches along dim 0");
+    EXPECT_EQ(micro_error(g, 3),
+              "input \"x\" of shape 8x3 does not split into 3 micro-batches along dim 0");
     EXPECT_EQ(micro_error(g, 4), "") << "a mean over the rows is a loss micro-batches take";
   }
   {
@@ -262,7 +265,8 @@ TEST(MicroBatches, RefuseWhatDoesNotSplitNamingTheNodeOrTensor) {
     const ValueId h = base(g);
     add_input(g, "mask", {{3}}, mesh, parse_placements("R"), Source::normal(1, 3));
     g.nodes.back().batch = false;
-    const ValueId masked = add_compute(g, "masked", Op{.type = OpType::kMul}, {h, find_value(g, "mask")});
+    const ValueId masked =
+        add_compute(g, "masked", Op{.type = OpType::kMul}, {h, find_value(g, "mask")});
     set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMean, .dims = {0, 1}}, {masked}));
     EXPECT_EQ(micro_error(g, 2), "");
   }

@@ -20,7 +20,7 @@ class Model:
     def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
-              micro_batches=1):
+              micro_batches=None):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -35,7 +35,8 @@ class Model:
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
         return _meshflow.train_model(self._h, int(steps), options, bool(check), overlap,
-                                     bool(allow_nonfinite), int(micro_batches))
+                                     bool(allow_nonfinite),
+                                     None if micro_batches is None else int(micro_batches))
 
     def explain(self, overlap=False):
         """Returns the dict ``meshflow explain --json`` prints."""
