@@ -7,6 +7,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/graph/passes.h"
+#include "meshflow/graph/task_graph.h"
 #include "meshflow/plan/plan_cache.h"
 
 namespace meshflow {
@@ -86,8 +87,18 @@ std::string explicit_text(const DeviceMesh& mesh) {
 }
 
 Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options) {
-  return explain(compile(pcg, pcg.loss ? Mode::kTrain : Mode::kRun, options), options.plan,
-                 options.overlap ? &options.decompose : nullptr);
+  const Pcg g = compile(pcg, pcg.loss ? Mode::kTrain : Mode::kRun, options);
+  Explanation e = explain(g, options.plan, options.overlap ? &options.decompose : nullptr);
+  if (!pcg.loss) return e;
+  // The runtime keeps the loss and the squared norm for its report; the rest as the step runs.
+  std::vector<ValueId> keep = {*g.loss};
+  for (ValueId v = 0; v < static_cast<ValueId>(g.nodes.size()); ++v)
+    if (g.nodes[static_cast<std::size_t>(v)].name == kGradNormName) keep.push_back(v);
+  for (const DeviceMemory& d :
+       estimate_memory(g, expand_shards(g, keep, options.plan), options.micro_batches)) {
+    if (!e.memory || d.peak > e.memory->peak) e.memory = d;
+  }
+  return e;
 }
 
 nlohmann::json to_json(const Explanation& e) {
@@ -110,7 +121,12 @@ nlohmann::json to_json(const Explanation& e) {
                                     {"sequential_s", m.kept_whole->sequential_s}};
     }
   }
-  return {{"values", values}, {"moves", moves}};
+  nlohmann::json out = {{"values", values}, {"moves", moves}};
+  if (e.memory) {
+    out["memory_per_device_bytes"] = e.memory->peak;
+    out["memory"] = to_json(e.memory->at_peak);
+  }
+  return out;
 }
 
 std::string to_text(const Explanation& e) {
@@ -145,6 +161,13 @@ std::string to_text(const Explanation& e) {
                          to, steps, m.est_s);
     }
     if (count == 0) out += "  (none)\n";
+  }
+  if (e.memory) {
+    const auto& b = e.memory->at_peak.bytes;
+    out += fmt::format(
+        "memory per device: {} bytes at its peak (device {}): weights {}, gradients {}, "
+        "optimizer state {}, activations {}, gathered {}\n",
+        e.memory->peak, e.memory->device, b[0], b[1], b[2], b[3], b[4]);
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshflow/graph/compile.h"
+#include "meshflow/graph/memory.h"
 #include "meshflow/graph/pcg.h"
 #include "meshflow/plan/planner.h"
 
@@ -34,6 +35,8 @@ struct MoveReport {
 struct Explanation {
   std::vector<std::pair<std::string, Layout>> values;  // in graph order
   std::vector<MoveReport> moves;                       // in graph order
+  // Training: the device whose tensors peak highest in a step (graph/memory.h's estimate).
+  std::optional<DeviceMemory> memory;
 };
 
 // Returns the explanation of `pcg` (Stage::kCopied); with `overlap` (the options it was
@@ -42,10 +45,13 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options = {},
                     const DecomposeOptions* overlap = nullptr);
 
 // Returns what `meshflow explain` shows for a built graph: `pcg` compiled with `options` for
-// training when it names a loss, for the forward pass otherwise, then explained.
+// training when it names a loss (with the step's memory estimate), for the forward pass
+// otherwise, then explained.
 Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options);
 
-// DESIGN's `explain --json` object: {"values": {...}, "moves": [...]}.
+// DESIGN's `explain --json` object: {"values": {...}, "moves": [...]}, and for training
+// "memory_per_device_bytes" and "memory": {"weights", "gradients", "optimizer_state",
+// "activations", "gathered"}.
 nlohmann::json to_json(const Explanation& e);
 
 // Returns the mesh's explicit text form, "2x2@0,1,2,3" (explain names meshes by it).

@@ -97,6 +97,10 @@ struct Task {
   bool operator==(const Task&) const = default;
 };
 
+// Which of a device's tasks a run runs (Task::once_per_step): all of them (one micro-batch per
+// step), or one micro-batch's tasks, or the once-per-step tasks after every micro-batch's ran.
+enum class TaskPart { kAll, kMicroBatch, kOncePerStep };
+
 struct DeviceTasks {
   DeviceId device = 0;
   std::vector<ValueId> sources;  // the sources this device holds a shard of, loaded once

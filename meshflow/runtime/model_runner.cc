@@ -80,6 +80,29 @@ std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<Tra
   return out;
 }
 
+// Returns the device whose peak is the highest of every device's `mine` (one all-gather).
+DeviceMemory highest_peak(Communicator& world, DeviceMemory mine) {
+  mine.device = world.device();
+  constexpr std::size_t kFields = 7;
+  std::vector<std::int64_t> packed = {mine.device, mine.peak};
+  packed.insert(packed.end(), mine.at_peak.bytes.begin(), mine.at_peak.bytes.end());
+  const auto n = static_cast<std::size_t>(world.size());
+  std::vector<std::int64_t> all(n * kFields);
+  all_gather(world, {.send = reinterpret_cast<const std::byte*>(packed.data()),
+                     .recv = reinterpret_cast<std::byte*>(all.data()),
+                     .recv_counts = std::vector<std::int64_t>(n, kFields),
+                     .dtype = DType::kInt64});
+  DeviceMemory best;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::int64_t* f = &all[r * kFields];
+    if (r > 0 && f[1] <= best.peak) continue;
+    best.device = static_cast<DeviceId>(f[0]);
+    best.peak = f[1];
+    std::copy(f + 2, f + kFields, best.at_peak.bytes.begin());
+  }
+  return best;
+}
+
 // What one launch does on every device.
 struct Session {
   const PreparedModel* prepared = nullptr;  // null when preparing failed (the launch then fails)
@@ -110,6 +133,8 @@ struct Session {
     if (options->save) path = broadcast_string(world, path, rank_of(world, prepared->leader));
     std::vector<TraceEvent> events;
     LoopEnd ended;
+    const std::vector<MemoryKind> kinds = memory_kinds(pcg);
+    MemoryCounter memory(&kinds);
     for (int step = 1; step <= loop->steps; ++step) {
       TaskTimes times;
       const double start = steady_seconds();
@@ -118,6 +143,7 @@ struct Session {
         o.step = step;
         o.trace = options->trace ? &events : nullptr;
         o.times = &times;
+        o.memory = &memory;
         run_step(g, *mine, world, values, micro_inputs, prepared->micro_batches, o);
       }
       // Every device's flag, reduced: also the step's end on every device.
@@ -132,6 +158,7 @@ struct Session {
       ended = {.step = step, .stop_flag = flag};
       if (flag != 0) break;
     }
+    ended.measured = highest_peak(world, memory.result());
     {
       // Every device reduced the same flags: under mpi each process learns how the loop ended.
       std::lock_guard lock(mu);

@@ -84,10 +84,13 @@ struct StepLoop {
       on_step;
 };
 
-// How a loop ended: the last step run and its reduced stop flag (0: every step ran).
+// How a loop ended: the last step run and its reduced stop flag (0: every step ran), and the
+// device whose tensors peaked highest over the steps, with what they were then (the runtime's
+// count: every value it held and the micro-batches and sums beside them).
 struct LoopEnd {
   int step = 0;
   int stop_flag = 0;
+  DeviceMemory measured;
 };
 
 // Launches `prepared` (null when preparing failed with `error`, which then reaches every

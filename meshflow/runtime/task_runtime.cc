@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
@@ -139,6 +140,12 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     }
     state->complete();
     done[t] = Event(std::move(state));
+    if (options.memory) {
+      std::vector<std::int64_t> bytes(values.size());
+      for (std::size_t v = 0; v < values.size(); ++v)
+        bytes[v] = static_cast<std::int64_t>(values[v].nbytes());
+      options.memory->observe(bytes, options.beside);
+    }
     if (timed) {
       const double end = steady_seconds();
       auto event = [&](TraceKind k, int block, double from, double to) {
@@ -209,12 +216,29 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
     run_tasks(graph, tasks, world, values, options);
     return;
   }
+  // The micro-batches wait in micro_inputs; the one running is swapped into `values`.
+  for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+    if (!micro_inputs[v].empty()) values[v] = Tensor();
+  const std::vector<MemoryKind>* kinds = options.memory ? &options.memory->kinds() : nullptr;
   std::vector<Tensor> sums(tasks.accumulated.size());
+  // Returns the bytes held beside the values: the waiting micro-batches and the sums.
+  auto beside = [&] {
+    MemoryBreakdown b;
+    if (!kinds) return b;
+    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+      for (const Tensor& t : micro_inputs[v])
+        b[(*kinds)[v]] += static_cast<std::int64_t>(t.nbytes());
+    for (std::size_t i = 0; i < sums.size(); ++i)
+      b[(*kinds)[static_cast<std::size_t>(tasks.accumulated[i])]] +=
+          static_cast<std::int64_t>(sums[i].nbytes());
+    return b;
+  };
   for (int m = 0; m < micro_batches; ++m) {
     for (std::size_t v = 0; v < micro_inputs.size(); ++v)
       if (!micro_inputs[v].empty())
         std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
     options.part = TaskPart::kMicroBatch;
+    options.beside = beside();
     run_tasks(graph, tasks, world, values, options);
     for (std::size_t v = 0; v < micro_inputs.size(); ++v)
       if (!micro_inputs[v].empty())
@@ -226,7 +250,7 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
                      graph.names[static_cast<std::size_t>(tasks.accumulated[i])],
                      to_string(made.shape()), to_string(sums[i].shape()));
       if (m == 0) {
-        sums[i] = std::move(made);
+        sums[i] = std::exchange(made, Tensor());
       } else {
         add_into(sums[i], made);
       }
@@ -234,9 +258,10 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
   }
   for (std::size_t i = 0; i < sums.size(); ++i) {
     scale_in_place(sums[i], 1.0 / micro_batches);
-    values[static_cast<std::size_t>(tasks.accumulated[i])] = std::move(sums[i]);
+    values[static_cast<std::size_t>(tasks.accumulated[i])] = std::exchange(sums[i], Tensor());
   }
   options.part = TaskPart::kOncePerStep;
+  options.beside = beside();
   run_tasks(graph, tasks, world, values, options);
 }
 

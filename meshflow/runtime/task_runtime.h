@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
+#include "meshflow/graph/memory.h"
 #include "meshflow/graph/task_graph.h"
 
 namespace meshflow {
@@ -41,10 +42,6 @@ struct TaskTimes {
   double compute_s = 0, move_s = 0, total_s = 0, update_s = 0;
 };
 
-// Which of a device's tasks a run runs (Task::once_per_step): all of them (one micro-batch per
-// step), or one micro-batch's tasks, or the once-per-step tasks after every micro-batch's ran.
-enum class TaskPart { kAll, kMicroBatch, kOncePerStep };
-
 struct TaskRunOptions {
   TaskPart part = TaskPart::kAll;
   double lr = 0.1;  // updates: this step's learning rate
@@ -53,7 +50,11 @@ struct TaskRunOptions {
   // loss or gradient); by default they are skipped.
   bool allow_nonfinite = false;
   std::vector<TraceEvent>* trace = nullptr;  // appended to when set
-  TaskTimes* times = nullptr;                // accumulated when set
+  // Observes the bytes of every value after each task (and `beside`: what the step holds
+  // beside the values) when set.
+  MemoryCounter* memory = nullptr;
+  MemoryBreakdown beside;
+  TaskTimes* times = nullptr;  // accumulated when set
 };
 
 // Runs `tasks` once. `values` holds one tensor per value of the graph: the device's source

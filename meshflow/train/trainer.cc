@@ -93,6 +93,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   }
   const LoopEnd end = run_loop(p ? &*p : nullptr, error, options.run, loop);
   report.reporter = reports(options.run);
+  report.measured = end.measured;
   if (end.stop_flag != kGoOn) {
     throw Error(
         ErrorKind::kInvalidArgument,
@@ -120,7 +121,10 @@ nlohmann::json to_json(const TrainReport& report) {
              {"max_weight_diff", report.check->max_weight_diff},
              {"max_grad_diff", report.check->max_grad_diff}};
   }
-  return {{"steps", steps}, {"check", check}};
+  return {{"steps", steps},
+          {"check", check},
+          {"measured_peak_bytes", report.measured.peak},
+          {"measured_memory", to_json(report.measured.at_peak)}};
 }
 
 }  // namespace meshflow

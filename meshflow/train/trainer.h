@@ -47,6 +47,9 @@ struct TrainOptions {
 
 struct TrainReport {
   std::vector<StepReport> steps;
+  // The runtime's count of the tensors it held: the highest device's peak over the steps and
+  // what they were then (graph/memory.h; communication scratch and BLAS workspace excluded).
+  DeviceMemory measured;
   std::optional<CheckReport> check;
   bool reporter = false;
 };
@@ -57,7 +60,9 @@ struct TrainReport {
 TrainReport train_model(const Model& model, const TrainOptions& options);
 
 // Returns {"steps": [{"step", "loss" (null when not finite), "seconds"}...], "check": {max_*_diff}
-// or null}: what `meshflow train --json` prints and the Python module's Model.train returns.
+// or null, "measured_peak_bytes", "measured_memory": {"weights", "gradients", "optimizer_state",
+// "activations", "gathered"}}: what `meshflow train --json` prints and the Python module's
+// Model.train returns.
 nlohmann::json to_json(const TrainReport& report);
 
 }  // namespace meshflow

@@ -288,3 +288,30 @@ TEST(MicroBatches, GradientReductionsDoNotGrowWithTheirNumber) {
 
 }  // namespace
 }  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+TEST(Memory, TheEstimateIsWhatTheRuntimeHolds) {
+  const Layouts layouts;
+  for (const auto& [layout, model] : layouts.all()) {
+    for (int m : {1, 2}) {
+      const std::string what = fmt::format("{}, {} micro-batches", layout, m);
+      const Optimizer adamw = resolve_optimizer({.kind = OptimizerKind::kAdamW});
+      const Explanation e = explain_compiled(model.pcg, {.update = adamw.rule, .micro_batches = m});
+      ASSERT_TRUE(e.memory.has_value()) << what;
+      const TrainReport r =
+          train_model(model, {.steps = 2, .optimizer = adamw, .micro_batches = m});
+      // The runtime also holds the scalars it reports (the loss fetched to the leader): a few
+      // bytes the estimate leaves out.
+      EXPECT_LE(r.measured.peak - e.memory->peak, 16) << what;
+      EXPECT_GE(r.measured.peak - e.memory->peak, 0) << what;
+      EXPECT_EQ(e.memory->at_peak.total(), e.memory->peak) << what;
+      EXPECT_EQ(r.measured.at_peak.total(), r.measured.peak) << what;
+      EXPECT_GT(e.memory->at_peak[MemoryKind::kOptimizerState], 0) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshflow

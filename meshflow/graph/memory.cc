@@ -1,0 +1,120 @@
+// The memory accounting and the task graph walk that estimates it.
+#include "meshflow/graph/memory.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace meshflow {
+
+std::int64_t MemoryBreakdown::total() const {
+  return std::accumulate(bytes.begin(), bytes.end(), std::int64_t{0});
+}
+
+nlohmann::json to_json(const MemoryBreakdown& m) {
+  return {{"weights", m.bytes[0]},
+          {"gradients", m.bytes[1]},
+          {"optimizer_state", m.bytes[2]},
+          {"activations", m.bytes[3]},
+          {"gathered", m.bytes[4]}};
+}
+
+std::vector<MemoryKind> memory_kinds(const Pcg& pcg) {
+  std::vector<MemoryKind> kinds;
+  for (const Node& n : pcg.nodes) {
+    if (n.kind == NodeKind::kWeight) {
+      kinds.push_back(MemoryKind::kWeights);
+    } else if (n.kind == NodeKind::kState) {
+      kinds.push_back(MemoryKind::kOptimizerState);
+    } else if (n.phase != Phase::kForward) {
+      kinds.push_back(MemoryKind::kGradients);
+    } else {
+      kinds.push_back(MemoryKind::kActivations);
+    }
+  }
+  return kinds;
+}
+
+void MemoryCounter::observe(const std::vector<std::int64_t>& bytes, const MemoryBreakdown& extra) {
+  MemoryBreakdown now = extra;
+  for (std::size_t v = 0; v < bytes.size(); ++v) now[(*kinds_)[v]] += bytes[v];
+  if (now.total() > result_.peak) {
+    result_.peak = now.total();
+    result_.at_peak = now;
+  }
+}
+
+namespace {
+
+// Returns the bytes of value v's shard on `device` (0 where the device holds none).
+std::int64_t shard_bytes(const TaskGraph& g, ValueId v, DeviceId device) {
+  const Layout& l = g.layouts[static_cast<std::size_t>(v)];
+  if (!find_device(l.mesh, device)) return 0;
+  return numel(local_shape(l, device)) * static_cast<std::int64_t>(size_of(l.dtype));
+}
+
+// Returns whether `task` makes its value on this device (a move only on its destination; an
+// update writes in place).
+bool makes_value(const Task& task) {
+  if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to;
+  return !std::holds_alternative<UpdateTask>(task.work);
+}
+
+}  // namespace
+
+std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, int micro_batches) {
+  const std::vector<MemoryKind> kinds = memory_kinds(pcg);
+  auto kind = [&](ValueId v) { return kinds[static_cast<std::size_t>(v)]; };
+  std::vector<DeviceMemory> out;
+  for (const DeviceTasks& dt : g.devices) {
+    MemoryCounter counter(&kinds);
+    const DeviceId d = dt.device;
+    std::vector<std::int64_t> bytes(g.layouts.size(), 0);
+    MemoryBreakdown waiting;  // a micro-batched input's other micro-batches
+    for (ValueId v : dt.sources) {
+      bytes[static_cast<std::size_t>(v)] = shard_bytes(g, v, d);
+      const int mb = pcg.nodes[static_cast<std::size_t>(v)].micro_batches;
+      if (mb > 1) waiting[kind(v)] += (mb - 1) * shard_bytes(g, v, d);
+    }
+    std::vector<bool> accumulated(g.layouts.size(), false);
+    for (ValueId v : dt.accumulated) accumulated[static_cast<std::size_t>(v)] = true;
+    MemoryBreakdown extra = waiting;
+    auto run = [&](TaskPart part) {
+      for (const Task& t : dt.tasks) {
+        if (part != TaskPart::kAll && t.once_per_step != (part == TaskPart::kOncePerStep)) continue;
+        if (makes_value(t)) bytes[static_cast<std::size_t>(t.out)] = shard_bytes(g, t.out, d);
+        counter.observe(bytes, extra);
+        for (ValueId v : t.release)
+          if (part != TaskPart::kMicroBatch || !accumulated[static_cast<std::size_t>(v)])
+            bytes[static_cast<std::size_t>(v)] = 0;
+      }
+    };
+    counter.observe(bytes, extra);
+    if (micro_batches == 1) {
+      run(TaskPart::kAll);
+    } else {
+      // The first micro-batch's accumulated values become the sums; later ones are added in
+      // and stay beside them until the next micro-batch remakes them.
+      MemoryBreakdown sums;
+      for (int m = 0; m < micro_batches; ++m) {
+        run(TaskPart::kMicroBatch);
+        if (m > 0) continue;
+        for (ValueId v : dt.accumulated) {
+          sums[kind(v)] += bytes[static_cast<std::size_t>(v)];
+          bytes[static_cast<std::size_t>(v)] = 0;
+        }
+        for (std::size_t k = 0; k < extra.bytes.size(); ++k)
+          extra.bytes[k] = waiting.bytes[k] + sums.bytes[k];
+      }
+      // The sums become the values (the last micro-batch's are dropped).
+      for (ValueId v : dt.accumulated) bytes[static_cast<std::size_t>(v)] = shard_bytes(g, v, d);
+      extra = waiting;
+      run(TaskPart::kOncePerStep);
+    }
+    DeviceMemory r = counter.result();
+    r.device = d;
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace meshflow
