@@ -129,10 +129,11 @@ struct OptimizerFloor {
 // other time, and of its optimizer's time against the optimizer's floor (measured between the
 // steps on the reporting device's thread, for `weight_bytes` per device).
 void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
-                   std::int64_t weight_bytes, BenchResult& r) {
+                   std::int64_t weight_bytes, BenchResult& r, int micro_batches = 1) {
   OptimizerFloor floor(weight_bytes, static_cast<int>(state_names(optimizer.rule).size()));
   std::vector<double> floors;
-  TrainOptions options{.steps = o.warmup + o.reps, .optimizer = optimizer};
+  TrainOptions options{
+      .steps = o.warmup + o.reps, .optimizer = optimizer, .micro_batches = micro_batches};
   options.progress = [&](const StepReport& s) {
     if (s.step > o.warmup) floors.push_back(floor.time());
   };
@@ -155,6 +156,7 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   r.extra["optimizer_s"] = median(update);
   r.extra["optimizer_floor_s"] = median(floors);
   r.extra["optimizer_vs_floor"] = median(floors) > 0 ? median(update) / median(floors) : 0.0;
+  r.extra["measured_peak_bytes"] = t.measured.peak;
 }
 
 // Returns the bytes of the weight shards the reporting device (the lowest of the meshes)
@@ -168,6 +170,27 @@ std::int64_t weight_bytes(const Model& m) {
     bytes += numel(shard_box(*n.layout, reporter).extent) * size_of(n.spec.dtype);
   }
   return bytes;
+}
+
+// `name` (mlp_step_micro4, gpt_step_micro4): model `m` trained in 4 micro-batches against the
+// same step in one, in the same run (baseline "micro_batches_1"); also each one's peak bytes.
+BenchResult micro_case(const TrainBenchOptions& o, const std::string& name, const Model& m,
+                       const std::string& mesh_text, std::int64_t bytes) {
+  constexpr int kMicro = 4;
+  BenchResult whole{.case_name = name, .mesh = mesh_text};
+  BenchResult r{.case_name = name,
+                .backend = "threads",
+                .mesh = mesh_text,
+                .devices = size(parse_mesh(mesh_text)),
+                .bytes = bytes};
+  const Optimizer sgd = resolve_optimizer({.lr = 0.01});
+  time_training(m, o, sgd, weight_bytes(m), whole, 1);
+  time_training(m, o, sgd, weight_bytes(m), r, kMicro);
+  r.baseline = "micro_batches_1";
+  r.baseline_s = whole.case_s;
+  r.extra["micro_batches"] = kMicro;
+  r.extra["micro_batches_1_peak_bytes"] = whole.extra["measured_peak_bytes"];
+  return r;
 }
 
 // Sets r's baseline to PyTorch's step times for `model` (1 thread for one device, 2 otherwise).
@@ -379,6 +402,8 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
   };
   try {
     for (const std::string& mesh : o.meshes) add_result(report, train_step_case(o, mesh, labels));
+    add_result(report, micro_case(o, "mlp_step_micro4", mlp(o, "1", labels), "1",
+                                  (o.batch * o.in + 2 * o.in * o.hidden) * 4));
     for (const std::string& mesh : o.gpt_meshes) {
       BenchResult sgd = gpt_step_case(o, mesh, tokens, OptimizerKind::kSgd);
       BenchResult adamw = gpt_step_case(o, mesh, tokens, OptimizerKind::kAdamW);
@@ -392,6 +417,10 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
       add_result(report, std::move(sgd));
       add_result(report, std::move(adamw));
     }
+    add_result(report, micro_case(o, "gpt_step_micro4",
+                                  gpt_model(o.gpt, GptLayout::kDataParallel, "1", tokens.tokens,
+                                            tokens.next),
+                                  "1", o.gpt.batch * o.gpt.seq * o.gpt.width * 4));
     add_result(report, gpt_sp_bytes_case(o, tokens));
   } catch (...) {
     remove();
