@@ -13,6 +13,7 @@
 
 #include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/accumulate.h"
 #include "meshflow/kernels/optimizer.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/runtime/executor.h"
@@ -181,32 +182,6 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
   }
   if (options.times) options.times->total_s += steady_seconds() - run_start;
 }
-
-namespace {
-
-// acc += x, elementwise (floating point, one shape).
-void add_into(Tensor& acc, const Tensor& x) {
-  MESHFLOW_CHECK(acc.shape() == x.shape() && acc.dtype() == x.dtype(), "accumulating {} into {}",
-                 to_string(x.shape()), to_string(acc.shape()));
-  visit_dtype(acc.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    if constexpr (std::is_floating_point_v<T>) {
-      std::span<T> a = acc.data<T>();
-      std::span<const T> b = x.data<T>();
-      for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-    }
-  });
-}
-
-void scale_in_place(Tensor& t, double s) {
-  visit_dtype(t.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    if constexpr (std::is_floating_point_v<T>)
-      for (T& x : t.data<T>()) x = static_cast<T>(x * s);
-  });
-}
-
-}  // namespace
 
 void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
               std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
