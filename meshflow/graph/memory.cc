@@ -52,13 +52,6 @@ std::int64_t shard_bytes(const TaskGraph& g, ValueId v, DeviceId device) {
   return numel(local_shape(l, device)) * static_cast<std::int64_t>(size_of(l.dtype));
 }
 
-// Returns whether `task` makes its value on this device (a move only on its destination; an
-// update writes in place).
-bool makes_value(const Task& task) {
-  if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to;
-  return !std::holds_alternative<UpdateTask>(task.work);
-}
-
 }  // namespace
 
 std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, int micro_batches) {

@@ -132,15 +132,7 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
       const std::vector<ValueId> reads = task_reads(task);
       read_once.insert(reads.begin(), reads.end());
     }
-    std::visit(
-        [&](const auto& w) {
-          using W = std::decay_t<decltype(w)>;
-          // A move makes its value only on the devices of its destination.
-          bool makes = true;
-          if constexpr (std::is_same_v<W, MoveTask>) makes = w.program->in_to;
-          if (!task.once_per_step && makes) made_per_micro_batch.insert(task.out);
-        },
-        task.work);
+    if (!task.once_per_step && makes_value(task)) made_per_micro_batch.insert(task.out);
   }
   for (ValueId v : made_per_micro_batch) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
@@ -150,6 +142,11 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
 }
 
 }  // namespace
+
+bool makes_value(const Task& task) {
+  if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to;
+  return !std::holds_alternative<UpdateTask>(task.work);
+}
 
 std::vector<DeviceId> pcg_devices(const Pcg& pcg) {
   std::set<DeviceId> devices;

@@ -127,6 +127,10 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep,
 // Returns the task graph as text, one task per line per device (golden tests).
 std::string to_text(const TaskGraph& graph);
 
+// Returns whether `task` makes a new value on its device: a move only on its destination's
+// devices; an update writes its weight in place and makes none.
+bool makes_value(const Task& task);
+
 // Returns the devices of every layout of `pcg`, ascending.
 std::vector<DeviceId> pcg_devices(const Pcg& pcg);
 
