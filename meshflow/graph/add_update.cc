@@ -33,6 +33,12 @@ Node laid_out(std::string name, NodeKind kind, std::vector<ValueId> inputs, Tens
 
 }  // namespace
 
+std::optional<ValueId> find_grad_norm(const Pcg& pcg) {
+  for (ValueId v = 0; v < static_cast<ValueId>(pcg.nodes.size()); ++v)
+    if (pcg.nodes[static_cast<std::size_t>(v)].name == kGradNormName) return v;
+  return std::nullopt;
+}
+
 Pcg add_update(Pcg pcg, const UpdateRule& rule) {
   verify(pcg, Stage::kLaidOut);
   struct Trained {

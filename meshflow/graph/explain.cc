@@ -92,8 +92,7 @@ Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options) {
   if (!pcg.loss) return e;
   // The runtime keeps the loss and the squared norm for its report; the rest as the step runs.
   std::vector<ValueId> keep = {*g.loss};
-  for (ValueId v = 0; v < static_cast<ValueId>(g.nodes.size()); ++v)
-    if (g.nodes[static_cast<std::size_t>(v)].name == kGradNormName) keep.push_back(v);
+  if (auto norm = find_grad_norm(g)) keep.push_back(*norm);
   for (const DeviceMemory& d :
        estimate_memory(g, expand_shards(g, keep, options.plan), options.micro_batches)) {
     if (!e.memory || d.peak > e.memory->peak) e.memory = d;

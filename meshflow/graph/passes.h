@@ -60,6 +60,9 @@ Pcg add_update(Pcg pcg, const UpdateRule& rule = {});
 // The name of add_update's all-reduced squared gradient norm.
 inline constexpr std::string_view kGradNormName = "update:grad_norm_sq";
 
+// Returns add_update's all-reduced squared gradient norm in `pcg`, none when nothing is trained.
+std::optional<ValueId> find_grad_norm(const Pcg& pcg);
+
 // Micro-batching (train --micro-batches M). Before and after: Stage::kBuilt with a loss. Every
 // input with `batch` has dim 0 divided by M and micro_batches = M; every other spec is
 // re-inferred. The batch dim is followed from the inputs through every node (broadcasting,

@@ -218,10 +218,8 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
   if (mode == Mode::kTrain) {
     p.loss = fetch(*p.pcg.loss);
     keep.push_back(*p.pcg.loss);
-    for (ValueId v = 0; v < static_cast<ValueId>(p.pcg.nodes.size()); ++v) {
-      if (p.pcg.nodes[static_cast<std::size_t>(v)].name == kGradNormName)
-        p.grad_norm = keep.emplace_back(v);
-    }
+    p.grad_norm = find_grad_norm(p.pcg);
+    if (p.grad_norm) keep.push_back(*p.grad_norm);
     for (const Node& n : model.pcg.nodes) {
       if (n.kind != NodeKind::kWeight) continue;
       p.saved.push_back(find_value(p.pcg, n.name));
