@@ -93,9 +93,12 @@ Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options) {
   // The runtime keeps the loss and the squared norm for its report; the rest as the step runs.
   std::vector<ValueId> keep = {*g.loss};
   if (auto norm = find_grad_norm(g)) keep.push_back(*norm);
-  for (const DeviceMemory& d :
-       estimate_memory(g, expand_shards(g, keep, options.plan), options.micro_batches)) {
+  const TaskGraph tasks = expand_shards(g, keep, options.plan);
+  for (const DeviceMemory& d : estimate_memory(g, tasks, options.micro_batches)) {
     if (!e.memory || d.peak > e.memory->peak) e.memory = d;
+  }
+  for (const StepTime& t : estimate_step_time(g, tasks, options.micro_batches, options.plan)) {
+    if (!e.step_time || t.total() > e.step_time->total()) e.step_time = t;
   }
   return e;
 }
@@ -121,6 +124,13 @@ nlohmann::json to_json(const Explanation& e) {
     }
   }
   nlohmann::json out = {{"values", values}, {"moves", moves}};
+  if (e.step_time) {
+    out["est_step_s"] = e.step_time->total();
+    out["est_step"] = {{"device", e.step_time->device},
+                       {"compute_s", e.step_time->compute_s},
+                       {"move_s", e.step_time->move_s},
+                       {"update_s", e.step_time->update_s}};
+  }
   if (e.memory) {
     out["memory_per_device_bytes"] = e.memory->peak;
     out["memory"] = to_json(e.memory->at_peak);
@@ -160,6 +170,13 @@ std::string to_text(const Explanation& e) {
                          to, steps, m.est_s);
     }
     if (count == 0) out += "  (none)\n";
+  }
+  if (e.step_time) {
+    const StepTime& t = *e.step_time;
+    out += fmt::format(
+        "step time (estimated): {:.6g} s on its slowest device ({}): compute {:.6g} s, moves "
+        "{:.6g} s, optimizer {:.6g} s\n",
+        t.total(), t.device, t.compute_s, t.move_s, t.update_s);
   }
   if (e.memory) {
     const auto& b = e.memory->at_peak.bytes;

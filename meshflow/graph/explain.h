@@ -12,6 +12,7 @@
 
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/memory.h"
+#include "meshflow/graph/step_time.h"
 #include "meshflow/graph/pcg.h"
 #include "meshflow/plan/planner.h"
 
@@ -37,6 +38,8 @@ struct Explanation {
   std::vector<MoveReport> moves;                       // in graph order
   // Training: the device whose tensors peak highest in a step (graph/memory.h's estimate).
   std::optional<DeviceMemory> memory;
+  // Training: the slowest device's estimated step (graph/step_time.h).
+  std::optional<StepTime> step_time;
 };
 
 // Returns the explanation of `pcg` (Stage::kCopied); with `overlap` (the options it was
@@ -50,7 +53,7 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options = {},
 Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options);
 
 // DESIGN's `explain --json` object: {"values": {...}, "moves": [...]}, and for training
-// "memory_per_device_bytes" and "memory": {"weights", "gradients", "optimizer_state",
+// "est_step_s", "memory_per_device_bytes" and "memory": {"weights", "gradients", "optimizer_state",
 // "activations", "gathered"}.
 nlohmann::json to_json(const Explanation& e);
 

@@ -43,17 +43,6 @@ void MemoryCounter::observe(const std::vector<std::int64_t>& bytes, const Memory
   }
 }
 
-namespace {
-
-// Returns the bytes of value v's shard on `device` (0 where the device holds none).
-std::int64_t shard_bytes(const TaskGraph& g, ValueId v, DeviceId device) {
-  const Layout& l = g.layouts[static_cast<std::size_t>(v)];
-  if (!find_device(l.mesh, device)) return 0;
-  return numel(local_shape(l, device)) * static_cast<std::int64_t>(size_of(l.dtype));
-}
-
-}  // namespace
-
 std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, int micro_batches) {
   const std::vector<MemoryKind> kinds = memory_kinds(pcg);
   auto kind = [&](ValueId v) { return kinds[static_cast<std::size_t>(v)]; };

@@ -148,6 +148,12 @@ bool makes_value(const Task& task) {
   return !std::holds_alternative<UpdateTask>(task.work);
 }
 
+std::int64_t shard_bytes(const TaskGraph& g, ValueId v, DeviceId device) {
+  const Layout& l = g.layouts[static_cast<std::size_t>(v)];
+  if (!find_device(l.mesh, device)) return 0;
+  return numel(local_shape(l, device)) * static_cast<std::int64_t>(size_of(l.dtype));
+}
+
 std::vector<DeviceId> pcg_devices(const Pcg& pcg) {
   std::set<DeviceId> devices;
   for (const Node& n : pcg.nodes) {

@@ -131,6 +131,9 @@ std::string to_text(const TaskGraph& graph);
 // devices; an update writes its weight in place and makes none.
 bool makes_value(const Task& task);
 
+// Returns the bytes of value v's shard on `device` (0 where the device holds none).
+std::int64_t shard_bytes(const TaskGraph& g, ValueId v, DeviceId device);
+
 // Returns the devices of every layout of `pcg`, ascending.
 std::vector<DeviceId> pcg_devices(const Pcg& pcg);
 

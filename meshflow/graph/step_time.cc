@@ -1,0 +1,109 @@
+// The step-time estimate: each task priced by the cost model, summed per device.
+#include "meshflow/graph/step_time.h"
+
+#include <algorithm>
+
+#include "meshflow/graph/passes.h"
+#include "meshflow/ops/op.h"
+
+namespace meshflow {
+
+namespace {
+
+// Returns the bytes of value v's shard on `device` as a double (0 where it holds none).
+double bytes_of(const TaskGraph& g, ValueId v, DeviceId device) {
+  return static_cast<double>(shard_bytes(g, v, device));
+}
+
+// Returns the compute node of `pcg` decomposed as `d`.
+const Node& decomposed_product(const Pcg& pcg, const Decomposition& d) {
+  const auto it = std::find_if(pcg.nodes.begin(), pcg.nodes.end(),
+                               [&](const Node& n) { return n.decomposed && *n.decomposed == d; });
+  MESHFLOW_CHECK(it != pcg.nodes.end(), "an overlap task whose product is not in the graph");
+  return *it;
+}
+
+}  // namespace
+
+StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceId device,
+                   const MachineModel& machine, PlanCache& plans) {
+  StepTime t;
+  if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
+    std::vector<Shape> local;
+    double bytes = bytes_of(g, task.out, device);
+    for (ValueId a : c->call->args) {
+      local.push_back(local_shape(g.layouts[static_cast<std::size_t>(a)], device));
+      bytes += bytes_of(g, a, device);
+    }
+    t.compute_s = kernel_seconds(
+        machine, work_points(c->call->op, c->call->globals, local, c->local_out), bytes);
+    return t;
+  }
+  if (std::holds_alternative<MoveTask>(task.work)) {
+    const Node& n = pcg.nodes[static_cast<std::size_t>(task.out)];
+    const Layout& from = *pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout;
+    t.move_s = plans.get(from, *n.layout)->est_s;
+    return t;
+  }
+  if (const auto* o = std::get_if<OverlapTask>(&task.work)) {
+    const Node& product = decomposed_product(pcg, o->decomposition);
+    const OverlapCostInput input = overlap_cost_input(pcg, product, o->decomposition);
+    const OverlapEstimate e = o->decomposition.kind == Decomposition::Kind::kGatherOperand
+                                  ? gather_overlap(machine, input, o->decomposition.form)
+                                  : reduce_scatter_overlap(machine, input, o->decomposition.form);
+    // As the runtime counts a loop: its products are compute, the rest of it the move's.
+    t.compute_s = e.product_s;
+    t.move_s = std::max(0.0, e.overlapped_s - e.product_s);
+    return t;
+  }
+  if (const auto* n = std::get_if<GradNormTask>(&task.work)) {
+    double bytes = 0;
+    for (ValueId v : n->counted) bytes += bytes_of(g, v, device);
+    // One pass that reads (kernel_seconds counts a memcpy's read and write).
+    t.update_s = kernel_seconds(machine, 0, 2 * bytes);
+    return t;
+  }
+  const auto& u = std::get<UpdateTask>(task.work);
+  // One fused pass (kernels/optimizer.h): reads the gradient, reads and writes the weight and
+  // each state tensor.
+  const double weight = bytes_of(g, u.weight, device);
+  t.update_s = kernel_seconds(
+      machine, 0,
+      bytes_of(g, u.grad, device) + 2 * weight * (1 + static_cast<double>(u.state.size())));
+  return t;
+}
+
+std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int micro_batches,
+                                         const PlanOptions& options) {
+  MESHFLOW_CHECK(micro_batches >= 1);
+  const MachineModel& machine = options.machine ? *options.machine : default_machine();
+  PlanCache plans(options);
+  std::vector<StepTime> out;
+  for (const DeviceTasks& dt : g.devices) {
+    StepTime step{.device = dt.device};
+    for (const Task& task : dt.tasks) {
+      const StepTime t = task_time(pcg, g, task, dt.device, machine, plans);
+      const double times = task.once_per_step ? 1 : micro_batches;
+      step.compute_s += times * t.compute_s;
+      step.move_s += times * t.move_s;
+      step.update_s += times * t.update_s;
+    }
+    if (micro_batches > 1) {
+      // The runtime sums each accumulated value over the micro-batches (an add that reads two
+      // and writes one), then scales the sum once.
+      double bytes = 0;
+      for (ValueId v : dt.accumulated) bytes += bytes_of(g, v, dt.device);
+      step.compute_s += kernel_seconds(machine, 0, (micro_batches - 1) * 3 * bytes + 2 * bytes);
+    }
+    out.push_back(step);
+  }
+  return out;
+}
+
+double slowest(const std::vector<StepTime>& times) {
+  double s = 0;
+  for (const StepTime& t : times) s = std::max(s, t.total());
+  return s;
+}
+
+}  // namespace meshflow
