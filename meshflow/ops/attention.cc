@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/vector_math.h"
 #include "meshflow/ops/matmul.h"
 
 namespace meshflow {
@@ -96,13 +97,21 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
       for (std::int64_t i = 0; i < rows; ++i) {
         T* row = p.data() + i * d.sk;
         // keys after the query's global position are masked when causal
-        const std::int64_t last = op.causal ? std::min(d.sk, q_off + r0 + i - k_off + 1) : d.sk;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j] * scale);
+        const std::int64_t last =
+            op.causal ? std::clamp<std::int64_t>(q_off + r0 + i - k_off + 1, 0, d.sk) : d.sk;
+        for (std::int64_t j = 0; j < last; ++j) row[j] *= scale;
         T sum = 0;
-        for (std::int64_t j = 0; j < last; ++j) sum += row[j] = std::exp(row[j] * scale - mx);
+        if constexpr (std::is_same_v<T, float>) {
+          const VectorMath& m = vector_math();
+          sum = m.exp_sum(row, m.max(row, last), row, last);
+        } else {
+          T mx = -std::numeric_limits<T>::infinity();
+          for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j]);
+          for (std::int64_t j = 0; j < last; ++j) sum += row[j] = std::exp(row[j] - mx);
+        }
         const T inv = sum > 0 ? 1 / sum : 0;
-        for (std::int64_t j = 0; j < d.sk; ++j) row[j] = j < last ? row[j] * inv : 0;
+        for (std::int64_t j = 0; j < last; ++j) row[j] *= inv;
+        std::fill(row + last, row + d.sk, T(0));
       }
       const T* gb = g ? g + (b * d.sq + r0) * d.dv : nullptr;
       if (type == OpType::kAttention) {

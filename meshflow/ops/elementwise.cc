@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/vector_math.h"
 
 namespace meshflow {
 
@@ -121,6 +122,14 @@ void unary_loop(const Tensor& a, Tensor& out, F f) {
 
 template <typename T>
 void binary(OpType type, const Tensor& a, const Tensor& b, Tensor& out) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (type == OpType::kGeluGrad) {  // g and x of one shape (infer_elementwise checks)
+      vector_math().gelu_grad(reinterpret_cast<const float*>(a.bytes()),
+                              reinterpret_cast<const float*>(b.bytes()),
+                              reinterpret_cast<float*>(out.bytes()), out.numel());
+      return;
+    }
+  }
   switch (type) {
     case OpType::kAdd:
       return broadcast_loop<T>(a, b, out, [](T x, T y) { return T(x + y); });
@@ -143,8 +152,33 @@ void binary(OpType type, const Tensor& a, const Tensor& b, Tensor& out) {
   }
 }
 
+// Returns the vector loop of float32 unary `type`, or null where the scalar loop serves.
+using VectorUnary = void (*)(const float*, float*, std::int64_t);
+VectorUnary vector_unary(OpType type) {
+  const VectorMath& m = vector_math();
+  switch (type) {
+    case OpType::kGelu:
+      return m.gelu;
+    case OpType::kTanh:
+      return m.tanh;
+    case OpType::kSigmoid:
+      return m.sigmoid;
+    case OpType::kExp:
+      return m.exp;
+    default:
+      return nullptr;
+  }
+}
+
 template <typename T>
 void unary(OpType type, const Tensor& a, Tensor& out) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (const VectorUnary f = vector_unary(type)) {
+      f(reinterpret_cast<const float*>(a.bytes()), reinterpret_cast<float*>(out.bytes()),
+        out.numel());
+      return;
+    }
+  }
   switch (type) {
     case OpType::kNeg:
       return unary_loop<T>(a, out, [](T x) { return T(-x); });

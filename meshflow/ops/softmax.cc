@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/vector_math.h"
 
 namespace meshflow {
 
@@ -43,9 +44,22 @@ Around around(const Shape& shape, int dim) {
   return a;
 }
 
-// y = softmax(x) along the middle axis of [outer, d, inner].
+// y = softmax(x) along the middle axis of [outer, d, inner]; rows (inner 1) of float32 through
+// the vector loops, one pass for the max and one for the exponentials and their sum.
 template <typename T>
 void softmax_rows(const T* x, T* y, Around a) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.inner == 1) {
+      const VectorMath& m = vector_math();
+      for (std::int64_t o = 0; o < a.outer; ++o) {
+        const float* xr = x + o * a.d;
+        float* yr = y + o * a.d;
+        const float inv = 1.0f / m.exp_sum(xr, m.max(xr, a.d), yr, a.d);
+        for (std::int64_t j = 0; j < a.d; ++j) yr[j] *= inv;
+      }
+      return;
+    }
+  }
   for (std::int64_t o = 0; o < a.outer; ++o) {
     for (std::int64_t i = 0; i < a.inner; ++i) {
       const T* xs = x + o * a.d * a.inner + i;
@@ -60,6 +74,21 @@ void softmax_rows(const T* x, T* y, Around a) {
       }
       for (std::int64_t j = 0; j < a.d; ++j) ys[j * a.inner] /= sum;
     }
+  }
+}
+
+// Returns log Σ exp(x) over a row of n logits (its max subtracted first).
+template <typename T>
+T log_sum_exp(const T* x, std::int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    const VectorMath& m = vector_math();
+    const float mx = m.max(x, n);
+    return std::log(m.exp_sum(x, mx, nullptr, n)) + mx;
+  } else {
+    const T mx = *std::max_element(x, x + n);
+    T sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += std::exp(x[j] - mx);
+    return std::log(sum) + mx;
   }
 }
 
@@ -98,26 +127,24 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
     case OpType::kSoftmaxCrossEntropyGrad: {
       const std::int64_t rows = x.shape()[0], classes = x.shape()[1];
       const auto batch = static_cast<T>(globals[0].shape[0]);
-      Tensor p = Tensor::uninitialized(x.dtype(), x.shape());
-      T* pp = reinterpret_cast<T*>(p.bytes());
-      softmax_rows(px, pp, Around{rows, classes, 1});
       if (op.type == OpType::kSoftmaxCrossEntropy) {
+        // -log softmax[label], from the logits directly (no log of a rounded-to-0 probability)
         Tensor loss(x.dtype(), {});
         T total = 0;
         for (std::int64_t r = 0; r < rows; ++r) {
-          // -log softmax[label], from the logits directly (no log of a rounded-to-0 probability)
           const T* xr = px + r * classes;
-          const T mx = *std::max_element(xr, xr + classes);
-          T sum = 0;
-          for (std::int64_t j = 0; j < classes; ++j) sum += std::exp(xr[j] - mx);
-          total += std::log(sum) + mx - xr[class_label(*in[1], r, classes)];
+          total += log_sum_exp(xr, classes) - xr[class_label(*in[1], r, classes)];
         }
         reinterpret_cast<T*>(loss.bytes())[0] = total / batch;
         return loss;
       }
+      // g (softmax(x) - onehot(label)) / batch, row by row in one pass after the max.
+      Tensor p = Tensor::uninitialized(x.dtype(), x.shape());
+      T* pp = reinterpret_cast<T*>(p.bytes());
       const T g = reinterpret_cast<const T*>(in[2]->bytes())[0] / batch;
       for (std::int64_t r = 0; r < rows; ++r) {
         T* pr = pp + r * classes;
+        softmax_rows(px + r * classes, pr, Around{1, classes, 1});
         pr[class_label(*in[1], r, classes)] -= T(1);
         for (std::int64_t j = 0; j < classes; ++j) pr[j] *= g;
       }

@@ -1,0 +1,80 @@
+// The scalar loops and the choice of instruction set.
+#include "meshflow/kernels/vector_math.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#if MESHFLOW_X86_SIMD
+#include "meshflow/kernels/vector_math_simd.h"
+#endif
+
+namespace meshflow {
+
+namespace {
+
+float gelu_scalar(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+
+const VectorMath kScalar{
+    .isa = "scalar",
+    .exp = [](const float* x, float* y,
+              std::int64_t n) { std::transform(x, x + n, y, [](float v) { return std::exp(v); }); },
+    .tanh =
+        [](const float* x, float* y, std::int64_t n) {
+          std::transform(x, x + n, y, [](float v) { return std::tanh(v); });
+        },
+    .sigmoid =
+        [](const float* x, float* y, std::int64_t n) {
+          std::transform(x, x + n, y, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
+        },
+    .gelu = [](const float* x, float* y,
+               std::int64_t n) { std::transform(x, x + n, y, gelu_scalar); },
+    .gelu_grad =
+        [](const float* g, const float* x, float* y, std::int64_t n) {
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float cdf = 0.5f * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+            const float pdf = std::exp(-0.5f * x[i] * x[i]) * 0.39894228040143268f;
+            y[i] = g[i] * (cdf + x[i] * pdf);
+          }
+        },
+    .max =
+        [](const float* x, std::int64_t n) {
+          float m = -std::numeric_limits<float>::infinity();
+          for (std::int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+          return m;
+        },
+    .exp_sum =
+        [](const float* x, float shift, float* y, std::int64_t n) {
+          float sum = 0;
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float e = std::exp(x[i] - shift);
+            if (y) y[i] = e;
+            sum += e;
+          }
+          return sum;
+        },
+};
+
+}  // namespace
+
+const VectorMath& scalar_math() { return kScalar; }
+
+std::vector<const VectorMath*> vector_math_all() {
+  std::vector<const VectorMath*> all;
+#if MESHFLOW_X86_SIMD
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) all.push_back(&vector_math_avx512());
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    all.push_back(&vector_math_avx2());
+  all.push_back(&vector_math_sse2());
+#endif
+  all.push_back(&kScalar);
+  return all;
+}
+
+const VectorMath& vector_math() {
+  static const VectorMath* const chosen = vector_math_all().front();
+  return *chosen;
+}
+
+}  // namespace meshflow

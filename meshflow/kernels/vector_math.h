@@ -1,0 +1,39 @@
+// Float32 math over arrays, vectorised: the transcendental functions of the elementwise
+// operators, softmax and attention, as SLEEF's 1-ULP vector functions (the library PyTorch's CPU
+// kernels use) on the widest vector unit this CPU has, chosen once at run time: AVX-512F,
+// AVX2 with FMA, SSE2 (every x86-64); elsewhere the C library's scalar functions. Results
+// differ from the scalar std:: functions by at most a few ULP.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace meshflow {
+
+// The loops of one instruction set. Every function takes n elements; an output may alias its
+// input (in place).
+struct VectorMath {
+  std::string_view isa;  // "avx512", "avx2", "sse2", "scalar"
+  void (*exp)(const float* x, float* y, std::int64_t n);
+  void (*tanh)(const float* x, float* y, std::int64_t n);
+  void (*sigmoid)(const float* x, float* y, std::int64_t n);  // 1 / (1 + exp(-x))
+  void (*gelu)(const float* x, float* y, std::int64_t n);     // x Φ(x), Φ the normal CDF (erf)
+  // y = g * d/dx gelu(x) = g (Φ(x) + x φ(x)), φ the normal density.
+  void (*gelu_grad)(const float* g, const float* x, float* y, std::int64_t n);
+  float (*max)(const float* x, std::int64_t n);  // -inf for n = 0; NaN if any is NaN
+  // Returns Σ exp(x - shift); writes the terms to y unless y is null.
+  float (*exp_sum)(const float* x, float shift, float* y, std::int64_t n);
+};
+
+// Returns the loops for this CPU (chosen on first use).
+const VectorMath& vector_math();
+
+// Returns the loops of every instruction set this build has that this CPU runs, widest first,
+// the scalar loops last (tests check each against a float64 reference).
+std::vector<const VectorMath*> vector_math_all();
+
+// Returns the scalar loops (the C library's functions), the reference and the fallback.
+const VectorMath& scalar_math();
+
+}  // namespace meshflow

@@ -1,0 +1,54 @@
+// The vector loops on AVX-512F (built with -mavx512f -mfma; run only where the CPU has them).
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps and trip -Wmaybe-uninitialized
+// where they are inlined (GCC bug 105593): a false positive, silenced for this file alone.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#include <sleef.h>
+
+#include "meshflow/kernels/vector_math_simd.h"
+
+namespace meshflow {
+
+namespace {
+
+struct Avx512 {
+  using Reg = __m512;
+  static constexpr int kWidth = 16;
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Reg r) { _mm512_storeu_ps(p, r); }
+  static Reg set1(float v) { return _mm512_set1_ps(v); }
+  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static Reg sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  static Reg div(Reg a, Reg b) { return _mm512_div_ps(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg exp(Reg a) { return Sleef_expf16_u10avx512f(a); }
+  static Reg erf(Reg a) { return Sleef_erff16_u10avx512f(a); }
+  static Reg tanh(Reg a) { return Sleef_tanhf16_u10avx512f(a); }
+  // Through memory: once per row, it costs nothing.
+  static float hsum(Reg a) {
+    alignas(64) float lanes[kWidth];
+    _mm512_store_ps(lanes, a);
+    float s = 0;
+    for (float v : lanes) s += v;
+    return s;
+  }
+  static float hmax(Reg a) {
+    alignas(64) float lanes[kWidth];
+    _mm512_store_ps(lanes, a);
+    float m = lanes[0];
+    for (float v : lanes) m = m > v ? m : v;
+    return m;
+  }
+};
+
+}  // namespace
+
+const VectorMath& vector_math_avx512() {
+  static const VectorMath table = SimdLoops<Avx512>::table("avx512");
+  return table;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,118 @@
+// The vector loops of kernels/vector_math.h written once over a register type: each
+// instruction set's file (vector_math_<isa>.cc, built with that set's compiler flags) supplies
+// V, a register of kWidth floats with its loads, arithmetic and SLEEF functions, and
+// instantiates SimdLoops<V>. A loop runs whole registers, then the tail through one padded
+// register.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "meshflow/kernels/vector_math.h"
+
+namespace meshflow {
+
+// The loops of each instruction set this build has (x86-64 only).
+const VectorMath& vector_math_avx512();
+const VectorMath& vector_math_avx2();
+const VectorMath& vector_math_sse2();
+
+template <class V>
+struct SimdLoops {
+  using R = typename V::Reg;
+  static constexpr int kWidth = V::kWidth;
+
+  // y[i] = f(x[i]); the tail's padding lanes hold `pad`.
+  template <class F>
+  static void map(const float* x, float* y, std::int64_t n, F f) {
+    std::int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth) V::store(y + i, f(V::load(x + i)));
+    if (i == n) return;
+    alignas(64) float buf[kWidth] = {};
+    std::copy(x + i, x + n, buf);
+    V::store(buf, f(V::load(buf)));
+    std::copy(buf, buf + (n - i), y + i);
+  }
+
+  static R gelu_of(R x) {
+    const R half = V::set1(0.5f), one = V::set1(1.0f), inv_sqrt2 = V::set1(0.70710678118654752f);
+    return V::mul(V::mul(half, x), V::add(one, V::erf(V::mul(x, inv_sqrt2))));
+  }
+
+  static void exp(const float* x, float* y, std::int64_t n) { map(x, y, n, V::exp); }
+  static void tanh(const float* x, float* y, std::int64_t n) { map(x, y, n, V::tanh); }
+  static void sigmoid(const float* x, float* y, std::int64_t n) {
+    map(x, y, n, [](R v) {
+      const R one = V::set1(1.0f);
+      return V::div(one, V::add(one, V::exp(V::sub(V::set1(0.0f), v))));
+    });
+  }
+  static void gelu(const float* x, float* y, std::int64_t n) { map(x, y, n, gelu_of); }
+
+  static void gelu_grad(const float* g, const float* x, float* y, std::int64_t n) {
+    // Φ(x) + x φ(x): the normal CDF through erf, the density exp(-x²/2) / √(2π).
+    auto f = [](R gv, R xv) {
+      const R half = V::set1(0.5f), one = V::set1(1.0f);
+      const R cdf = V::mul(half, V::add(one, V::erf(V::mul(xv, V::set1(0.70710678118654752f)))));
+      const R pdf =
+          V::mul(V::exp(V::mul(V::set1(-0.5f), V::mul(xv, xv))), V::set1(0.39894228040143268f));
+      return V::mul(gv, V::fmadd(xv, pdf, cdf));
+    };
+    std::int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth) V::store(y + i, f(V::load(g + i), V::load(x + i)));
+    if (i == n) return;
+    alignas(64) float bg[kWidth] = {}, bx[kWidth] = {};
+    std::copy(g + i, g + n, bg);
+    std::copy(x + i, x + n, bx);
+    V::store(bx, f(V::load(bg), V::load(bx)));
+    std::copy(bx, bx + (n - i), y + i);
+  }
+
+  static float max(const float* x, std::int64_t n) {
+    constexpr float kLow = -std::numeric_limits<float>::infinity();
+    R m = V::set1(kLow);
+    std::int64_t i = 0;
+    // max(v, m) keeps m where v is NaN: NaNs are skipped, as std::max skips them.
+    for (; i + kWidth <= n; i += kWidth) m = V::max(V::load(x + i), m);
+    float out = V::hmax(m);
+    for (; i < n; ++i) out = std::max(out, x[i]);
+    return out;
+  }
+
+  static float exp_sum(const float* x, float shift, float* y, std::int64_t n) {
+    const R s = V::set1(shift);
+    R acc = V::set1(0.0f);
+    std::int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth) {
+      const R e = V::exp(V::sub(V::load(x + i), s));
+      if (y) V::store(y + i, e);
+      acc = V::add(acc, e);
+    }
+    if (i < n) {
+      alignas(64) float buf[kWidth];
+      std::fill(buf, buf + kWidth, -std::numeric_limits<float>::infinity());  // exp: 0
+      std::copy(x + i, x + n, buf);
+      const R e = V::exp(V::sub(V::load(buf), s));
+      acc = V::add(acc, e);
+      if (y) {
+        V::store(buf, e);
+        std::copy(buf, buf + (n - i), y + i);
+      }
+    }
+    return V::hsum(acc);
+  }
+
+  static VectorMath table(std::string_view isa) {
+    return {.isa = isa,
+            .exp = exp,
+            .tanh = tanh,
+            .sigmoid = sigmoid,
+            .gelu = gelu,
+            .gelu_grad = gelu_grad,
+            .max = max,
+            .exp_sum = exp_sum};
+  }
+};
+
+}  // namespace meshflow

@@ -1,0 +1,126 @@
+// Every instruction set's loops against float64 std:: functions, on random values over the
+// ranges the operators see, the special values, and lengths that leave every tail size.
+#include "meshflow/kernels/vector_math.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace meshflow {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Returns n random values in [-r, r] followed by the special values.
+std::vector<float> values(std::int64_t n, float r, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-r, r);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (float& v : x) v = u(rng);
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.0f, -87.0f, -104.0f, 20.0f, -20.0f})
+    x.push_back(v);
+  return x;
+}
+
+// Expects got within 4 float ULP of `scale` (by default of want itself) or 1e-37 (results
+// near 0).
+void expect_close(float got, double want, const char* what, std::string_view isa, float x,
+                  double scale = 0) {
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << what << " " << isa << " x=" << x;
+    return;
+  }
+  const double tol =
+      4 * std::numeric_limits<float>::epsilon() * std::max(scale, std::abs(want)) + 1e-37;
+  EXPECT_NEAR(got, want, tol) << what << " " << isa << " x=" << x;
+}
+
+double gelu(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double gelu_grad(double x) {
+  return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
+         x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+
+TEST(VectorMath, EveryIsaMatchesTheFloat64Functions) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (std::int64_t n : {0, 1, 3, 7, 15, 17, 1000}) {
+      const std::vector<float> x = values(n, 12, 5 + static_cast<unsigned>(n));
+      const std::vector<float> g = values(n, 2, 99);
+      const auto len = static_cast<std::int64_t>(x.size());
+      std::vector<float> y(x.size());
+      m->exp(x.data(), y.data(), len);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        expect_close(y[i], std::exp(double{x[i]}), "exp", m->isa, x[i]);
+      m->tanh(x.data(), y.data(), len);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        expect_close(y[i], std::tanh(double{x[i]}), "tanh", m->isa, x[i]);
+      m->sigmoid(x.data(), y.data(), len);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        expect_close(y[i], 1 / (1 + std::exp(-double{x[i]})), "sigmoid", m->isa, x[i]);
+      m->gelu(x.data(), y.data(), len);
+      // 1 + erf(x/√2) cancels for negative x (PyTorch's formula too): error on x's scale.
+      for (std::size_t i = 0; i < x.size(); ++i)
+        expect_close(y[i], gelu(x[i]), "gelu", m->isa, x[i], std::abs(x[i]));
+      m->gelu_grad(g.data(), x.data(), y.data(), len);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        // Φ(x) + x φ(x) cancels near x = -0.75: absolute error against g's scale.
+        EXPECT_NEAR(y[i], g[i] * gelu_grad(x[i]), 1e-6 * (1 + std::abs(g[i])))
+            << "gelu_grad " << m->isa << " x=" << x[i];
+      }
+    }
+  }
+}
+
+TEST(VectorMath, MaxAndShiftedExpSumAsSoftmaxUsesThem) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (std::int64_t n : {0, 1, 5, 16, 33, 8192}) {
+      const std::vector<float> x = values(n, 30, 17 + static_cast<unsigned>(n));
+      const auto len = static_cast<std::int64_t>(x.size());
+      double mx = -kInf;
+      for (float v : x) mx = std::max(mx, double{v});
+      EXPECT_EQ(m->max(x.data(), len), mx) << m->isa << " n=" << n;
+      double sum = 0;
+      for (float v : x) sum += std::exp(double{v} - mx);
+      std::vector<float> y(x.size());
+      const float got = m->exp_sum(x.data(), static_cast<float>(mx), y.data(), len);
+      EXPECT_NEAR(got, sum, 1e-5 * sum) << m->isa << " n=" << n;
+      EXPECT_EQ(m->exp_sum(x.data(), static_cast<float>(mx), nullptr, len), got) << m->isa;
+      // The shift is a float subtraction: exp of its rounded result.
+      for (std::size_t i = 0; i < x.size(); ++i)
+        expect_close(y[i], std::exp(double{x[i] - static_cast<float>(mx)}), "exp_sum", m->isa,
+                     x[i]);
+    }
+  }
+}
+
+TEST(VectorMath, InfinitiesAndNaNsAsTheScalarFunctions) {
+  const std::vector<float> x = {kInf, -kInf, std::nanf("")};
+  for (const VectorMath* m : vector_math_all()) {
+    std::vector<float> y(3);
+    m->exp(x.data(), y.data(), 3);
+    EXPECT_EQ(y[0], kInf) << m->isa;
+    EXPECT_EQ(y[1], 0.0f) << m->isa;
+    EXPECT_TRUE(std::isnan(y[2])) << m->isa;
+    m->tanh(x.data(), y.data(), 3);
+    EXPECT_EQ(y[0], 1.0f) << m->isa;
+    EXPECT_EQ(y[1], -1.0f) << m->isa;
+    m->sigmoid(x.data(), y.data(), 3);
+    EXPECT_EQ(y[0], 1.0f) << m->isa;
+    EXPECT_EQ(y[1], 0.0f) << m->isa;
+    // A row holding a NaN: the max skips it, the sum carries it (softmax gives NaN).
+    const std::vector<float> row = {1, std::nanf(""), 2};
+    EXPECT_EQ(m->max(row.data(), 3), 2.0f) << m->isa;
+    EXPECT_TRUE(std::isnan(m->exp_sum(row.data(), 2, nullptr, 3))) << m->isa;
+  }
+}
+
+TEST(VectorMath, ChoosesTheWidestSetThisCpuRuns) {
+  EXPECT_EQ(vector_math().isa, vector_math_all().front()->isa);
+  EXPECT_EQ(vector_math_all().back()->isa, "scalar");
+}
+
+}  // namespace
+}  // namespace meshflow
