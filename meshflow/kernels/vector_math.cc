@@ -47,7 +47,8 @@ const VectorMath kScalar{
         [](const float* x, float shift, float* y, std::int64_t n) {
           float sum = 0;
           for (std::int64_t i = 0; i < n; ++i) {
-            const float e = std::exp(x[i] - shift);
+            float e = std::exp(x[i] - shift);
+            if (e < std::numeric_limits<float>::min()) e = 0;  // not NaN
             if (y) y[i] = e;
             sum += e;
           }

@@ -22,6 +22,10 @@ struct Avx2 {
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static Reg exp(Reg a) { return Sleef_expf8_u10avx2(a); }
   static Reg erf(Reg a) { return Sleef_erff8_u10avx2(a); }
+  // Lanes below the smallest normal float become 0 (NaN stays).
+  static Reg flush_tiny(Reg a) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(a, _mm256_set1_ps(kSmallestNormal), _CMP_LT_OQ), a);
+  }
   static Reg tanh(Reg a) { return Sleef_tanhf8_u10avx2(a); }
   static float hsum(Reg a) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

@@ -26,6 +26,11 @@ struct Avx512 {
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static Reg exp(Reg a) { return Sleef_expf16_u10avx512f(a); }
   static Reg erf(Reg a) { return Sleef_erff16_u10avx512f(a); }
+  // Lanes below the smallest normal float become 0 (NaN stays).
+  static Reg flush_tiny(Reg a) {
+    const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(kSmallestNormal), _CMP_LT_OQ);
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), a);
+  }
   static Reg tanh(Reg a) { return Sleef_tanhf16_u10avx512f(a); }
   // Through memory: once per row, it costs nothing.
   static float hsum(Reg a) {

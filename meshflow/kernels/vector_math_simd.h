@@ -13,6 +13,9 @@
 
 namespace meshflow {
 
+// exp_sum's terms below this are 0 (see VectorMath::exp_sum).
+constexpr float kSmallestNormal = std::numeric_limits<float>::min();
+
 // The loops of each instruction set this build has (x86-64 only).
 const VectorMath& vector_math_avx512();
 const VectorMath& vector_math_avx2();
@@ -85,7 +88,7 @@ struct SimdLoops {
     R acc = V::set1(0.0f);
     std::int64_t i = 0;
     for (; i + kWidth <= n; i += kWidth) {
-      const R e = V::exp(V::sub(V::load(x + i), s));
+      const R e = V::flush_tiny(V::exp(V::sub(V::load(x + i), s)));
       if (y) V::store(y + i, e);
       acc = V::add(acc, e);
     }
@@ -93,7 +96,7 @@ struct SimdLoops {
       alignas(64) float buf[kWidth];
       std::fill(buf, buf + kWidth, -std::numeric_limits<float>::infinity());  // exp: 0
       std::copy(x + i, x + n, buf);
-      const R e = V::exp(V::sub(V::load(buf), s));
+      const R e = V::flush_tiny(V::exp(V::sub(V::load(buf), s)));
       acc = V::add(acc, e);
       if (y) {
         V::store(buf, e);

@@ -22,6 +22,10 @@ struct Sse2 {
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static Reg exp(Reg a) { return Sleef_expf4_u10sse2(a); }
   static Reg erf(Reg a) { return Sleef_erff4_u10sse2(a); }
+  // Lanes below the smallest normal float become 0 (NaN stays).
+  static Reg flush_tiny(Reg a) {
+    return _mm_andnot_ps(_mm_cmplt_ps(a, _mm_set1_ps(kSmallestNormal)), a);
+  }
   static Reg tanh(Reg a) { return Sleef_tanhf4_u10sse2(a); }
   static float hsum(Reg a) {
     const __m128 t = _mm_add_ps(a, _mm_movehl_ps(a, a));

@@ -14,6 +14,7 @@
 #include "meshflow/core/clock.h"
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/accumulate.h"
+#include "meshflow/kernels/float_mode.h"
 #include "meshflow/kernels/optimizer.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/runtime/executor.h"
@@ -106,6 +107,7 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
 void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
                std::vector<Tensor>& values, const TaskRunOptions& options) {
   MESHFLOW_CHECK(values.size() == graph.names.size());
+  const FlushDenormals flush;
   const double run_start = options.times ? steady_seconds() : 0;
   std::vector<Event> done(tasks.tasks.size());
   // While micro-batches run, what they accumulate outlives them (a fetch later in the order may
