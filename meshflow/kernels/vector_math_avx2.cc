@@ -21,7 +21,11 @@ struct Avx2 {
   static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static Reg exp(Reg a) { return Sleef_expf8_u10avx2(a); }
-  static Reg erf(Reg a) { return Sleef_erff8_u10avx2(a); }
+  static Reg abs(Reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  // Returns magnitude m (>= 0) with the sign of s.
+  static Reg with_sign(Reg m, Reg s) {
+    return _mm256_or_ps(m, _mm256_and_ps(s, _mm256_set1_ps(-0.0f)));
+  }
   // Lanes below the smallest normal float become 0 (NaN stays).
   static Reg flush_tiny(Reg a) {
     return _mm256_andnot_ps(_mm256_cmp_ps(a, _mm256_set1_ps(kSmallestNormal), _CMP_LT_OQ), a);

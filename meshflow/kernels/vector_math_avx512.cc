@@ -25,7 +25,12 @@ struct Avx512 {
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static Reg exp(Reg a) { return Sleef_expf16_u10avx512f(a); }
-  static Reg erf(Reg a) { return Sleef_erff16_u10avx512f(a); }
+  static Reg abs(Reg a) { return _mm512_abs_ps(a); }
+  // Returns magnitude m (>= 0) with the sign of s.
+  static Reg with_sign(Reg m, Reg s) {
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(s), _mm512_set1_epi32(INT32_MIN));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(m), sign));
+  }
   // Lanes below the smallest normal float become 0 (NaN stays).
   static Reg flush_tiny(Reg a) {
     const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(kSmallestNormal), _CMP_LT_OQ);

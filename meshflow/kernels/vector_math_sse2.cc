@@ -21,7 +21,9 @@ struct Sse2 {
   static Reg max(Reg a, Reg b) { return _mm_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static Reg exp(Reg a) { return Sleef_expf4_u10sse2(a); }
-  static Reg erf(Reg a) { return Sleef_erff4_u10sse2(a); }
+  static Reg abs(Reg a) { return _mm_andnot_ps(_mm_set1_ps(-0.0f), a); }
+  // Returns magnitude m (>= 0) with the sign of s.
+  static Reg with_sign(Reg m, Reg s) { return _mm_or_ps(m, _mm_and_ps(s, _mm_set1_ps(-0.0f))); }
   // Lanes below the smallest normal float become 0 (NaN stays).
   static Reg flush_tiny(Reg a) {
     return _mm_andnot_ps(_mm_cmplt_ps(a, _mm_set1_ps(kSmallestNormal)), a);
