@@ -14,6 +14,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/compile.h"
+#include "meshflow/graph/explain.h"
 #include "meshflow/graph/passes.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/kernels/optimizer.h"
@@ -124,10 +125,22 @@ struct OptimizerFloor {
   }
 };
 
+// Returns explain's estimate of the step train_model runs for `m` (threads, no overlap).
+StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
+                        int micro_batches) {
+  const Explanation e = explain_compiled(m.pcg, {.plan = {.machine = o.machine},
+                                                 .decompose = {.shared_memory = true},
+                                                 .update = optimizer.rule,
+                                                 .micro_batches = micro_batches});
+  MESHFLOW_CHECK(e.step_time.has_value(), "a training model without a step estimate");
+  return *e.step_time;
+}
+
 // Trains `m` with `optimizer` for warmup + reps steps on threads and fills r's times with the
 // timed steps, and its extras with the medians of the reporting device's kernel, movement and
 // other time, and of its optimizer's time against the optimizer's floor (measured between the
-// steps on the reporting device's thread, for `weight_bytes` per device).
+// steps on the reporting device's thread, for `weight_bytes` per device), and explain's
+// estimate of the step against the measured median.
 void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
                    std::int64_t weight_bytes, BenchResult& r, int micro_batches = 1) {
   OptimizerFloor floor(weight_bytes, static_cast<int>(state_names(optimizer.rule).size()));
@@ -157,6 +170,11 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   r.extra["optimizer_floor_s"] = median(floors);
   r.extra["optimizer_vs_floor"] = median(floors) > 0 ? median(update) / median(floors) : 0.0;
   r.extra["measured_peak_bytes"] = t.measured.peak;
+  const StepTime est = estimated_step(m, o, optimizer, micro_batches);
+  r.extra["est_step_s"] = est.total();
+  r.extra["est_vs_measured"] = step_s > 0 ? est.total() / step_s : 0.0;
+  r.extra["est_kernel_s"] = est.compute_s + est.update_s;  // as kernel_s counts them
+  r.extra["est_movement_s"] = est.move_s;
 }
 
 // Returns the bytes of the weight shards the reporting device (the lowest of the meshes)

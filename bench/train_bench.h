@@ -21,6 +21,7 @@
 
 #include "bench/gpt_model.h"
 #include "bench/report.h"
+#include "meshflow/plan/cost_model.h"
 
 namespace meshflow::bench {
 
@@ -34,6 +35,8 @@ struct TrainBenchOptions {
   std::vector<std::string> gpt_meshes{"1", "2"};  // gpt_step: data parallel
   int layers = 1000;                              // compile
   bool pytorch = true;                            // time the PyTorch baseline when torch imports
+  // The machine description est_step_s prices each case's step with (null: the built-in one).
+  const MachineModel* machine = nullptr;
 };
 
 BenchReport run_train_bench(const TrainBenchOptions& options);

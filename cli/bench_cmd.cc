@@ -160,8 +160,9 @@ void add_bench(CLI::App& app) {
   CLI::App* t = bench->add_subcommand(
       "train",
       "the PCG runtime: an MLP's training step on 1, 2, 4 and 2x2 devices, a GPT's on 1 and 2 "
-      "with SGD and with AdamW (its optimizer against the floor), "
-      "the bytes a GPT block moves under TP + SP; compile time");
+      "with SGD and with AdamW (its optimizer against the floor), each in 4 micro-batches against "
+      "1, every step against explain's estimate (est_vs_measured), the bytes a GPT block moves "
+      "under TP + SP; compile time");
   t->add_option("--reps", train->reps, "timed repetitions")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -195,8 +196,14 @@ void add_bench(CLI::App& app) {
   t->add_option("--gpt-blocks", train->gpt.blocks, "the GPT's blocks")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  auto train_machine = std::make_shared<std::string>();
+  t->add_option("--machine", *train_machine,
+                "machine description JSON the step estimates (est_step_s) price with (default: "
+                "the built-in one)");
   add_output_flags(t, *train_json, train->progress);
-  t->callback([train, train_json] {
+  t->callback([train, train_json, train_machine] {
+    const std::shared_ptr<MachineModel> machine = machine_option(*train_machine);
+    train->machine = machine.get();
     if (runs_here()) print_report(bench::run_train_bench(*train), *train_json);
   });
 

@@ -86,6 +86,10 @@ for layout in (["tp", "dp_tp"] if mpirun else ["one", "dp", "tp", "sp"]):
               sum(meas["measured_memory"].values()) == meas["measured_peak_bytes"],
               f"{layout} M={micro}: the breakdowns sum to the peaks")
         activations[micro] = meas["measured_memory"]["activations"]
+        parts = est["est_step"]
+        check(est["est_step_s"] > 0 and abs(parts["compute_s"] + parts["move_s"] + parts["update_s"]
+                                            - est["est_step_s"]) <= 1e-12 * est["est_step_s"],
+              f"{layout} M={micro}: est_step_s {est['est_step_s']} is the sum of {parts}")
     if layout == "one" and len(activations) == 2:
         check(activations["4"] < activations["1"], f"activations shrink with M: {activations}")
 

@@ -155,7 +155,8 @@ TEST(Decompose, TheCostModelDecomposesOnlyWhereTheLoopIsShorter) {
                     .memcpy_gbps = 1,
                     .collective_overhead_us = 0,
                     .local_step_us = 0,
-                    .gemm_gflops = 0.001};
+                    .gemm_gflops = 0.001,
+                    .elementwise_gbps = 1};
   EXPECT_EQ(decomposed(slow, false).size(), 4u);
   // The same links copying on the cores that compute: a loop only adds each product call's
   // packing to the same copies, so nothing is decomposed, but where devices share memory the

@@ -194,7 +194,10 @@ double attention_work(const Op& op, const std::vector<Shape>& local) {
   const Dims d = dims_of(local[0], local[1], local[2]);
   const double per =
       static_cast<double>(d.batch) * static_cast<double>(d.sq) * static_cast<double>(d.sk);
-  return per * static_cast<double>(op.type == OpType::kAttention ? d.dk + d.dv : d.dk + 2 * d.dv);
+  // Each pass recomputes the scores (dk); the forward multiplies them by v (dv); grad_v adds
+  // Pᵀ g (dv); grad_q and grad_k add g vᵀ (dv) and dS k or dSᵀ q (dk).
+  const bool two_products = op.type == OpType::kAttention || op.type == OpType::kAttentionGradV;
+  return per * static_cast<double>(two_products ? d.dk + d.dv : 2 * d.dk + d.dv);
 }
 
 }  // namespace meshflow

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/json_field.h"
@@ -16,10 +17,12 @@ const MachineModel& default_machine() {
   // memcpy ~18 GB/s on one thread; a 4-device threads collective costs ~40 us to rendezvous
   // whatever its size and sustains ~4 GB/s of bus bandwidth per device. The network class is
   // a typical 100 Gb/s fabric, for meshes spanning nodes under mpi. One device's float32 GEMM
-  // (OpenBLAS, one thread) runs ~100 GFLOP/s (`meshflow bench overlap`'s gemm_s: x [8192, 512]
-  // @ w [512, 512] in 43 ms). Waking 4 device threads for a global-view call and waiting for
-  // them costs ~50 us (`meshflow bench python`'s dispatch cases). Shared-memory transfers are
-  // copies by the same two cores that run the products.
+  // (OpenBLAS, one thread) runs ~140 GFLOP/s at the GPT's shapes (the products of `meshflow
+  // train --trace` on the bench GPT: [2048, 512] x [512, 2048] in ~29 ms). Its other kernels
+  // (elementwise, layer norm, losses, views that copy) stream ~4.5 GB/s in memcpy's terms: the
+  // bench GPT's non-product tasks' bytes over their traced time. Waking 4 device threads for a
+  // global-view call and waiting for them costs ~50 us (`meshflow bench python`'s dispatch
+  // cases). Shared-memory transfers are copies by the same two cores that run the products.
   static const MachineModel model{
       .links = {{"shared_memory",
                  LinkClass{.bandwidth_gbps = 4.0, .latency_us = 2.0, .copies_on_cores = true}},
@@ -29,7 +32,9 @@ const MachineModel& default_machine() {
       .memcpy_gbps = 18.0,
       .collective_overhead_us = 40.0,
       .local_step_us = 0.001,
-      .gemm_gflops = 100.0,
+      .gemm_gflops = 140.0,
+      .elementwise_gbps = 4.5,
+      .cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
       .device_handoff_us = 50.0,
   };
   return model;
@@ -79,6 +84,13 @@ MachineModel machine_from_json(const nlohmann::json& json, std::string_view sour
     m.gemm_gflops = gemm->as_number(0, kMax);
     if (!(m.gemm_gflops > 0)) gemm->reject("must be > 0");
   }
+  m.elementwise_gbps = default_machine().elementwise_gbps;
+  if (auto rate = root.find("elementwise_gbps")) {
+    m.elementwise_gbps = rate->as_number(0, kMax);
+    if (!(m.elementwise_gbps > 0)) rate->reject("must be > 0");
+  }
+  m.cores = default_machine().cores;
+  if (auto cores = root.find("cores")) m.cores = static_cast<int>(cores->as_int(0, 1 << 24));
   m.device_handoff_us = default_machine().device_handoff_us;
   if (auto handoff = root.find("device_handoff_us"))
     m.device_handoff_us = handoff->as_number(0, kMax);
@@ -153,13 +165,18 @@ std::string_view to_string(GatherForm form) {
   return "?";
 }
 
+double core_sharing(const MachineModel& machine, std::int64_t devices) {
+  if (machine.cores <= 0 || devices <= machine.cores) return 1;
+  return static_cast<double>(devices) / machine.cores;
+}
+
 double product_seconds(const MachineModel& machine, double flops) {
   return flops / (machine.gemm_gflops * 1e9);
 }
 
 double kernel_seconds(const MachineModel& machine, double points, double bytes) {
   return std::max(product_seconds(machine, 2 * points),
-                  bytes / (2 * bytes_per_second(machine.memcpy_gbps)));
+                  bytes / (2 * bytes_per_second(machine.elementwise_gbps)));
 }
 
 namespace {

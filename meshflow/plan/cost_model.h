@@ -32,7 +32,14 @@ struct MachineModel {
   double memcpy_gbps = 0;              // local copies, chunking and reductions
   double collective_overhead_us = 0;   // fixed cost of starting and finishing one collective
   double local_step_us = 0;  // fixed cost of a step done on each device alone (a tie-breaker)
-  double gemm_gflops = 0;    // one device's matrix-product rate (decomposed collectives)
+  double gemm_gflops = 0;    // one device's matrix-product rate (kernels, decomposed collectives)
+  // One device's rate through a kernel that is no matrix product (elementwise, normalisation,
+  // loss, a view that copies), in memcpy's terms: n bytes read and n written in n / rate.
+  double elementwise_gbps = 0;
+  // The cores the devices compute on: a step with more devices than cores runs each device's
+  // kernels devices / cores times slower (threads or processes taking turns). 0: every device
+  // has cores of its own.
+  int cores = 0;
   // threads: the cost of handing one job to the device threads and waiting for them all (a
   // global-view call, comm/session.h); work cheaper than this runs on the calling thread.
   double device_handoff_us = 0;
@@ -40,7 +47,7 @@ struct MachineModel {
 };
 
 // Returns the built-in description (measured with `meshflow bench collectives` and
-// `meshflow bench copy` on the reference machine).
+// `meshflow bench copy` on the reference machine; its cores are this machine's).
 const MachineModel& default_machine();
 
 // Returns the link class of `mesh_dim` (the default class when the model names none).
@@ -49,8 +56,8 @@ const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 // Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us",
 // "copies_on_cores" (optional)}},
 // "default_link", "dim_links" (optional), "memcpy_gbps", "collective_overhead_us",
-// "local_step_us", "gemm_gflops" and "device_handoff_us" (optional)}; throws Error naming the file
-// and the bad field.
+// "local_step_us", "gemm_gflops", "elementwise_gbps", "cores" and "device_handoff_us"
+// (optional)}; throws Error naming the file and the bad field.
 MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
 MachineModel load_machine(const std::filesystem::path& path);
 
@@ -125,12 +132,17 @@ struct LoopChoice {
 LoopChoice choose_loop(const MachineModel& machine, const OverlapCostInput& input, bool gather,
                        bool shared_memory, std::optional<GatherForm> gather_form = std::nullopt);
 
+// Returns how many times slower each device computes when `devices` devices share the
+// machine's cores: devices / cores where there are more devices than cores, else 1.
+double core_sharing(const MachineModel& machine, std::int64_t devices);
+
 // Returns the seconds of `flops` of matrix product on one device.
 double product_seconds(const MachineModel& machine, double flops);
 
 // Returns the estimated seconds of one kernel on one device: `points` multiply-adds (or
-// elementwise steps) at the matrix-product rate, or the `bytes` it reads and writes at memcpy's
-// rate of traffic (a memcpy of n bytes reads n and writes n), whichever is longer.
+// elementwise steps) at the matrix-product rate, or the `bytes` it reads and writes at the
+// elementwise rate of traffic (elementwise_gbps, in memcpy's terms: a pass over n bytes reads n
+// and writes n), whichever is longer.
 double kernel_seconds(const MachineModel& machine, double points, double bytes);
 
 }  // namespace meshflow

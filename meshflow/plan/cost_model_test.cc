@@ -18,7 +18,8 @@ MachineModel unit_machine() {
                       .memcpy_gbps = 1e6,  // adds cost nothing to speak of
                       .collective_overhead_us = 0,
                       .local_step_us = 0,
-                      .gemm_gflops = 1};
+                      .gemm_gflops = 1,
+                      .elementwise_gbps = 1e6};
 }
 
 TEST(OverlapTimeline, PermuteHidesEveryTransferButTheLastProductsOwn) {
@@ -142,14 +143,36 @@ TEST(OverlapTimeline, MachineFilesMayStateTheGemmRateAndCoreCopies) {
   }
 }
 
-// A kernel costs its multiply-adds at the GEMM rate or its memory traffic at memcpy speed,
-// whichever is longer; the device handoff is optional in machine files and named when malformed.
+// A kernel costs its multiply-adds at the GEMM rate or its memory traffic at the elementwise
+// rate (not memcpy's), whichever is longer; the elementwise rate and the device handoff are
+// optional in machine files and named when malformed.
 TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
   MachineModel m = unit_machine();  // 1 GFLOP/s
-  m.memcpy_gbps = 1;
+  m.memcpy_gbps = 100;
+  m.elementwise_gbps = 1;
   EXPECT_NEAR(kernel_seconds(m, 1000, 10), 2000e-9, 1e-15);
-  EXPECT_NEAR(kernel_seconds(m, 10, 2000), 1000e-9, 1e-15);  // a 1000-byte copy's traffic
+  EXPECT_NEAR(kernel_seconds(m, 10, 2000), 1000e-9, 1e-15);  // a pass over 1000 bytes
   nlohmann::json j = required_fields_json();
+  EXPECT_EQ(machine_from_json(j, "m.json").elementwise_gbps, default_machine().elementwise_gbps);
+  j["elementwise_gbps"] = 3.5;
+  EXPECT_EQ(machine_from_json(j, "m.json").elementwise_gbps, 3.5);
+  j["elementwise_gbps"] = -1;
+  try {
+    machine_from_json(j, "m.json");
+    ADD_FAILURE() << "a negative elementwise rate was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("elementwise_gbps"), std::string::npos) << e.what();
+  }
+  j.erase("elementwise_gbps");
+  EXPECT_EQ(machine_from_json(j, "m.json").cores, default_machine().cores);
+  j["cores"] = 2;
+  m = machine_from_json(j, "m.json");
+  EXPECT_EQ(core_sharing(m, 1), 1);
+  EXPECT_EQ(core_sharing(m, 2), 1);
+  EXPECT_EQ(core_sharing(m, 8), 4);  // 8 devices take turns on 2 cores
+  m.cores = 0;
+  EXPECT_EQ(core_sharing(m, 8), 1);  // every device has its own
+  j.erase("cores");
   EXPECT_EQ(machine_from_json(j, "m.json").device_handoff_us, default_machine().device_handoff_us);
   j["device_handoff_us"] = 7.5;
   EXPECT_EQ(machine_from_json(j, "m.json").device_handoff_us, 7.5);

@@ -306,7 +306,8 @@ TEST(Overlap, WhereCopiesTakeTheCoresTheLoopsRunInPlaceAndTrainingEqualsOneDevic
       .memcpy_gbps = 1,
       .collective_overhead_us = 0,
       .local_step_us = 0,
-      .gemm_gflops = 0.001};
+      .gemm_gflops = 0.001,
+      .elementwise_gbps = 1};
   for (const auto& [dp, tp] : std::vector<std::pair<int, int>>{{1, 3}, {1, 4}, {2, 2}}) {
     const Model m{.pcg = testing::sp_mlp(dp, tp, 2 * tp + 1, 5, 4 * tp + 1)};
     const Pcg g = compile(
