@@ -89,5 +89,30 @@ TEST(Passes, ATaskGraphReleasesEveryValueItDoesNotKeep) {
   }
 }
 
+// In micro-batches, a kernel adds into its value's running sum exactly where the value is
+// accumulated (read once per step or kept) and no per-micro-batch task reads it: the weight
+// gradients' products on every device; never a move, never the kept loss that the step's
+// report fetches each micro-batch.
+TEST(Passes, KernelsAccumulateOnlyValuesNoMicroBatchTaskReads) {
+  const Pcg g = compile(testing::dp_tp_mlp("labels.npy", 8), Mode::kTrain, {.micro_batches = 2});
+  const TaskGraph t = expand_shards(g, {*g.loss});
+  for (const DeviceTasks& dt : t.devices) {
+    const std::set<ValueId> accumulated(dt.accumulated.begin(), dt.accumulated.end());
+    std::set<ValueId> read_per_micro_batch;
+    for (const Task& task : dt.tasks) {
+      if (task.once_per_step) continue;
+      for (ValueId v : task_reads(task)) read_per_micro_batch.insert(v);
+    }
+    int accumulating = 0;
+    for (const Task& task : dt.tasks) {
+      const bool want = std::holds_alternative<ComputeTask>(task.work) &&
+                        accumulated.count(task.out) && !read_per_micro_batch.count(task.out);
+      EXPECT_EQ(task.accumulates, want) << "device " << dt.device << " " << t.names[task.out];
+      accumulating += task.accumulates;
+    }
+    EXPECT_GE(accumulating, 2) << "device " << dt.device << ": w1's and w2's gradients";
+  }
+}
+
 }  // namespace
 }  // namespace meshflow

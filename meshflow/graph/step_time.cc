@@ -78,6 +78,9 @@ std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int
   MESHFLOW_CHECK(micro_batches >= 1);
   const MachineModel& machine = options.machine ? *options.machine : default_machine();
   PlanCache plans(options);
+  // Devices that take turns on the cores compute that much slower (moves are priced by links
+  // measured with every device running).
+  const double sharing = core_sharing(machine, static_cast<std::int64_t>(g.devices.size()));
   std::vector<StepTime> out;
   for (const DeviceTasks& dt : g.devices) {
     StepTime step{.device = dt.device};
@@ -89,12 +92,23 @@ std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int
       step.update_s += times * t.update_s;
     }
     if (micro_batches > 1) {
-      // The runtime sums each accumulated value over the micro-batches (an add that reads two
-      // and writes one), then scales the sum once.
-      double bytes = 0;
-      for (ValueId v : dt.accumulated) bytes += bytes_of(g, v, dt.device);
-      step.compute_s += kernel_seconds(machine, 0, (micro_batches - 1) * 3 * bytes + 2 * bytes);
+      // The runtime sums each accumulated value over the micro-batches: a task that
+      // accumulates reads the sum beside its work (a GEMM's beta = 1), another's value is
+      // added in (an add that reads two and writes one); then it scales each sum once.
+      double added = 0, read = 0, all = 0;
+      for (ValueId v : dt.accumulated) {
+        const double b = bytes_of(g, v, dt.device);
+        const bool in_place = std::any_of(dt.tasks.begin(), dt.tasks.end(), [&](const Task& t) {
+          return t.accumulates && t.out == v;
+        });
+        (in_place ? read : added) += b;
+        all += b;
+      }
+      step.compute_s +=
+          kernel_seconds(machine, 0, (micro_batches - 1) * (3 * added + read) + 2 * all);
     }
+    step.compute_s *= sharing;
+    step.update_s *= sharing;
     out.push_back(step);
   }
   return out;

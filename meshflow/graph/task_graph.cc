@@ -30,31 +30,6 @@ bool counts_replica(const Layout& layout, DeviceId device) {
   return true;
 }
 
-// Returns the values `task` reads.
-std::vector<ValueId> task_reads(const Task& task) {
-  std::vector<ValueId> reads;
-  std::visit(
-      [&](const auto& w) {
-        using W = std::decay_t<decltype(w)>;
-        if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
-        if constexpr (std::is_same_v<W, OverlapTask>) {
-          reads = w.call->args;
-          if (w.decomposition.kind == Decomposition::Kind::kGatherOperand) reads[0] = w.source;
-        }
-        if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
-        if constexpr (std::is_same_v<W, UpdateTask>) {
-          reads = {w.weight, w.grad, w.norm};
-          reads.insert(reads.end(), w.state.begin(), w.state.end());
-        }
-        if constexpr (std::is_same_v<W, GradNormTask>) {
-          reads = w.counted;
-          if (w.loss) reads.push_back(*w.loss);
-        }
-      },
-      task.work);
-  return reads;
-}
-
 // Adds deps (producers of what a task reads, and for an in-place update the readers since)
 // and releases (after each value's last use on this device).
 void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
@@ -121,17 +96,15 @@ std::vector<bool> once_per_step(const Pcg& pcg) {
   return once;
 }
 
-// Marks the tasks that run once per step (`once`) and lists the values the per-micro-batch
-// tasks make for them or for the caller.
+// Marks the tasks that run once per step (`once`), lists the values the per-micro-batch tasks
+// make for them or for the caller, and marks the kernels that can add into those values' sums.
 void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueId>& keep,
                           const std::vector<bool>& once) {
-  std::set<ValueId> read_once, made_per_micro_batch;
+  std::set<ValueId> read_once, read_per_micro_batch, made_per_micro_batch;
   for (Task& task : dt.tasks) {
     task.once_per_step = once[static_cast<std::size_t>(task.out)];
-    if (task.once_per_step) {
-      const std::vector<ValueId> reads = task_reads(task);
-      read_once.insert(reads.begin(), reads.end());
-    }
+    const std::vector<ValueId> reads = task_reads(task);
+    (task.once_per_step ? read_once : read_per_micro_batch).insert(reads.begin(), reads.end());
     if (!task.once_per_step && makes_value(task)) made_per_micro_batch.insert(task.out);
   }
   for (ValueId v : made_per_micro_batch) {
@@ -139,9 +112,38 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
     if (is_floating(n.spec.dtype) && (read_once.count(v) || keep.count(v)))
       dt.accumulated.push_back(v);
   }
+  const std::set<ValueId> accumulated(dt.accumulated.begin(), dt.accumulated.end());
+  for (Task& task : dt.tasks) {
+    task.accumulates = std::holds_alternative<ComputeTask>(task.work) &&
+                       accumulated.count(task.out) && !read_per_micro_batch.count(task.out);
+  }
 }
 
 }  // namespace
+
+std::vector<ValueId> task_reads(const Task& task) {
+  std::vector<ValueId> reads;
+  std::visit(
+      [&](const auto& w) {
+        using W = std::decay_t<decltype(w)>;
+        if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
+        if constexpr (std::is_same_v<W, OverlapTask>) {
+          reads = w.call->args;
+          if (w.decomposition.kind == Decomposition::Kind::kGatherOperand) reads[0] = w.source;
+        }
+        if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
+        if constexpr (std::is_same_v<W, UpdateTask>) {
+          reads = {w.weight, w.grad, w.norm};
+          reads.insert(reads.end(), w.state.begin(), w.state.end());
+        }
+        if constexpr (std::is_same_v<W, GradNormTask>) {
+          reads = w.counted;
+          if (w.loss) reads.push_back(*w.loss);
+        }
+      },
+      task.work);
+  return reads;
+}
 
 bool makes_value(const Task& task) {
   if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to;

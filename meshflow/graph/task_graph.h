@@ -94,6 +94,10 @@ struct Task {
   // Runs once per step after every micro-batch's tasks (the update phase and what reads its
   // results); the other tasks run once per micro-batch.
   bool once_per_step = false;
+  // A kernel whose value is accumulated over micro-batches (DeviceTasks::accumulated) and read
+  // by no other per-micro-batch task: after the first micro-batch it adds into the running sum
+  // (run_kernel_accumulate: a product in its GEMM) instead of making a value to add.
+  bool accumulates = false;
   bool operator==(const Task&) const = default;
 };
 
@@ -126,6 +130,9 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep,
 
 // Returns the task graph as text, one task per line per device (golden tests).
 std::string to_text(const TaskGraph& graph);
+
+// Returns the values `task` reads (an update: its weight, gradient, norm and state).
+std::vector<ValueId> task_reads(const Task& task);
 
 // Returns whether `task` makes a new value on its device: a move only on its destination's
 // devices; an update writes its weight in place and makes none.

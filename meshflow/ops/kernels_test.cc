@@ -91,6 +91,35 @@ TEST(Kernels, LinearAddsTheBiasToEveryRow) {
   expect_near(y, want, 1e-12, "linear");
 }
 
+// Accumulating adds the kernel's result to the sum: the matrix products inside their GEMM
+// (every family member, float32 and float64, a linear's bias added too), another kernel by
+// adding its result; the sum's other values are kept, not overwritten.
+TEST(Kernels, AccumulatingAddsTheResultToTheSum) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const double tol = dtype == DType::kFloat32 ? 1e-5 : 1e-12;
+    const Tensor a = rnd({2, 5, 4}, 11, dtype), w = rnd({4, 3}, 12, dtype),
+                 g = rnd({2, 5, 3}, 13, dtype);
+    const Tensor bias = rnd({3}, 14, dtype);
+    const std::vector<std::pair<Op, std::vector<const Tensor*>>> cases = {
+        {{.type = OpType::kMatmul}, {&a, &w}},
+        {{.type = OpType::kLinear}, {&a, &w, &bias}},
+        {{.type = OpType::kMatmulGradA}, {&g, &w}},
+        {{.type = OpType::kMatmulGradB}, {&a, &g}},
+        {{.type = OpType::kTanh}, {&a}},
+    };
+    for (const auto& [op, in] : cases) {
+      std::vector<TensorSpec> specs;
+      for (const Tensor* t : in) specs.push_back(spec_of(*t));
+      const Tensor made = run_kernel(op, in, specs);
+      Tensor sum = rnd(made.shape(), 15, dtype);
+      std::vector<double> want;
+      for (std::int64_t i = 0; i < made.numel(); ++i) want.push_back(at(sum, i) + at(made, i));
+      run_kernel_accumulate(op, in, specs, {}, sum);
+      expect_near(sum, want, tol, std::string(to_string(op.type)) + " accumulated");
+    }
+  }
+}
+
 TEST(Kernels, EmptyContractionGivesZerosAndEmptyOperandsGiveEmptyResults) {
   const Tensor a = rnd({3, 0}, 1), b = rnd({0, 2}, 2);
   const Tensor c = run({.type = OpType::kMatmul}, {&a, &b});

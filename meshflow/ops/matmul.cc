@@ -149,13 +149,12 @@ template void row_product<float>(OpType, const float*, std::int64_t, std::int64_
 template void row_product<double>(OpType, const double*, std::int64_t, std::int64_t, const Tensor&,
                                   const Tensor*, double*, bool);
 
-Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
+namespace {
+
+// out (= or +=, `accumulate`) the product of `in`; out has the result's shape.
+void matmul_into(const Op& op, const std::vector<const Tensor*>& in, Tensor& out, bool accumulate) {
   const Tensor& a = *in[0];
   const Tensor& b = *in[1];
-  std::vector<TensorSpec> specs;
-  for (const Tensor* t : in) specs.push_back(spec_of(*t));
-  const TensorSpec out_spec = infer_matmul(op, specs);
-  Tensor out = Tensor::uninitialized(out_spec.dtype, out_spec.shape);
   visit_dtype(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
@@ -169,11 +168,11 @@ Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
         case OpType::kLinear:
         case OpType::kMatmulGradA:
           row_product<T>(op.type, pa, leading(as, 1), as.back(), b,
-                         in.size() == 3 ? in[2] : nullptr, pc);
+                         in.size() == 3 ? in[2] : nullptr, pc, accumulate);
           break;
         case OpType::kMatmulGradB: {
           const std::int64_t rows = leading(as, 1), k = as.back(), n = bs.back();
-          gemm<T>(true, false, k, n, rows, pa, k, pb, n, T(0), pc, n);
+          gemm<T>(true, false, k, n, rows, pa, k, pb, n, accumulate ? T(1) : T(0), pc, n);
           break;
         }
         default:
@@ -183,7 +182,29 @@ Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
       MESHFLOW_CHECK(false, "integer {}", to_string(op.type));
     }
   });
+}
+
+TensorSpec result_spec(const Op& op, const std::vector<const Tensor*>& in) {
+  std::vector<TensorSpec> specs;
+  for (const Tensor* t : in) specs.push_back(spec_of(*t));
+  return infer_matmul(op, specs);
+}
+
+}  // namespace
+
+Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in) {
+  const TensorSpec out_spec = result_spec(op, in);
+  Tensor out = Tensor::uninitialized(out_spec.dtype, out_spec.shape);
+  matmul_into(op, in, out, /*accumulate=*/false);
   return out;
+}
+
+void matmul_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& in, Tensor& sum) {
+  const TensorSpec out_spec = result_spec(op, in);
+  MESHFLOW_CHECK(sum.shape() == out_spec.shape && sum.dtype() == out_spec.dtype,
+                 "{}: accumulating a {} result into {}", to_string(op.type),
+                 to_string(out_spec.shape), to_string(sum.shape()));
+  matmul_into(op, in, sum, /*accumulate=*/true);
 }
 
 DimLabels matmul_labels(const Op& op, const std::vector<TensorSpec>& in, const Shape& out) {

@@ -15,6 +15,10 @@ bool is_matmul_family(OpType type);  // matmul, linear, matmul_grad_a, matmul_gr
 TensorSpec infer_matmul(const Op& op, const std::vector<TensorSpec>& inputs);
 Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in);
 
+// sum += the product of `in` (the GEMM's beta = 1: no temporary, no second pass); `sum` has the
+// result's shape and dtype.
+void matmul_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& in, Tensor& sum);
+
 // c[m, n] = a[m, k] @ b[k, n] (row-major, leading dims lda, ldb, ldc; transposes as BLAS's),
 // plus beta * c. OpenBLAS runs single-threaded: every device already is a thread (or an MPI
 // process) of its own, so OpenBLAS's own thread pool would only oversubscribe the cores and

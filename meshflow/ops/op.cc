@@ -6,6 +6,7 @@
 #include <map>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/accumulate.h"
 #include "meshflow/ops/attention.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/ops/embedding.h"
@@ -203,6 +204,20 @@ Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
   if (is_attention_family(op.type)) return attention_kernel(op, locals, offsets);
   if (is_vocab_parallel_family(op.type)) return vocab_parallel_kernel(op, locals, globals, offsets);
   return softmax_kernel(op, locals, globals);
+}
+
+void run_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& locals,
+                           const std::vector<TensorSpec>& globals, const ShardOffsets& offsets,
+                           Tensor& sum) {
+  if (is_matmul_family(op.type) && is_floating(sum.dtype())) {
+    matmul_kernel_accumulate(op, locals, sum);
+    return;
+  }
+  const Tensor made = run_kernel(op, locals, globals, offsets);
+  MESHFLOW_CHECK(made.shape() == sum.shape() && made.dtype() == sum.dtype(),
+                 "{}: accumulating a {} result into {}", to_string(op.type),
+                 to_string(made.shape()), to_string(sum.shape()));
+  add_into(sum, made);
 }
 
 DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {

@@ -128,6 +128,13 @@ using ShardOffsets = std::vector<std::vector<std::int64_t>>;
 Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
                   const std::vector<TensorSpec>& globals, const ShardOffsets& offsets = {});
 
+// sum += run_kernel(op, locals, globals, offsets); `sum` has the result's local shape and dtype.
+// A matrix product adds in its GEMM (beta = 1), with no temporary; other kernels add their
+// result.
+void run_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& locals,
+                           const std::vector<TensorSpec>& globals, const ShardOffsets& offsets,
+                           Tensor& sum);
+
 // The sharding rule of an operator (ops/strategy.h turns it into strategies): dims of operands
 // and result that carry the same label index the same elements; a label on operands but not on
 // the result is summed away.

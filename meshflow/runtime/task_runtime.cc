@@ -58,6 +58,10 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
     for (ValueId v : c->call->args) locals.push_back(&value(v));
     Tensor out;
     try {
+      if (task.accumulates && options.accumulate) {
+        run_kernel_accumulate(c->call->op, locals, c->call->globals, c->offsets, value(task.out));
+        return TraceKind::kCompute;
+      }
       out = run_kernel(c->call->op, locals, c->call->globals, c->offsets);
     } catch (const Error& e) {  // bad data (an id, a label): name the node that read it
       if (e.kind() == ErrorKind::kInternal) throw;
@@ -210,11 +214,21 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
           static_cast<std::int64_t>(sums[i].nbytes());
     return b;
   };
+  // Sums a task accumulates into stay in `values` while its micro-batch runs.
+  std::vector<bool> in_place(sums.size(), false);
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    for (const Task& t : tasks.tasks)
+      if (t.accumulates && t.out == tasks.accumulated[i]) in_place[i] = true;
+  }
   for (int m = 0; m < micro_batches; ++m) {
     for (std::size_t v = 0; v < micro_inputs.size(); ++v)
       if (!micro_inputs[v].empty())
         std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    for (std::size_t i = 0; i < sums.size(); ++i)
+      if (m > 0 && in_place[i])
+        values[static_cast<std::size_t>(tasks.accumulated[i])] = std::exchange(sums[i], Tensor());
     options.part = TaskPart::kMicroBatch;
+    options.accumulate = m > 0;
     options.beside = beside();
     run_tasks(graph, tasks, world, values, options);
     for (std::size_t v = 0; v < micro_inputs.size(); ++v)
@@ -222,17 +236,18 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
         std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
     for (std::size_t i = 0; i < sums.size(); ++i) {
       Tensor& made = values[static_cast<std::size_t>(tasks.accumulated[i])];
-      MESHFLOW_CHECK(m == 0 || made.shape() == sums[i].shape(),
+      MESHFLOW_CHECK(m == 0 || in_place[i] || made.shape() == sums[i].shape(),
                      "device {}: micro-batch {} made \"{}\" of {}, the first {}", tasks.device, m,
                      graph.names[static_cast<std::size_t>(tasks.accumulated[i])],
                      to_string(made.shape()), to_string(sums[i].shape()));
-      if (m == 0) {
+      if (m == 0 || in_place[i]) {
         sums[i] = std::exchange(made, Tensor());
       } else {
         add_into(sums[i], made);
       }
     }
   }
+  options.accumulate = false;
   for (std::size_t i = 0; i < sums.size(); ++i) {
     scale_in_place(sums[i], 1.0 / micro_batches);
     values[static_cast<std::size_t>(tasks.accumulated[i])] = std::exchange(sums[i], Tensor());

@@ -55,6 +55,9 @@ struct TaskRunOptions {
   MemoryCounter* memory = nullptr;
   MemoryBreakdown beside;
   TaskTimes* times = nullptr;  // accumulated when set
+  // A micro-batch after the first: a task that accumulates (Task::accumulates) adds into its
+  // value, which holds the running sum.
+  bool accumulate = false;
 };
 
 // Runs `tasks` once. `values` holds one tensor per value of the graph: the device's source
@@ -65,8 +68,9 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
 // Runs one training step of `micro_batches` micro-batches: with one, run_tasks of every task;
 // otherwise, per micro-batch m, each micro-batched input's shard of m (micro_inputs[v][m],
 // graph/source.h's load_micro_batches) swapped into `values`, the per-micro-batch tasks, and
-// the device's accumulated values (DeviceTasks::accumulated) summed; then those sums divided by
-// M (the mean over the micro-batches: the loss, the gradients) and the once-per-step tasks.
+// the device's accumulated values (DeviceTasks::accumulated) summed (by the tasks that
+// accumulate, in their kernels); then those sums divided by M (the mean over the micro-batches:
+// the loss, the gradients) and the once-per-step tasks.
 void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
               std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
               int micro_batches, TaskRunOptions options);
