@@ -140,9 +140,10 @@ double core_sharing(const MachineModel& machine, std::int64_t devices);
 double product_seconds(const MachineModel& machine, double flops);
 
 // Returns the estimated seconds of one kernel on one device: `points` multiply-adds (or
-// elementwise steps) at the matrix-product rate, or the `bytes` it reads and writes at the
+// elementwise steps) at the matrix-product rate plus the `bytes` it reads and writes at the
 // elementwise rate of traffic (elementwise_gbps, in memcpy's terms: a pass over n bytes reads n
-// and writes n), whichever is longer.
+// and writes n). A sum, not the longer of the two: a product packs its operands (a pass over
+// memory) before it computes, which is what a micro-batch of few rows pays per weight.
 double kernel_seconds(const MachineModel& machine, double points, double bytes);
 
 }  // namespace meshflow

@@ -143,15 +143,15 @@ TEST(OverlapTimeline, MachineFilesMayStateTheGemmRateAndCoreCopies) {
   }
 }
 
-// A kernel costs its multiply-adds at the GEMM rate or its memory traffic at the elementwise
-// rate (not memcpy's), whichever is longer; the elementwise rate and the device handoff are
-// optional in machine files and named when malformed.
+// A kernel costs its multiply-adds at the GEMM rate plus its memory traffic at the elementwise
+// rate (not memcpy's): a product packs its operands before it computes; the elementwise rate,
+// the cores and the device handoff are optional in machine files and named when malformed.
 TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
   MachineModel m = unit_machine();  // 1 GFLOP/s
   m.memcpy_gbps = 100;
   m.elementwise_gbps = 1;
-  EXPECT_NEAR(kernel_seconds(m, 1000, 10), 2000e-9, 1e-15);
-  EXPECT_NEAR(kernel_seconds(m, 10, 2000), 1000e-9, 1e-15);  // a pass over 1000 bytes
+  EXPECT_NEAR(kernel_seconds(m, 1000, 10), 2000e-9 + 5e-9, 1e-15);
+  EXPECT_NEAR(kernel_seconds(m, 10, 2000), 20e-9 + 1000e-9, 1e-15);  // a pass over 1000 bytes
   nlohmann::json j = required_fields_json();
   EXPECT_EQ(machine_from_json(j, "m.json").elementwise_gbps, default_machine().elementwise_gbps);
   j["elementwise_gbps"] = 3.5;
