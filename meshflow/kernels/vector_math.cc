@@ -43,6 +43,24 @@ const VectorMath kScalar{
           for (std::int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
           return m;
         },
+    .sum =
+        [](const float* x, std::int64_t n) {
+          float s = 0;
+          for (std::int64_t i = 0; i < n; ++i) s += x[i];
+          return s;
+        },
+    .dot =
+        [](const float* a, const float* b, std::int64_t n) {
+          float s = 0;
+          for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+          return s;
+        },
+    .sum_sq_dev =
+        [](const float* x, float c, std::int64_t n) {
+          float s = 0;
+          for (std::int64_t i = 0; i < n; ++i) s += (x[i] - c) * (x[i] - c);
+          return s;
+        },
     .exp_sum =
         [](const float* x, float shift, float* y, std::int64_t n) {
           float sum = 0;

@@ -22,6 +22,9 @@ struct VectorMath {
   // y = g * d/dx gelu(x) = g (Φ(x) + x φ(x)), φ the normal density.
   void (*gelu_grad)(const float* g, const float* x, float* y, std::int64_t n);
   float (*max)(const float* x, std::int64_t n);  // -inf for n = 0; NaN if any is NaN
+  float (*sum)(const float* x, std::int64_t n);  // Σ x
+  float (*dot)(const float* a, const float* b, std::int64_t n);  // Σ a b
+  float (*sum_sq_dev)(const float* x, float c, std::int64_t n);  // Σ (x - c)²
   // Returns Σ exp(x - shift); writes the terms to y unless y is null. A term below the smallest
   // normal float (x - shift < -87.3) is 0: a denormal softmax probability weighs nothing
   // against the largest term (1), and every product it entered would run 10-100x slower.

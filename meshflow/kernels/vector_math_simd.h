@@ -100,6 +100,35 @@ struct SimdLoops {
     return out;
   }
 
+  // Σ f(a[i], b[i]) in kWidth lanes, the tail added in scalar (f's scalar twin g).
+  template <class F, class G>
+  static float reduce(const float* a, const float* b, std::int64_t n, F f, G g) {
+    R acc = V::set1(0.0f);
+    std::int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth) acc = V::add(acc, f(V::load(a + i), V::load(b + i)));
+    float out = V::hsum(acc);
+    for (; i < n; ++i) out += g(a[i], b[i]);
+    return out;
+  }
+  static float sum(const float* x, std::int64_t n) {
+    return reduce(
+        x, x, n, [](R v, R) { return v; }, [](float v, float) { return v; });
+  }
+  static float dot(const float* a, const float* b, std::int64_t n) {
+    return reduce(
+        a, b, n, [](R u, R v) { return V::mul(u, v); }, [](float u, float v) { return u * v; });
+  }
+  static float sum_sq_dev(const float* x, float c, std::int64_t n) {
+    const R cv = V::set1(c);
+    return reduce(
+        x, x, n,
+        [cv](R v, R) {
+          const R d = V::sub(v, cv);
+          return V::mul(d, d);
+        },
+        [c](float v, float) { return (v - c) * (v - c); });
+  }
+
   static float exp_sum(const float* x, float shift, float* y, std::int64_t n) {
     const R s = V::set1(shift);
     R acc = V::set1(0.0f);
@@ -131,6 +160,9 @@ struct SimdLoops {
             .gelu = gelu,
             .gelu_grad = gelu_grad,
             .max = max,
+            .sum = sum,
+            .dot = dot,
+            .sum_sq_dev = sum_sq_dev,
             .exp_sum = exp_sum};
   }
 };

@@ -96,6 +96,29 @@ TEST(VectorMath, MaxAndShiftedExpSumAsSoftmaxUsesThem) {
   }
 }
 
+TEST(VectorMath, SumsDotsAndSquaredDeviationsAsFloat64) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (std::int64_t n : {0, 1, 7, 16, 31, 512, 4099}) {
+      const std::vector<float> a = values(n, 3, 41 + static_cast<unsigned>(n));
+      const std::vector<float> b = values(n, 2, 43 + static_cast<unsigned>(n));
+      const auto len = static_cast<std::int64_t>(a.size());
+      double sum = 0, abs_sum = 0, dot = 0, abs_dot = 0, dev = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        sum += a[i];
+        abs_sum += std::abs(a[i]);
+        dot += double{a[i]} * b[i];
+        abs_dot += std::abs(double{a[i]} * b[i]);
+        dev += (a[i] - 0.25) * (a[i] - 0.25);
+      }
+      // float accumulation: error within a few ULP of the sum of magnitudes per term
+      const double tol = 8 * std::numeric_limits<float>::epsilon() * static_cast<double>(len);
+      EXPECT_NEAR(m->sum(a.data(), len), sum, tol * abs_sum + 1e-30) << m->isa << " n=" << n;
+      EXPECT_NEAR(m->dot(a.data(), b.data(), len), dot, tol * abs_dot + 1e-30) << m->isa;
+      EXPECT_NEAR(m->sum_sq_dev(a.data(), 0.25f, len), dev, tol * dev + 1e-30) << m->isa;
+    }
+  }
+}
+
 TEST(VectorMath, InfinitiesAndNaNsAsTheScalarFunctions) {
   const std::vector<float> x = {kInf, -kInf, std::nanf("")};
   for (const VectorMath* m : vector_math_all()) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/layer_norm.h"
 
 namespace meshflow {
 
@@ -34,7 +35,7 @@ TensorSpec infer_layer_norm(const Op& op, const std::vector<TensorSpec>& in) {
 
 namespace {
 
-// The mean and 1 / sqrt(var + eps) of one row of d elements.
+// The mean and 1 / sqrt(var + eps) of one row of d elements (float64: the float64 kernel's).
 template <typename T>
 std::pair<double, double> row_stats(const T* x, std::int64_t d, double eps) {
   double mean = 0;
@@ -44,6 +45,30 @@ std::pair<double, double> row_stats(const T* x, std::int64_t d, double eps) {
   for (std::int64_t j = 0; j < d; ++j) var += (x[j] - mean) * (x[j] - mean);
   var /= static_cast<double>(d);
   return {mean, 1 / std::sqrt(var + eps)};
+}
+
+// float32: the vector row loops of kernels/layer_norm.h.
+Tensor run_float(const Op& op, const std::vector<const Tensor*>& in) {
+  const bool forward = op.type == OpType::kLayerNorm;
+  const Tensor& x = *in[forward ? 0 : 1];
+  const std::int64_t d = x.shape().back();
+  const std::int64_t rows = d == 0 ? 0 : x.numel() / d;
+  const float* px = x.data<float>().data();
+  const auto eps = static_cast<float>(op.eps);
+  if (op.type == OpType::kLayerNormGradW) {
+    Tensor gw(x.dtype(), {d});
+    layer_norm_grad_w_rows(in[0]->data<float>().data(), px, gw.data<float>().data(), rows, d, eps);
+    return gw;
+  }
+  Tensor y = Tensor::uninitialized(x.dtype(), x.shape());
+  if (forward) {
+    layer_norm_rows(px, in[1]->data<float>().data(), in[2]->data<float>().data(),
+                    y.data<float>().data(), rows, d, eps);
+  } else {
+    layer_norm_grad_x_rows(in[0]->data<float>().data(), px, in[2]->data<float>().data(),
+                           y.data<float>().data(), rows, d, eps);
+  }
+  return y;
 }
 
 template <typename T>
@@ -104,7 +129,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in) {
 }  // namespace
 
 Tensor layer_norm_kernel(const Op& op, const std::vector<const Tensor*>& in) {
-  return in[0]->dtype() == DType::kFloat64 ? run<double>(op, in) : run<float>(op, in);
+  return in[0]->dtype() == DType::kFloat64 ? run<double>(op, in) : run_float(op, in);
 }
 
 DimLabels layer_norm_labels(const Op& op, const std::vector<TensorSpec>& in) {

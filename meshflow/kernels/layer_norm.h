@@ -1,0 +1,23 @@
+// Layer norm's float32 row loops (the last dim of [rows, d] normalised, torch.nn.LayerNorm's
+// biased variance): the forward pass, the gradient of x and the gradient of the scale w, each
+// one pass over a row after its statistics (two vector reductions over the row, in cache).
+// Float accumulation, vectorised (kernels/vector_math.h), as PyTorch's CPU kernel does.
+#pragma once
+
+#include <cstdint>
+
+namespace meshflow {
+
+// y = (x - mean) / sqrt(var + eps) * w + b per row.
+void layer_norm_rows(const float* x, const float* w, const float* b, float* y, std::int64_t rows,
+                     std::int64_t d, float eps);
+
+// gx = rstd * (g w - mean(g w) - x̂ mean(g w x̂)) per row, x̂ = (x - mean) rstd.
+void layer_norm_grad_x_rows(const float* g, const float* x, const float* w, float* gx,
+                            std::int64_t rows, std::int64_t d, float eps);
+
+// gw = Σ over rows of g x̂ (the scale's gradient; the bias's is Σ g).
+void layer_norm_grad_w_rows(const float* g, const float* x, float* gw, std::int64_t rows,
+                            std::int64_t d, float eps);
+
+}  // namespace meshflow
