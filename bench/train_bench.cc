@@ -13,11 +13,14 @@
 #include "bench/gpt_model.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
+#include "meshflow/core/random.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
 #include "meshflow/graph/passes.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/kernels/optimizer.h"
+#include "meshflow/ops/attention.h"
+#include "meshflow/ops/matmul.h"
 #include "meshflow/train/trainer.h"
 
 namespace meshflow::bench {
@@ -136,19 +139,107 @@ StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimi
   return *e.step_time;
 }
 
+// DESIGN's floor of a training step: the matrix products of the reporting device's step (every
+// linear's forward and both gradient products, the LM head, attention's batched products: two
+// forward, four backward) as one cblas_sgemm each at its shape (a batched product: one per
+// batch element), between buffers allocated once, on the calling thread.
+class ProductFloor {
+ public:
+  explicit ProductFloor(const Model& m, const Optimizer& optimizer, int micro_batches) {
+    const Pcg g =
+        compile(m.pcg, Mode::kTrain, {.update = optimizer.rule, .micro_batches = micro_batches});
+    const TaskGraph t = expand_shards(g, {*g.loss});
+    const DeviceTasks& dt = t.devices.front();
+    std::int64_t most = 0;
+    for (const Task& task : dt.tasks) {
+      const auto* c = std::get_if<ComputeTask>(&task.work);
+      if (!c) continue;
+      std::vector<Shape> local;
+      for (ValueId v : c->call->args)
+        local.push_back(local_shape(t.layouts[static_cast<std::size_t>(v)], dt.device));
+      const int times = task.once_per_step ? 1 : micro_batches;
+      for (int i = 0; i < times; ++i) add(c->call->op.type, local);
+    }
+    for (const Product& p : products_) most = std::max({most, p.m * p.k, p.k * p.n, p.m * p.n});
+    for (auto* buffer : {&a_, &b_, &c_}) {
+      *buffer = random_tensor(DType::kFloat32, {std::max<std::int64_t>(most, 1)}, 7);
+    }
+  }
+  double time() {
+    return time_once([&] {
+      for (const Product& p : products_) {
+        for (std::int64_t i = 0; i < p.batch; ++i)
+          gemm<float>(p.trans_a, p.trans_b, p.m, p.n, p.k, a_.data<float>().data(),
+                      p.trans_a ? p.m : p.k, b_.data<float>().data(), p.trans_b ? p.k : p.n, 0.0f,
+                      c_.data<float>().data(), p.n);
+      }
+    });
+  }
+  std::size_t products() const { return products_.size(); }
+
+ private:
+  struct Product {
+    bool trans_a = false, trans_b = false;
+    std::int64_t batch = 1, m = 0, n = 0, k = 0;
+  };
+  static std::int64_t rows(const Shape& s) {
+    std::int64_t r = 1;
+    for (std::size_t i = 0; i + 1 < s.size(); ++i) r *= s[i];
+    return r;
+  }
+  void add(OpType type, const std::vector<Shape>& in) {
+    auto gemm_of = [&](bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n,
+                       std::int64_t k) {
+      products_.push_back({.trans_a = ta, .trans_b = tb, .batch = batch, .m = m, .n = n, .k = k});
+    };
+    switch (type) {
+      case OpType::kMatmul:
+      case OpType::kLinear:  // a[.., m, k] @ b[k, n]
+        return gemm_of(false, false, 1, rows(in[0]), in[1][1], in[1][0]);
+      case OpType::kMatmulGradA:  // g[.., m, n] @ b[k, n]ᵀ
+        return gemm_of(false, true, 1, rows(in[0]), in[1][0], in[1][1]);
+      case OpType::kMatmulGradB:  // a[.., m, k]ᵀ @ g[.., m, n]
+        return gemm_of(true, false, 1, in[0].back(), in[1].back(), rows(in[0]));
+      default:
+        break;
+    }
+    if (!is_attention_family(type)) return;
+    const Shape& q = in[0];
+    const std::int64_t batch = rows(q) / q[q.size() - 2], sq = q[q.size() - 2], dk = q.back();
+    const std::int64_t sk = in[1][in[1].size() - 2], dv = in[2].back();
+    switch (type) {
+      case OpType::kAttention:  // q kᵀ, then P v
+        gemm_of(false, true, batch, sq, sk, dk);
+        return gemm_of(false, false, batch, sq, dv, sk);
+      case OpType::kAttentionGradQ:  // dP = g vᵀ, dq = dS k
+        gemm_of(false, true, batch, sq, sk, dv);
+        return gemm_of(false, false, batch, sq, dk, sk);
+      case OpType::kAttentionGradK:  // dk = dSᵀ q
+        return gemm_of(true, false, batch, sk, dk, sq);
+      default:  // dv = Pᵀ g
+        return gemm_of(true, false, batch, sk, dv, sq);
+    }
+  }
+  std::vector<Product> products_;
+  Tensor a_, b_, c_;
+};
+
 // Trains `m` with `optimizer` for warmup + reps steps on threads and fills r's times with the
 // timed steps, and its extras with the medians of the reporting device's kernel, movement and
 // other time, and of its optimizer's time against the optimizer's floor (measured between the
 // steps on the reporting device's thread, for `weight_bytes` per device), and explain's
 // estimate of the step against the measured median.
 void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
-                   std::int64_t weight_bytes, BenchResult& r, int micro_batches = 1) {
+                   std::int64_t weight_bytes, BenchResult& r, int micro_batches = 1,
+                   ProductFloor* products = nullptr) {
   OptimizerFloor floor(weight_bytes, static_cast<int>(state_names(optimizer.rule).size()));
   std::vector<double> floors;
   TrainOptions options{
       .steps = o.warmup + o.reps, .optimizer = optimizer, .micro_batches = micro_batches};
   options.progress = [&](const StepReport& s) {
-    if (s.step > o.warmup) floors.push_back(floor.time());
+    if (s.step <= o.warmup) return;
+    floors.push_back(floor.time());
+    if (products) r.floor_s.push_back(products->time());
   };
   const TrainReport t = train_model(m, options);
   std::vector<double> kernel, movement, overhead, update;
@@ -298,7 +389,9 @@ BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_te
                 .bytes = c.batch * c.seq * c.width * 4};
   const Optimizer optimizer =
       adamw ? resolve_optimizer({.kind = kind}) : resolve_optimizer({.lr = 0.01});
-  time_training(m, o, optimizer, weight_bytes(m), r);
+  ProductFloor products(m, optimizer, 1);
+  time_training(m, o, optimizer, weight_bytes(m), r, 1, &products);
+  r.extra["floor_products"] = products.products();
   r.extra["model"] = fmt::format(
       "GPT: {} pre-norm blocks, width {}, {} heads, sequence {}, batch {}, vocabulary {}, "
       "float32, data parallel, {}",
