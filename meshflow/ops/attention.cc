@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "meshflow/core/error.h"
-#include "meshflow/kernels/vector_math.h"
+#include "meshflow/kernels/softmax.h"
 #include "meshflow/ops/matmul.h"
 
 namespace meshflow {
@@ -92,51 +92,56 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
     T* ob = out.data<T>().data() + b * (out.numel() / d.batch);
     for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
       const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
+      // A causal block sees the keys up to its last query's position: the products and rows
+      // below run over those `keys` columns only (the rest of P and dS is 0).
+      const std::int64_t keys =
+          op.causal ? std::clamp<std::int64_t>(q_off + r0 + rows - k_off, 0, d.sk) : d.sk;
       // P = softmax(scale * q kᵀ, masked) for this block of query rows
-      gemm<T>(false, true, rows, d.sk, d.dk, qb + r0 * d.dk, d.dk, kb, d.dk, T(0), p.data(), d.sk);
+      gemm<T>(false, true, rows, keys, d.dk, qb + r0 * d.dk, d.dk, kb, d.dk, T(0), p.data(), d.sk);
       for (std::int64_t i = 0; i < rows; ++i) {
         T* row = p.data() + i * d.sk;
         // keys after the query's global position are masked when causal
         const std::int64_t last =
-            op.causal ? std::clamp<std::int64_t>(q_off + r0 + i - k_off + 1, 0, d.sk) : d.sk;
-        for (std::int64_t j = 0; j < last; ++j) row[j] *= scale;
-        T sum = 0;
+            op.causal ? std::clamp<std::int64_t>(q_off + r0 + i - k_off + 1, 0, keys) : keys;
         if constexpr (std::is_same_v<T, float>) {
-          const VectorMath& m = vector_math();
-          sum = m.exp_sum(row, m.max(row, last), row, last);
+          softmax_row(row, last, keys, scale);
         } else {
           T mx = -std::numeric_limits<T>::infinity();
-          for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j]);
-          for (std::int64_t j = 0; j < last; ++j) sum += row[j] = std::exp(row[j] - mx);
+          for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j] * scale);
+          T sum = 0;
+          for (std::int64_t j = 0; j < last; ++j) sum += row[j] = std::exp(row[j] * scale - mx);
+          const T inv = sum > 0 ? 1 / sum : 0;
+          for (std::int64_t j = 0; j < keys; ++j) row[j] = j < last ? row[j] * inv : 0;
         }
-        const T inv = sum > 0 ? 1 / sum : 0;
-        for (std::int64_t j = 0; j < last; ++j) row[j] *= inv;
-        std::fill(row + last, row + d.sk, T(0));
       }
       const T* gb = g ? g + (b * d.sq + r0) * d.dv : nullptr;
       if (type == OpType::kAttention) {
-        gemm<T>(false, false, rows, d.dv, d.sk, p.data(), d.sk, vb, d.dv, T(0), ob + r0 * d.dv,
+        gemm<T>(false, false, rows, d.dv, keys, p.data(), d.sk, vb, d.dv, T(0), ob + r0 * d.dv,
                 d.dv);
         continue;
       }
       if (type == OpType::kAttentionGradV) {  // dv += Pᵀ g
-        gemm<T>(true, false, d.sk, d.dv, rows, p.data(), d.sk, gb, d.dv, T(1), ob, d.dv);
+        gemm<T>(true, false, keys, d.dv, rows, p.data(), d.sk, gb, d.dv, T(1), ob, d.dv);
         continue;
       }
       // dS = P ⊙ (dP − rowsum(dP ⊙ P)) * scale, dP = g vᵀ
-      gemm<T>(false, true, rows, d.sk, d.dv, gb, d.dv, vb, d.dv, T(0), dp.data(), d.sk);
+      gemm<T>(false, true, rows, keys, d.dv, gb, d.dv, vb, d.dv, T(0), dp.data(), d.sk);
       for (std::int64_t i = 0; i < rows; ++i) {
         T* pr = p.data() + i * d.sk;
         T* dr = dp.data() + i * d.sk;
-        T dot = 0;
-        for (std::int64_t j = 0; j < d.sk; ++j) dot += pr[j] * dr[j];
-        for (std::int64_t j = 0; j < d.sk; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+        if constexpr (std::is_same_v<T, float>) {
+          softmax_grad_row(pr, dr, keys, scale);
+        } else {
+          T dot = 0;
+          for (std::int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
+          for (std::int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+        }
       }
       if (type == OpType::kAttentionGradQ) {  // dq = dS k
-        gemm<T>(false, false, rows, d.dk, d.sk, dp.data(), d.sk, kb, d.dk, T(0), ob + r0 * d.dk,
+        gemm<T>(false, false, rows, d.dk, keys, dp.data(), d.sk, kb, d.dk, T(0), ob + r0 * d.dk,
                 d.dk);
       } else {  // dk += dSᵀ q
-        gemm<T>(true, false, d.sk, d.dk, rows, dp.data(), d.sk, qb + r0 * d.dk, d.dk, T(1), ob,
+        gemm<T>(true, false, keys, d.dk, rows, dp.data(), d.sk, qb + r0 * d.dk, d.dk, T(1), ob,
                 d.dk);
       }
     }
@@ -192,12 +197,19 @@ DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& in) {
 
 double attention_work(const Op& op, const std::vector<Shape>& local) {
   const Dims d = dims_of(local[0], local[1], local[2]);
-  const double per =
-      static_cast<double>(d.batch) * static_cast<double>(d.sq) * static_cast<double>(d.sk);
+  // Score pairs the kernel computes: every (query, key), or with a causal mask the keys up to
+  // each block's last query (queries and keys starting at the same position, as on one device).
+  double pairs = 0;
+  for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
+    const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
+    pairs += static_cast<double>(rows) *
+             static_cast<double>(op.causal ? std::min(d.sk, r0 + rows) : d.sk);
+  }
   // Each pass recomputes the scores (dk); the forward multiplies them by v (dv); grad_v adds
   // Pᵀ g (dv); grad_q and grad_k add g vᵀ (dv) and dS k or dSᵀ q (dk).
   const bool two_products = op.type == OpType::kAttention || op.type == OpType::kAttentionGradV;
-  return per * static_cast<double>(two_products ? d.dk + d.dv : 2 * d.dk + d.dv);
+  return static_cast<double>(d.batch) * pairs *
+         static_cast<double>(two_products ? d.dk + d.dv : 2 * d.dk + d.dv);
 }
 
 }  // namespace meshflow

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 
+#include "meshflow/core/box.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/ops/gradient.h"
@@ -326,6 +327,58 @@ TEST(Kernels, AttentionMatchesNaiveScoresAcrossRowBlocks) {
   const Tensor q2 = rnd({1, 3, 4}, 4), k2 = rnd({1, 9, 4}, 5), v2 = rnd({1, 9, 2}, 6);
   expect_near(run({.type = OpType::kAttention}, {&q2, &k2, &v2}),
               naive_attention(q2, k2, v2, false), 1e-12, "Sq != Sk");
+}
+
+// Returns t converted to float32 (or float64).
+Tensor as_dtype(const Tensor& t, DType dtype) {
+  Tensor out(dtype, t.shape());
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    if (dtype == DType::kFloat32) {
+      out.data<float>()[k] = static_cast<float>(at(t, i));
+    } else {
+      out.data<double>()[k] = at(t, i);
+    }
+  }
+  return out;
+}
+
+// The float32 path (vector softmax rows, a causal block's products over the keys it sees)
+// against the float64 reference: the forward against the naive scores, each gradient against
+// the float64 kernel (which finite differences check), over three row blocks (150 queries), a
+// query shard starting at position 80 of the keys (offsets), and Sq != Sk.
+TEST(Kernels, AttentionInFloat32MatchesFloat64) {
+  const Tensor q = rnd({2, 150, 8}, 31), k = rnd({2, 150, 8}, 32), v = rnd({2, 150, 6}, 33);
+  const Tensor g = rnd({2, 150, 6}, 34);
+  const Tensor qf = as_dtype(q, DType::kFloat32), kf = as_dtype(k, DType::kFloat32);
+  const Tensor vf = as_dtype(v, DType::kFloat32), gf = as_dtype(g, DType::kFloat32);
+  for (bool causal : {false, true}) {
+    const std::string what = causal ? "causal" : "full";
+    expect_near(run({.type = OpType::kAttention, .causal = causal}, {&qf, &kf, &vf}),
+                naive_attention(q, k, v, causal), 2e-5, what + " float32");
+    for (OpType type :
+         {OpType::kAttentionGradQ, OpType::kAttentionGradK, OpType::kAttentionGradV}) {
+      const Tensor want = run({.type = type, .causal = causal}, {&q, &k, &v, &g});
+      std::vector<double> w;
+      for (std::int64_t i = 0; i < want.numel(); ++i) w.push_back(at(want, i));
+      expect_near(run({.type = type, .causal = causal}, {&qf, &kf, &vf, &gf}), w, 2e-5,
+                  what + " " + std::string(to_string(type)) + " float32");
+    }
+  }
+  // Queries 80..149 against every key: the causal mask by global position.
+  const Tensor tail = slice(q, Box{{0, 80, 0}, {2, 70, 8}});
+  const Tensor tail_f = as_dtype(tail, DType::kFloat32);
+  const Op op{.type = OpType::kAttention, .causal = true};
+  const TensorSpec qs{{2, 150, 8}, DType::kFloat32}, ks = spec_of(kf), vs = spec_of(vf);
+  const Tensor got =
+      run_kernel(op, {&tail_f, &kf, &vf}, {qs, ks, vs}, {{0, 80, 0}, {0, 0, 0}, {0, 0, 0}});
+  const std::vector<double> full = naive_attention(q, k, v, true);
+  std::vector<double> want;
+  for (std::int64_t n = 0; n < 2; ++n)
+    for (std::int64_t i = 80; i < 150; ++i)
+      for (std::int64_t c = 0; c < 6; ++c)
+        want.push_back(full[static_cast<std::size_t>((n * 150 + i) * 6 + c)]);
+  expect_near(got, want, 2e-5, "causal query shard at offset 80, float32");
 }
 
 TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {
