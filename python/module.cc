@@ -402,10 +402,19 @@ PYBIND11_MODULE(_meshflow, module) {
         }
         return py::module_::import("json").attr("loads")(report);
       });
-  module.def("explain_model", [](const LoadedModel& m, bool overlap) {
+  module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
+                                  std::optional<int> micro_batches) {
+    if (micro_batches && *micro_batches < 1)
+      fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+    const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
+    const Optimizer o = resolve_optimizer(optimizer_options(optimizer), defaults.optimizer,
+                                          OptionStyle::kKeyword);
     const Explanation e = explain_compiled(
-        m.model.pcg, {.overlap = overlap,
-                      .decompose = {.shared_memory = session().backend() == Backend::kThreads}});
+        m.model.pcg,
+        {.overlap = overlap,
+         .decompose = {.shared_memory = session().backend() == Backend::kThreads},
+         .update = o.rule,
+         .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1))});
     return json_to_python(to_json(e));
   });
   module.def("op_arity", [](const std::string& name) { return arity(parse_op_type(name)); });

@@ -38,6 +38,14 @@ class Model:
                                      bool(allow_nonfinite),
                                      None if micro_batches is None else int(micro_batches))
 
-    def explain(self, overlap=False):
-        """Returns the dict ``meshflow explain --json`` prints."""
-        return _meshflow.explain_model(self._h, overlap)
+    def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
+                eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
+                decay_steps=None, micro_batches=None):
+        """Returns the dict ``meshflow explain --json`` prints for the step ``train`` with the
+        same options would run: every value's layout (optimizer state included), every move,
+        and for a model with a loss ``est_step_s`` and ``memory_per_device_bytes``."""
+        options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
+                       weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
+                       warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
+        return _meshflow.explain_model(self._h, overlap, options,
+                                       None if micro_batches is None else int(micro_batches))

@@ -31,6 +31,22 @@ def test_explain_lists_moves():
     assert "moves" in e and "values" in e
 
 
+def test_explain_estimates_the_step_train_would_run():
+    m = mf.Model.load(MODELS / "dp_tp_mlp.json")
+    sgd, adamw = m.explain(), m.explain(optimizer="adamw")
+    assert sgd["est_step_s"] > 0 and adamw["est_step_s"] > sgd["est_step_s"]
+    assert sgd["memory"]["optimizer_state"] == 0 < adamw["memory"]["optimizer_state"]
+    assert "w1.exp_avg" in adamw["values"] and "w1.exp_avg" not in sgd["values"]
+    micro = m.explain(micro_batches=4)
+    assert micro["memory"]["activations"] < sgd["memory"]["activations"]
+    try:
+        m.explain(micro_batches=0)
+    except mf.Error as e:
+        assert "micro_batches= 0" in str(e)
+    else:
+        raise AssertionError("no error")
+
+
 def test_bad_model_is_an_exception(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{ not json")
