@@ -98,6 +98,18 @@ Tensor::Tensor(DType dtype, Shape shape) : Tensor(dtype, std::move(shape), NoFil
   std::memset(data_.get(), 0, nbytes());
 }
 
+Tensor Tensor::reshaped(Tensor&& t, Shape shape) {
+  const std::int64_t n = checked_numel(shape, t.dtype_, "tensor shape");
+  if (n != t.numel_) {
+    fail(ErrorKind::kShapeMismatch, "reshape of {} elements {} to {}", t.numel_,
+         to_string(t.shape_), to_string(shape));
+  }
+  Tensor out = std::move(t);
+  out.shape_ = std::move(shape);
+  t = Tensor();
+  return out;
+}
+
 Tensor Tensor::uninitialized(DType dtype, Shape shape) {
   return Tensor(dtype, std::move(shape), NoFill{});
 }

@@ -52,6 +52,10 @@ class Tensor {
   // Returns a deep copy.
   Tensor clone() const;
 
+  // Returns t's storage under `shape` (as many elements): a reshape that copies nothing. `t` is
+  // left empty (Tensor()). Throws Error when the element counts differ.
+  static Tensor reshaped(Tensor&& t, Shape shape);
+
  private:
   // Frees storage of `bytes` (rounded) bytes, or keeps large buffers for reuse by the next
   // tensor of the same size, whichever thread makes it (tensor.cc says why).

@@ -28,6 +28,27 @@ TEST(Tensor, LargeStorageStartsOnAHugePageBoundary) {
   }
 }
 
+// A reshape that takes the buffer: the same bytes under the new shape, the source left empty;
+// a different element count is an error naming both shapes.
+TEST(Tensor, ReshapedTakesTheBufferWithoutCopying) {
+  Tensor t(DType::kFloat32, {2, 6});
+  for (std::size_t i = 0; i < 12; ++i) t.data<float>()[i] = static_cast<float>(i) * 0.5f - 1;
+  const std::byte* storage = t.bytes();
+  const Tensor r = Tensor::reshaped(std::move(t), {3, 2, 2});
+  EXPECT_EQ(r.shape(), (Shape{3, 2, 2}));
+  EXPECT_EQ(r.bytes(), storage);
+  for (std::size_t i = 0; i < 12; ++i)
+    EXPECT_EQ(r.data<float>()[i], static_cast<float>(i) * 0.5f - 1);
+  EXPECT_EQ(t.nbytes(), 0u);  // NOLINT(bugprone-use-after-move): moved-from is empty by contract
+  Tensor u(DType::kFloat32, {2, 6});
+  try {
+    (void)Tensor::reshaped(std::move(u), {5});
+    ADD_FAILURE() << "a reshape to fewer elements was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("12 elements 2x6 to 5"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Tensor, WrongElementTypeIsAnError) {
   Tensor t(DType::kInt32, {4});
   EXPECT_THROW(t.data<float>(), Error);

@@ -65,6 +65,8 @@ std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, in
       for (const Task& t : dt.tasks) {
         if (part != TaskPart::kAll && t.once_per_step != (part == TaskPart::kOncePerStep)) continue;
         if (makes_value(t)) bytes[static_cast<std::size_t>(t.out)] = shard_bytes(g, t.out, d);
+        if (t.reuses_input)  // the result is the input's buffer
+          bytes[static_cast<std::size_t>(task_reads(t)[0])] = 0;
         counter.observe(bytes, extra);
         for (ValueId v : t.release)
           if (part != TaskPart::kMicroBatch || !accumulated[static_cast<std::size_t>(v)])

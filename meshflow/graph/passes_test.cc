@@ -8,6 +8,7 @@
 
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
+#include "meshflow/graph/model_file.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/graph/testing.h"
 
@@ -111,6 +112,30 @@ TEST(Passes, KernelsAccumulateOnlyValuesNoMicroBatchTaskReads) {
       accumulating += task.accumulates;
     }
     EXPECT_GE(accumulating, 2) << "device " << dt.device << ": w1's and w2's gradients";
+  }
+}
+
+// A reshape takes its input's buffer exactly where this device drops the input right after it
+// (released by the reshape, not accumulated): the GPT's head reshapes in forward and backward.
+TEST(Passes, AReshapeReusesItsInputOnlyWhereItIsTheLastReader) {
+  const Model m = load_model(std::filesystem::path(MESHFLOW_EXAMPLES_DIR) / "gpt" / "gpt_dp.json");
+  for (int micro : {1, 2}) {
+    const Pcg g = compile(m.pcg, Mode::kTrain, {.micro_batches = micro});
+    const TaskGraph t = expand_shards(g, {*g.loss});
+    int reusing = 0;
+    for (const DeviceTasks& dt : t.devices) {
+      const std::set<ValueId> accumulated(dt.accumulated.begin(), dt.accumulated.end());
+      for (const Task& task : dt.tasks) {
+        const auto* c = std::get_if<ComputeTask>(&task.work);
+        const bool reshape = c && c->call->op.type == OpType::kReshape;
+        const bool last =
+            reshape && std::count(task.release.begin(), task.release.end(), c->call->args[0]) == 1;
+        EXPECT_EQ(task.reuses_input, last && !accumulated.count(c->call->args[0]))
+            << "device " << dt.device << " " << t.names[task.out];
+        reusing += task.reuses_input;
+      }
+    }
+    EXPECT_GT(reusing, 0) << micro << " micro-batches";
   }
 }
 

@@ -29,6 +29,7 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
                    const MachineModel& machine, PlanCache& plans) {
   StepTime t;
   if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
+    if (task.reuses_input) return t;  // a reshape that takes its input's buffer: no work
     std::vector<Shape> local;
     double bytes = bytes_of(g, task.out, device);
     for (ValueId a : c->call->args) {

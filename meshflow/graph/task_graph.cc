@@ -116,6 +116,13 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
   for (Task& task : dt.tasks) {
     task.accumulates = std::holds_alternative<ComputeTask>(task.work) &&
                        accumulated.count(task.out) && !read_per_micro_batch.count(task.out);
+    if (const auto* c = std::get_if<ComputeTask>(&task.work);
+        c && c->call->op.type == OpType::kReshape) {
+      const ValueId in = c->call->args[0];
+      task.reuses_input =
+          std::find(task.release.begin(), task.release.end(), in) != task.release.end() &&
+          !accumulated.count(in);
+    }
   }
 }
 

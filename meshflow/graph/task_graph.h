@@ -98,6 +98,9 @@ struct Task {
   // by no other per-micro-batch task: after the first micro-batch it adds into the running sum
   // (run_kernel_accumulate: a product in its GEMM) instead of making a value to add.
   bool accumulates = false;
+  // A reshape whose input this device drops right after it (released, not accumulated): the
+  // runtime hands the input's buffer to the result (Tensor::reshaped) instead of copying it.
+  bool reuses_input = false;
   bool operator==(const Task&) const = default;
 };
 
