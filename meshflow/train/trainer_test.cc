@@ -295,16 +295,17 @@ namespace {
 TEST(Memory, TheEstimateIsWhatTheRuntimeHolds) {
   const Layouts layouts;
   for (const auto& [layout, model] : layouts.all()) {
-    for (int m : {1, 2}) {
+    for (int m : {1, 2, 4}) {
+      if (m == 4 && layout == "pipeline") continue;  // its batch of 6 does not split in 4
       const std::string what = fmt::format("{}, {} micro-batches", layout, m);
       const Optimizer adamw = resolve_optimizer({.kind = OptimizerKind::kAdamW});
       const Explanation e = explain_compiled(model.pcg, {.update = adamw.rule, .micro_batches = m});
       ASSERT_TRUE(e.memory.has_value()) << what;
       const TrainReport r =
           train_model(model, {.steps = 2, .optimizer = adamw, .micro_batches = m});
-      // The runtime also holds the scalars it reports (the loss fetched to the leader): a few
-      // bytes the estimate leaves out.
-      EXPECT_LE(r.measured.peak - e.memory->peak, 16) << what;
+      // The runtime also holds the float32 scalars it reports, which the estimate leaves out:
+      // the loss fetched to the leader each micro-batch and two for the step.
+      EXPECT_LE(r.measured.peak - e.memory->peak, 4 * (m + 2)) << what;
       EXPECT_GE(r.measured.peak - e.memory->peak, 0) << what;
       EXPECT_EQ(e.memory->at_peak.total(), e.memory->peak) << what;
       EXPECT_EQ(r.measured.at_peak.total(), r.measured.peak) << what;
