@@ -1,6 +1,6 @@
 // The vector loops of kernels/vector_math.h written once over a register type: each
 // instruction set's file (vector_math_<isa>.cc, built with that set's compiler flags) supplies
-// V, a register of kWidth floats with its loads, arithmetic and SLEEF functions, and
+// V, a register of kWidth floats with its loads, arithmetic and SLEEF's exp and tanh, and
 // instantiates SimdLoops<V>. A loop runs whole registers, then the tail through one padded
 // register.
 #pragma once
@@ -26,7 +26,7 @@ struct SimdLoops {
   using R = typename V::Reg;
   static constexpr int kWidth = V::kWidth;
 
-  // y[i] = f(x[i]); the tail's padding lanes hold `pad`.
+  // y[i] = f(x[i]); the tail's padding lanes hold 0.
   template <class F>
   static void map(const float* x, float* y, std::int64_t n, F f) {
     std::int64_t i = 0;
