@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <set>
 
 namespace meshflow {
 
@@ -80,24 +79,24 @@ std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, in
       // The first micro-batch's accumulated values become the sums; later ones are added in
       // and stay beside them until the next micro-batch remakes them, except those a task adds
       // into in its kernel (Task::accumulates): the sum is that value while its micro-batch runs.
-      std::set<ValueId> in_place;
-      for (const Task& t : dt.tasks)
-        if (t.accumulates) in_place.insert(t.out);
+      const std::vector<bool> in_place = accumulated_in_place(dt);
       MemoryBreakdown sums;
       auto set_extra = [&] {
         for (std::size_t k = 0; k < extra.bytes.size(); ++k)
           extra.bytes[k] = waiting.bytes[k] + sums.bytes[k];
       };
       for (int m = 0; m < micro_batches; ++m) {
-        for (ValueId v : in_place) {
-          if (m == 0) continue;
+        for (std::size_t i = 0; i < dt.accumulated.size(); ++i) {
+          if (m == 0 || !in_place[i]) continue;
+          const ValueId v = dt.accumulated[i];
           bytes[static_cast<std::size_t>(v)] = shard_bytes(g, v, d);
           sums[kind(v)] -= bytes[static_cast<std::size_t>(v)];
         }
         set_extra();
         run(TaskPart::kMicroBatch);
-        for (ValueId v : dt.accumulated) {
-          if (m > 0 && !in_place.count(v)) continue;
+        for (std::size_t i = 0; i < dt.accumulated.size(); ++i) {
+          if (m > 0 && !in_place[i]) continue;
+          const ValueId v = dt.accumulated[i];
           sums[kind(v)] += bytes[static_cast<std::size_t>(v)];
           bytes[static_cast<std::size_t>(v)] = 0;
         }

@@ -97,12 +97,10 @@ std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int
       // accumulates reads the sum beside its work (a GEMM's beta = 1), another's value is
       // added in (an add that reads two and writes one); then it scales each sum once.
       double added = 0, read = 0, all = 0;
-      for (ValueId v : dt.accumulated) {
-        const double b = bytes_of(g, v, dt.device);
-        const bool in_place = std::any_of(dt.tasks.begin(), dt.tasks.end(), [&](const Task& t) {
-          return t.accumulates && t.out == v;
-        });
-        (in_place ? read : added) += b;
+      const std::vector<bool> in_place = accumulated_in_place(dt);
+      for (std::size_t i = 0; i < dt.accumulated.size(); ++i) {
+        const double b = bytes_of(g, dt.accumulated[i], dt.device);
+        (in_place[i] ? read : added) += b;
         all += b;
       }
       step.compute_s +=

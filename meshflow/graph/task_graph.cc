@@ -152,6 +152,15 @@ std::vector<ValueId> task_reads(const Task& task) {
   return reads;
 }
 
+std::vector<bool> accumulated_in_place(const DeviceTasks& dt) {
+  std::set<ValueId> accumulating;
+  for (const Task& t : dt.tasks)
+    if (t.accumulates) accumulating.insert(t.out);
+  std::vector<bool> in_place;
+  for (ValueId v : dt.accumulated) in_place.push_back(accumulating.count(v) > 0);
+  return in_place;
+}
+
 bool makes_value(const Task& task) {
   if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to;
   return !std::holds_alternative<UpdateTask>(task.work);

@@ -134,6 +134,10 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep,
 // Returns the task graph as text, one task per line per device (golden tests).
 std::string to_text(const TaskGraph& graph);
 
+// Returns, per value of dt.accumulated (in its order), whether a task of dt adds into that
+// value's running sum in its kernel (Task::accumulates) rather than making a value to add.
+std::vector<bool> accumulated_in_place(const DeviceTasks& dt);
+
 // Returns the values `task` reads (an update: its weight, gradient, norm and state).
 std::vector<ValueId> task_reads(const Task& task);
 

@@ -35,9 +35,8 @@ TensorSpec infer_layer_norm(const Op& op, const std::vector<TensorSpec>& in) {
 
 namespace {
 
-// The mean and 1 / sqrt(var + eps) of one row of d elements (float64: the float64 kernel's).
-template <typename T>
-std::pair<double, double> row_stats(const T* x, std::int64_t d, double eps) {
+// The mean and 1 / sqrt(var + eps) of one row of d float64 elements.
+std::pair<double, double> row_stats(const double* x, std::int64_t d, double eps) {
   double mean = 0;
   for (std::int64_t j = 0; j < d; ++j) mean += x[j];
   mean /= static_cast<double>(d);
@@ -71,8 +70,9 @@ Tensor run_float(const Op& op, const std::vector<const Tensor*>& in) {
   return y;
 }
 
-template <typename T>
-Tensor run(const Op& op, const std::vector<const Tensor*>& in) {
+// float64: plain loops (the float32 kernels' reference).
+Tensor run_double(const Op& op, const std::vector<const Tensor*>& in) {
+  using T = double;
   const bool forward = op.type == OpType::kLayerNorm;
   const Tensor& x = *in[forward ? 0 : 1];
   const std::int64_t d = x.shape().back();
@@ -129,7 +129,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in) {
 }  // namespace
 
 Tensor layer_norm_kernel(const Op& op, const std::vector<const Tensor*>& in) {
-  return in[0]->dtype() == DType::kFloat64 ? run<double>(op, in) : run_float(op, in);
+  return in[0]->dtype() == DType::kFloat64 ? run_double(op, in) : run_float(op, in);
 }
 
 DimLabels layer_norm_labels(const Op& op, const std::vector<TensorSpec>& in) {

@@ -53,13 +53,13 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
                    std::vector<OverlapEvent>* blocks) {
   auto value = [&](ValueId v) -> Tensor& { return values[static_cast<std::size_t>(v)]; };
   if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
-    std::vector<const Tensor*> locals;
-    locals.reserve(c->call->args.size());
-    for (ValueId v : c->call->args) locals.push_back(&value(v));
     if (task.reuses_input) {  // a reshape of a value this device drops after it
       value(task.out) = Tensor::reshaped(std::move(value(c->call->args[0])), c->local_out);
       return TraceKind::kCompute;
     }
+    std::vector<const Tensor*> locals;
+    locals.reserve(c->call->args.size());
+    for (ValueId v : c->call->args) locals.push_back(&value(v));
     Tensor out;
     try {
       if (task.accumulates && options.accumulate) {
@@ -219,11 +219,7 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
     return b;
   };
   // Sums a task accumulates into stay in `values` while its micro-batch runs.
-  std::vector<bool> in_place(sums.size(), false);
-  for (std::size_t i = 0; i < sums.size(); ++i) {
-    for (const Task& t : tasks.tasks)
-      if (t.accumulates && t.out == tasks.accumulated[i]) in_place[i] = true;
-  }
+  const std::vector<bool> in_place = accumulated_in_place(tasks);
   for (int m = 0; m < micro_batches; ++m) {
     for (std::size_t v = 0; v < micro_inputs.size(); ++v)
       if (!micro_inputs[v].empty())
