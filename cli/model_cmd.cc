@@ -131,6 +131,26 @@ int micro_batches_of(int given, const Model& model) {
   return train_defaults_from_json(model.train, model.source).micro_batches.value_or(1);
 }
 
+// Returns --zero when given (-1: not given), else the model file's, else 0.
+int zero_of(int given, const Model& model) {
+  if (given >= 0) {
+    if (given != 0 && given != 1 && given != 3)
+      fail(ErrorKind::kInvalidArgument, "--zero {}: must be 0, 1 or 3", given);
+    return given;
+  }
+  return train_defaults_from_json(model.train, model.source).zero.value_or(0);
+}
+
+// Adds --zero.
+void add_zero_option(CLI::App* cmd, int& zero) {
+  cmd->add_option("--zero", zero,
+                  "ZeRO level: 0 (every device holds whole weights, gradients and optimizer "
+                  "state), 1 (optimizer state sharded over the data-parallel dims, gradients "
+                  "reduce-scattered into it, weights all-gathered after the update), 3 (FSDP: "
+                  "weights and gradients sharded too, each weight gathered just before each use; "
+                  "default: the model file's \"train\", else 0)");
+}
+
 // Returns the form --gather-form names (checked by CLI11), or none.
 std::optional<GatherForm> gather_form(const CommonArgs& a) {
   for (GatherForm f : {GatherForm::kPermute, GatherForm::kBroadcast, GatherForm::kInPlace})
@@ -220,6 +240,7 @@ void add_run(CLI::App& app) {
 void add_train(CLI::App& app) {
   struct Args : CommonArgs {
     int steps = 1, micro_batches = 0;  // 0: not given
+    int zero = -1;                     // -1: not given
     bool check = false, allow_nonfinite = false;
     OptimizerArgs optimizer;
   };
@@ -236,6 +257,7 @@ void add_train(CLI::App& app) {
                   "gradients and updating once per step (default: the model file's \"train\", "
                   "else 1)")
       ->check(CLI::Range(1, 1 << 20));
+  add_zero_option(cmd, args->zero);
   cmd->add_flag("--allow-nonfinite", args->allow_nonfinite,
                 "train on through a step whose loss or gradient norm is not finite (by default "
                 "such a step stops training before its update, writing nothing)");
@@ -254,6 +276,7 @@ void add_train(CLI::App& app) {
             every_device(options.backend, [&] { return optimizer_of(args->optimizer, model); }),
         .micro_batches = every_device(options.backend,
                                       [&] { return micro_batches_of(args->micro_batches, model); }),
+        .zero = every_device(options.backend, [&] { return zero_of(args->zero, model); }),
         .allow_nonfinite = args->allow_nonfinite,
         .check = args->check};
     double elapsed = 0;
@@ -284,6 +307,7 @@ void add_explain(CLI::App& app) {
   struct Args : CommonArgs {
     OptimizerArgs optimizer;
     int micro_batches = 0;  // 0: not given
+    int zero = -1;          // -1: not given
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -296,6 +320,7 @@ void add_explain(CLI::App& app) {
                   "compile the step for M micro-batches (the layouts of one micro-batch; default: "
                   "the model file's \"train\", else 1)")
       ->check(CLI::Range(1, 1 << 20));
+  add_zero_option(cmd, args->zero);
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     const Model model = load(args->model, backend(*args));
@@ -303,15 +328,16 @@ void add_explain(CLI::App& app) {
     const Optimizer optimizer =
         every_device(backend(*args), [&] { return optimizer_of(args->optimizer, model); });
     const Explanation e = explain_compiled(
-        model.pcg, {.plan = plan,
-                    .overlap = args->overlap,
-                    .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
-                                  .gather_form = gather_form(*args),
-                                  .always = gather_form(*args).has_value()},
-                    .update = optimizer.rule,
-                    .micro_batches = every_device(backend(*args), [&] {
-                      return micro_batches_of(args->micro_batches, model);
-                    })});
+        model.pcg,
+        {.plan = plan,
+         .overlap = args->overlap,
+         .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
+                       .gather_form = gather_form(*args),
+                       .always = gather_form(*args).has_value()},
+         .update = optimizer.rule,
+         .micro_batches = every_device(
+             backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
+         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); })});
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

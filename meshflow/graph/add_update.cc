@@ -39,31 +39,58 @@ std::optional<ValueId> find_grad_norm(const Pcg& pcg) {
   return std::nullopt;
 }
 
-Pcg add_update(Pcg pcg, const UpdateRule& rule) {
+Layout zero_layout(const Layout& layout) {
+  std::vector<Placement> placements = layout.placements;
+  std::set<int> sharded;
+  for (const Placement& p : placements)
+    if (p.is_shard()) sharded.insert(p.dim);
+  for (Placement& p : placements) {
+    if (!p.is_replicate() || layout.shape.empty()) continue;
+    int d = 0;
+    bool found = false;
+    for (int i = 0; i < static_cast<int>(layout.shape.size()); ++i) {
+      if (sharded.count(i)) continue;
+      if (!found ||
+          layout.shape[static_cast<std::size_t>(i)] > layout.shape[static_cast<std::size_t>(d)]) {
+        d = i;
+        found = true;
+      }
+    }
+    p = Placement::shard(d);
+    sharded.insert(d);
+  }
+  return make_layout(layout.mesh, std::move(placements), layout.shape, layout.dtype);
+}
+
+Pcg add_update(Pcg pcg, const UpdateRule& rule, int zero) {
   verify(pcg, Stage::kLaidOut);
+  MESHFLOW_CHECK(zero == 0 || zero == 1 || zero == 3, "ZeRO level {}", zero);
   struct Trained {
-    ValueId weight, grad;  // grad: in the weight's layout once moved
+    ValueId weight, grad;  // grad: in the update's layout once moved
+    Layout update;         // the layout the update runs in: the weight's, or its ZeRO layout
   };
   std::vector<Trained> trained;
   for (ValueId w = 0; w < static_cast<ValueId>(pcg.nodes.size()); ++w) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(w)];
     if (n.kind != NodeKind::kWeight) continue;
     if (auto g = pcg.names.find("grad:" + n.name); g != pcg.names.end())
-      trained.push_back({w, g->second});
+      trained.push_back({w, g->second, zero == 0 ? *n.layout : zero_layout(*n.layout)});
   }
   if (trained.empty()) return pcg;
   auto node = [&](ValueId v) -> const Node& { return pcg.nodes[static_cast<std::size_t>(v)]; };
   auto update_name = [&](ValueId w) {
     return fmt::format("{}:{}", to_string(rule.kind), node(w).name);
   };
-  // Each gradient into its weight's layout (a Partial one reduced), named as copy insertion
-  // names a move for the update that needs it.
+  // Each gradient into its update's layout (a Partial one reduced: data parallelism's
+  // all-reduce, or under ZeRO a reduce-scatter), named as copy insertion names a move for the
+  // update that needs it. Under ZeRO-3 it runs with each micro-batch (the sharded gradient is
+  // what accumulates).
   for (Trained& t : trained) {
-    const Layout& want = *node(t.weight).layout;
-    if (*node(t.grad).layout == want) continue;
+    if (*node(t.grad).layout == t.update) continue;
     const std::string value = "grad:" + node(t.weight).name;
     Node m = laid_out(fmt::format("move:{}@{}", value, update_name(t.weight)), NodeKind::kMove,
-                      {t.grad}, node(t.grad).spec, want);
+                      {t.grad}, node(t.grad).spec, t.update);
+    if (zero == 3) m.phase = Phase::kBackward;
     m.moved_value = value;
     m.consumer = update_name(t.weight);
     t.grad = push(pcg, std::move(m));
@@ -95,14 +122,24 @@ Pcg add_update(Pcg pcg, const UpdateRule& rule) {
   reduced.moved_value = "grad_norm_sq";
   reduced.consumer = "the updates";
   const ValueId norm = push(pcg, std::move(reduced));
-  // Per weight: its state (zeros in the weight's layout), then its update.
+  // Per weight: its state (zeros in the update's layout), then its update; under ZeRO-1 the
+  // update runs on the weight's shard, which is then all-gathered back into the weight.
   for (const Trained& t : trained) {
     const Node& w = node(t.weight);
     const Layout layout = *w.layout;
     const std::string weight_name = w.name;
     const TensorSpec spec = w.spec;
-    std::vector<ValueId> inputs = {t.weight, t.grad, norm};
-    std::vector<Layout> operands = {layout, layout, reduced_layout};
+    const bool sharded_update = zero == 1 && t.update != layout;
+    ValueId target = t.weight;
+    if (sharded_update) {  // each device's chunk of the weight: a local slice
+      Node shard = laid_out(fmt::format("zero:{}", weight_name), NodeKind::kMove, {t.weight}, spec,
+                            t.update);
+      shard.moved_value = weight_name;
+      shard.consumer = update_name(t.weight);
+      target = push(pcg, std::move(shard));
+    }
+    std::vector<ValueId> inputs = {target, t.grad, norm};
+    std::vector<Layout> operands = {t.update, t.update, reduced_layout};
     for (const std::string& s : state_names(rule)) {
       std::string name = weight_name + "." + s;
       if (pcg.names.count(name)) {
@@ -110,17 +147,25 @@ Pcg add_update(Pcg pcg, const UpdateRule& rule) {
              "tensor \"{}\" has the name of weight \"{}\"'s optimizer state: rename it", name,
              weight_name);
       }
-      Node state = laid_out(name, NodeKind::kState, {}, spec, layout);
+      Node state = laid_out(name, NodeKind::kState, {}, spec, t.update);
       state.source = Source{.kind = Source::Kind::kZeros};
       const ValueId id = push(pcg, std::move(state));
       pcg.names[name] = id;
       inputs.push_back(id);
-      operands.push_back(layout);
+      operands.push_back(t.update);
     }
-    Node u = laid_out(update_name(t.weight), NodeKind::kUpdate, std::move(inputs), spec, layout);
+    Node u = laid_out(update_name(t.weight), NodeKind::kUpdate, std::move(inputs), spec, t.update);
     u.operand_layouts = std::move(operands);
     u.update = rule;
-    push(pcg, std::move(u));
+    const ValueId updated = push(pcg, std::move(u));
+    if (sharded_update) {
+      Node gather = laid_out(fmt::format("zero:{}:gather", weight_name), NodeKind::kMove, {updated},
+                             spec, layout);
+      gather.replaces = t.weight;
+      gather.moved_value = weight_name;
+      gather.consumer = "the next step";
+      push(pcg, std::move(gather));
+    }
   }
   verify(pcg, Stage::kLaidOut);
   return pcg;

@@ -8,7 +8,8 @@ Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options) {
       mode == Mode::kTrain ? split_micro_batches(pcg, options.micro_batches) : pcg, options.plan);
   if (mode == Mode::kTrain) {
     g = infer_layouts(expand_backward(std::move(g)), options.plan);
-    g = add_update(std::move(g), options.update);
+    g = add_update(std::move(g), options.update, options.zero);
+    if (options.zero == 3) g = shard_weights(std::move(g));
   }
   g = insert_copies(expand_vocab_parallel(std::move(g), options.plan));
   return options.overlap ? decompose_collectives(std::move(g), options.plan, options.decompose) : g;

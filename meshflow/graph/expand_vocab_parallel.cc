@@ -41,6 +41,7 @@ Pcg expand_vocab_parallel(Pcg pcg, const PlanOptions& options) {
   for (const Node& old : pcg.nodes) {
     Node n = old;
     for (ValueId& v : n.inputs) v = remap[static_cast<std::size_t>(v)];
+    if (n.replaces) n.replaces = remap[static_cast<std::size_t>(*n.replaces)];
     if (n.kind != NodeKind::kCompute || !needs_lowering(n.op, n.operand_layouts)) {
       remap.push_back(static_cast<ValueId>(out.nodes.size()));
       out.nodes.push_back(std::move(n));

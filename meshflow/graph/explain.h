@@ -12,8 +12,8 @@
 
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/memory.h"
-#include "meshflow/graph/step_time.h"
 #include "meshflow/graph/pcg.h"
+#include "meshflow/graph/step_time.h"
 #include "meshflow/plan/planner.h"
 
 namespace meshflow {

@@ -74,6 +74,7 @@ Pcg insert_copies(Pcg pcg) {
   c.out.loss = std::nullopt;
   for (const Node& old : pcg.nodes) {
     Node n = old;
+    if (n.replaces) n.replaces = c.remap[static_cast<std::size_t>(*n.replaces)];
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       const ValueId v = c.remap[static_cast<std::size_t>(n.inputs[i])];
       const bool needs = n.kind == NodeKind::kCompute || n.kind == NodeKind::kUpdate ||

@@ -21,8 +21,13 @@ nlohmann::json to_json(const MemoryBreakdown& m) {
 std::vector<MemoryKind> memory_kinds(const Pcg& pcg) {
   std::vector<MemoryKind> kinds;
   for (const Node& n : pcg.nodes) {
-    if (n.kind == NodeKind::kWeight) {
+    // ZeRO-1's chunk of a weight for its update and the weight all-gathered from it are weights.
+    const bool chunk = n.kind == NodeKind::kMove && n.phase == Phase::kUpdate &&
+                       pcg.nodes[static_cast<std::size_t>(n.inputs[0])].kind == NodeKind::kWeight;
+    if (n.kind == NodeKind::kWeight || n.replaces || chunk) {
       kinds.push_back(MemoryKind::kWeights);
+    } else if (n.zero_gather) {
+      kinds.push_back(MemoryKind::kGathered);
     } else if (n.kind == NodeKind::kState) {
       kinds.push_back(MemoryKind::kOptimizerState);
     } else if (n.phase != Phase::kForward) {

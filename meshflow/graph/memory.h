@@ -27,10 +27,11 @@ struct MemoryBreakdown {
 // Returns {"weights", "gradients", "optimizer_state", "activations", "gathered"}.
 nlohmann::json to_json(const MemoryBreakdown& m);
 
-// Returns what each value of `pcg` is: kWeight sources are weights; kState sources optimizer
-// state; every value of the backward and update passes (the gradients of weights and of
-// activations, the gradient norm) a gradient; inputs and the other forward values activations.
-// (gathered: weights gathered for use under ZeRO-3, none before it.)
+// Returns what each value of `pcg` is: kWeight sources, ZeRO-1's chunks of them and their
+// all-gathers are weights; kState sources optimizer state; ZeRO-3's gathers of a weight for one
+// use (Node::zero_gather) gathered; every other value of the backward and update passes (the
+// gradients of weights and of activations, the gradient norm) a gradient; inputs and the other
+// forward values activations.
 std::vector<MemoryKind> memory_kinds(const Pcg& pcg);
 
 // A device's peak of held bytes and what they were at that moment.

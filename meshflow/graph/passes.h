@@ -55,7 +55,29 @@ Pcg expand_backward(Pcg pcg);
 // of every device holding a gradient or the loss, and its all-reduce "update:grad_norm_sq"
 // (Replicate), which every update reads (to clip, and to skip a non-finite step). Throws Error
 // when a tensor already has a state's name.
-Pcg add_update(Pcg pcg, const UpdateRule& rule = {});
+//
+// With `zero` (--zero 0|1|3) the update runs in the weight's ZeRO layout (zero_layout), its
+// state lives there and the gradient is moved there (a Partial one reduce-scattered); at
+// ZeRO-3 that move is in Phase::kBackward (it runs with each micro-batch, the sharded gradient
+// being what accumulates). At ZeRO-1 a weight whose ZeRO layout differs from its layout is
+// updated as "zero:w", its chunk (a local slice, a move), and "zero:w:gather" all-gathers the
+// updated chunk back into the weight (Node::replaces). At ZeRO-3 the update reads the weight
+// in its ZeRO layout: shard_weights then makes that the weight's own.
+Pcg add_update(Pcg pcg, const UpdateRule& rule = {}, int zero = 0);
+
+// DESIGN's ZeRO layout of a weight in `layout`: each mesh dim where it is Replicate (its ZeRO
+// dims), in mesh-dim order, becomes S(d), d its largest tensor dim (the lower on a tie) not yet
+// sharded on another mesh dim, or dim 0 when none is free. A scalar keeps its layout.
+Layout zero_layout(const Layout& layout);
+
+// FSDP (--zero 3). Before: Stage::kLaidOut, add_update ran with zero 3. After: Stage::kLaidOut,
+// and every weight whose update runs in another layout than the weight's (its ZeRO layout)
+// lives in that layout, pins included; every forward or backward node that read it reads
+// instead a gather made for it alone ("gather:<w>@<node>", Node::zero_gather, a move to the
+// layout the node needs, in the node's phase), dropped after that use. The gathers of the k-th
+// node that reads such weights are placed before the (k-1)-th (one use ahead: FSDP2's
+// prefetch, so at most two nodes' gathered weights are held at a time).
+Pcg shard_weights(Pcg pcg);
 
 // The name of add_update's all-reduced squared gradient norm.
 inline constexpr std::string_view kGradNormName = "update:grad_norm_sq";

@@ -78,6 +78,9 @@ std::string what_text(const Pcg& pcg, const Node& n) {
                          args);
     }
     case NodeKind::kMove:
+      if (n.replaces)
+        return fmt::format("move({}) replacing {}", args,
+                           pcg.nodes[static_cast<std::size_t>(*n.replaces)].name);
       return fmt::format("move({})", args);
     case NodeKind::kState:
       return "state";
@@ -311,11 +314,22 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
     case NodeKind::kParallel:
     case NodeKind::kMove:
       check(n.inputs.size() == 1 && input(0).spec == n.spec, "a movement changes the spec");
+      if (n.replaces) {
+        const Node& w = pcg.nodes[static_cast<std::size_t>(*n.replaces)];
+        check(*n.replaces >= 0 && *n.replaces < id && w.kind == NodeKind::kWeight &&
+                  w.spec == n.spec && input(0).kind == NodeKind::kUpdate,
+              "a move replacing a weight is not an updated shard of it");
+        if (stage != Stage::kBuilt) check(w.layout == n.layout, "it replaces a weight's layout");
+      }
       break;
     case NodeKind::kUpdate: {
       const std::size_t states = state_names(n.update).size();
-      bool ok = n.inputs.size() == 3 + states && input(0).kind == NodeKind::kWeight &&
-                input(0).spec == n.spec && input(1).spec == n.spec &&
+      // The weight, or at ZeRO-1 its shard in the ZeRO layout (a move of it).
+      const bool weight = input(0).kind == NodeKind::kWeight ||
+                          (input(0).kind == NodeKind::kMove &&
+                           pcg.nodes[input(0).inputs[0]].kind == NodeKind::kWeight);
+      bool ok = n.inputs.size() == 3 + states && weight && input(0).spec == n.spec &&
+                input(1).spec == n.spec &&
                 input(2).spec == TensorSpec{.shape = {}, .dtype = DType::kFloat64};
       for (std::size_t i = 3; ok && i < n.inputs.size(); ++i)
         ok = input(i).kind == NodeKind::kState && input(i).spec == n.spec;

@@ -87,7 +87,7 @@ struct Node {
   // micro_batches times the spec's dim 0).
   bool batch = true;
   int micro_batches = 1;
-  UpdateRule update;    // kUpdate
+  UpdateRule update;  // kUpdate
   // Pins: sources and parallel ops name their layout; a compute node may pin its mesh and its
   // result's placements; a move names its target (placements unset: keep the input's).
   std::optional<DeviceMesh> mesh;
@@ -106,6 +106,12 @@ struct Node {
   std::vector<Layout> operand_layouts;
   std::optional<Layout> result_layout;  // compute: what its kernel makes (not the pin's)
   std::optional<Decomposition> decomposed;
+  // ZeRO (graph/passes.h's add_update and shard_weights). A kMove with `replaces`: once made,
+  // its value replaces that weight's (ZeRO-1's all-gather of the updated shard, read by the
+  // next step). A kMove with `zero_gather`: a ZeRO-3 weight gathered for one use (memory kind
+  // "gathered"), dropped after it.
+  std::optional<ValueId> replaces;
+  bool zero_gather = false;
   bool operator==(const Node&) const = default;
 };
 

@@ -31,8 +31,8 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
 
 // Returns each device's estimated seconds of one step of `micro_batches` micro-batches, in g's
 // device order; with more devices than the machine's cores, compute and updates take
-// core_sharing times longer. The step's time is the slowest device's: the collectives make every device wait
-// for the others.
+// core_sharing times longer. The step's time is the slowest device's: the collectives make every
+// device wait for the others.
 std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int micro_batches,
                                          const PlanOptions& options);
 

@@ -34,20 +34,17 @@ bool counts_replica(const Layout& layout, DeviceId device) {
 // and releases (after each value's last use on this device).
 void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
   std::vector<int> writer(values, -1);
-  std::unordered_map<ValueId, std::vector<int>> readers;  // of updated weights only
+  std::unordered_map<ValueId, std::vector<int>> readers;  // of values written in place only
   for (const Task& task : dt.tasks)
-    if (const auto* u = std::get_if<UpdateTask>(&task.work)) readers[u->weight];
+    for (ValueId v : writes_in_place(task)) readers[v];
   std::vector<int> last_use(values, -1);
   for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
     Task& task = dt.tasks[t];
     const std::vector<ValueId> reads = task_reads(task);
-    // An update writes its weight and state in place; every other task writes its own value,
-    // and a decomposed gather also its operand 0 as gathered.
-    std::vector<ValueId> writes = {task.out};
-    if (const auto* u = std::get_if<UpdateTask>(&task.work)) {
-      writes = {u->weight};
-      writes.insert(writes.end(), u->state.begin(), u->state.end());
-    }
+    // An update writes its weight and state in place, a replacing move its weight; every
+    // other task writes its own value, and a decomposed gather also its operand 0 as gathered.
+    const std::vector<ValueId> in_place = writes_in_place(task);
+    std::vector<ValueId> writes = in_place.empty() ? std::vector<ValueId>{task.out} : in_place;
     if (const auto* o = std::get_if<OverlapTask>(&task.work)) {
       if (o->decomposition.kind == Decomposition::Kind::kGatherOperand)
         writes.push_back(o->call->args[0]);
@@ -59,10 +56,9 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
       if (auto r = readers.find(v); r != readers.end()) r->second.push_back(static_cast<int>(t));
       last_use[i] = static_cast<int>(t);
     }
-    if (const auto* u = std::get_if<UpdateTask>(&task.work)) {
-      for (int r : readers[u->weight])
+    for (ValueId v : in_place)
+      for (int r : readers[v])
         if (r != static_cast<int>(t)) deps.insert(r);
-    }
     task.deps.assign(deps.begin(), deps.end());
     for (ValueId v : writes) {
       const auto written = static_cast<std::size_t>(v);
@@ -92,6 +88,7 @@ std::vector<bool> once_per_step(const Pcg& pcg) {
       updated.insert(n.inputs[0]);
       updated.insert(n.inputs.begin() + 3, n.inputs.end());
     }
+    if (n.replaces) updated.insert(*n.replaces);
   }
   return once;
 }
@@ -162,8 +159,18 @@ std::vector<bool> accumulated_in_place(const DeviceTasks& dt) {
 }
 
 bool makes_value(const Task& task) {
-  if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to;
+  if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to && !m->replaces;
   return !std::holds_alternative<UpdateTask>(task.work);
+}
+
+std::vector<ValueId> writes_in_place(const Task& task) {
+  if (const auto* u = std::get_if<UpdateTask>(&task.work)) {
+    std::vector<ValueId> w = {u->weight};
+    w.insert(w.end(), u->state.begin(), u->state.end());
+    return w;
+  }
+  if (const auto* m = std::get_if<MoveTask>(&task.work); m && m->replaces) return {*m->replaces};
+  return {};
 }
 
 std::int64_t shard_bytes(const TaskGraph& g, ValueId v, DeviceId device) {
@@ -286,8 +293,11 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
           break;
         }
         for (auto& [d, program] : moves[static_cast<std::size_t>(id)]) {
-          g.devices[index[d]].tasks.push_back(
-              Task{.out = id, .phase = n.phase, .work = MoveTask{n.inputs[0], std::move(program)}});
+          // An update's value is its weight (or chunk), written in place.
+          const Node& in = pcg.nodes[static_cast<std::size_t>(n.inputs[0])];
+          const ValueId read = in.kind == NodeKind::kUpdate ? in.inputs[0] : n.inputs[0];
+          g.devices[index[d]].tasks.push_back(Task{
+              .out = id, .phase = n.phase, .work = MoveTask{read, std::move(program), n.replaces}});
         }
         break;
       case NodeKind::kGradNorm:
@@ -347,8 +357,9 @@ std::string to_text(const TaskGraph& graph) {
               std::string steps;
               for (const DeviceStep& s : w.program->steps)
                 steps += (steps.empty() ? "" : " ") + std::string(to_string(s.kind));
-              return fmt::format("move({}) [{}] -> {}", name(w.input), steps,
-                                 to_string(w.program->out_shape));
+              return fmt::format("move({}) [{}] -> {}{}", name(w.input), steps,
+                                 to_string(w.program->out_shape),
+                                 w.replaces ? " replacing " + name(*w.replaces) : "");
             } else if constexpr (std::is_same_v<W, OverlapTask>) {
               std::string args;
               for (ValueId v : w.call->args) args += (args.empty() ? "" : ", ") + name(v);

@@ -38,11 +38,16 @@ struct ComputeTask {
 };
 
 // execute(program, input's local shard) -> the output's local shard. Moves with the same plan
-// share one program per device.
+// share one program per device. With `replaces` (Node::replaces, ZeRO-1) the output becomes
+// that weight's shard instead of a value of its own (the input is the updated chunk the update
+// wrote in place).
 struct MoveTask {
   ValueId input = 0;
   std::shared_ptr<const DeviceProgram> program;
-  bool operator==(const MoveTask& o) const { return input == o.input && *program == *o.program; }
+  std::optional<ValueId> replaces;
+  bool operator==(const MoveTask& o) const {
+    return input == o.input && *program == *o.program && replaces == o.replaces;
+  }
 };
 
 // A row product and the collective beside it, run as one overlapped loop (Node::decomposed,
@@ -142,8 +147,13 @@ std::vector<bool> accumulated_in_place(const DeviceTasks& dt);
 std::vector<ValueId> task_reads(const Task& task);
 
 // Returns whether `task` makes a new value on its device: a move only on its destination's
-// devices; an update writes its weight in place and makes none.
+// devices; an update writes its weight in place and makes none, and a move that replaces a
+// weight makes none either.
 bool makes_value(const Task& task);
+
+// Returns the values `task` writes in place: an update's weight (or chunk) and state, the
+// weight a move replaces; none for other tasks.
+std::vector<ValueId> writes_in_place(const Task& task);
 
 // Returns the bytes of value v's shard on `device` (0 where the device holds none).
 std::int64_t shard_bytes(const TaskGraph& g, ValueId v, DeviceId device);

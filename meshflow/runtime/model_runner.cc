@@ -18,6 +18,8 @@
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/source.h"
 #include "meshflow/mesh/sharded_folder.h"
+#include "meshflow/plan/plan_cache.h"
+#include "meshflow/runtime/executor.h"
 
 namespace meshflow {
 
@@ -175,17 +177,31 @@ struct Session {
   void save(Communicator& world, const fs::path& dir, const std::vector<Tensor>& values) {
     const DeviceId me = world.device();
     const bool leader = me == prepared->leader;
-    for (ValueId v : prepared->saved) {
+    PlanCache plans(options->plan);
+    for (std::size_t i = 0; i < prepared->saved.size(); ++i) {
+      const ValueId v = prepared->saved[i];
       const Node& n = prepared->pcg.nodes[static_cast<std::size_t>(v)];
+      const Layout& as = prepared->saved_as[i];
       const std::string name = n.name;
       const fs::path folder = dir / name;
       if (leader) {
         fs::create_directories(folder);
-        write_file_atomic(folder / "layout.json", layout_to_json(*n.layout).dump(2) + "\n");
+        write_file_atomic(folder / "layout.json", layout_to_json(as).dump(2) + "\n");
+      }
+      // A weight ZeRO-3 holds sharded goes back to the model's layout first.
+      Tensor moved;
+      const Tensor* shard = &values[static_cast<std::size_t>(v)];
+      if (as != *n.layout) {
+        for (const auto& [d, program] : plans.programs(*n.layout, as)) {
+          if (d != me) continue;
+          Tensor none(program->dtype, Shape{0});
+          moved = execute(*program, world, program->in_from ? *shard : none);
+        }
+        shard = &moved;
       }
       barrier(world);
-      if (auto index = find_device(n.layout->mesh, me))
-        write_npy(folder / shard_file_name(*index), values[static_cast<std::size_t>(v)]);
+      if (auto index = find_device(as.mesh, me))
+        write_npy(folder / shard_file_name(*index), *shard);
     }
     barrier(world);
     if (leader) {
@@ -199,18 +215,18 @@ struct Session {
 }  // namespace
 
 PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions& options,
-                            const UpdateRule& update, bool fetch_training_values,
-                            int micro_batches) {
+                            const TrainingCompile& training) {
   PreparedModel p;
-  p.micro_batches = mode == Mode::kTrain ? micro_batches : 1;
+  p.micro_batches = mode == Mode::kTrain ? training.micro_batches : 1;
   p.pcg = compile(model.pcg, mode,
                   {.plan = options.plan,
                    .overlap = options.overlap,
                    .decompose = {.shared_memory = options.backend == Backend::kThreads,
                                  .gather_form = options.gather_form,
                                  .always = options.overlap_always},
-                   .update = update,
-                   .micro_batches = p.micro_batches});
+                   .update = training.update,
+                   .micro_batches = p.micro_batches,
+                   .zero = mode == Mode::kTrain ? training.zero : 0});
   const std::vector<DeviceId> used = pcg_devices(p.pcg);
   p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
   std::vector<ValueId> keep;  // fetched values stay until the step ends
@@ -223,7 +239,8 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
     for (const Node& n : model.pcg.nodes) {
       if (n.kind != NodeKind::kWeight) continue;
       p.saved.push_back(find_value(p.pcg, n.name));
-      if (!fetch_training_values) continue;
+      p.saved_as.push_back(make_layout(*n.mesh, *n.placements, n.spec.shape, n.spec.dtype));
+      if (!training.fetch_training_values) continue;
       auto g = p.pcg.names.find("grad:" + n.name);
       if (g != p.pcg.names.end()) p.grads.emplace_back(n.name, fetch(g->second));
       p.weights.emplace_back(n.name, fetch(find_value(p.pcg, n.name)));
@@ -231,6 +248,7 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
   } else {
     for (ValueId v : p.pcg.outputs) {
       p.saved.push_back(v);
+      p.saved_as.push_back(*p.pcg.nodes[static_cast<std::size_t>(v)].layout);
       keep.push_back(v);
       const Node& n = p.pcg.nodes[static_cast<std::size_t>(v)];
       if (!n.spec.shape.empty()) continue;
@@ -244,10 +262,9 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
 
 std::optional<PreparedModel> try_prepare(const Model& model, Mode mode,
                                          const ModelRunOptions& options, std::string& error,
-                                         const UpdateRule& update, bool fetch_training_values,
-                                         int micro_batches) {
+                                         const TrainingCompile& training) {
   try {
-    return prepare_model(model, mode, options, update, fetch_training_values, micro_batches);
+    return prepare_model(model, mode, options, training);
   } catch (const Error& e) {
     if (options.backend != Backend::kMpi) throw;
     error = e.what();

@@ -63,13 +63,24 @@ struct PreparedModel {
   std::vector<std::pair<std::string, ValueId>> grads, weights;
   std::vector<std::pair<std::string, ValueId>> scalars;  // kRun: the scalar outputs, fetched
   std::vector<ValueId> saved;  // what --save writes: outputs (kRun) or weights (kTrain)
-  int micro_batches = 1;       // kTrain: each step's micro-batches
+  // Per saved value, the layout --save writes it in: its own, or a weight's model-file layout
+  // where ZeRO-3 holds it in its ZeRO layout (redistributed once, when saving).
+  std::vector<Layout> saved_as;
+  int micro_batches = 1;  // kTrain: each step's micro-batches
 };
 
-// Returns `model` compiled for `mode` (kTrain with `update`) and expanded into tasks.
+// What a training step compiles with (kTrain).
+struct TrainingCompile {
+  UpdateRule update;
+  int micro_batches = 1;
+  int zero = 0;  // the ZeRO level (graph/compile.h)
+  // Fetch each weight's gradient and value to the leader (train --check).
+  bool fetch_training_values = false;
+};
+
+// Returns `model` compiled for `mode` (kTrain with `training`) and expanded into tasks.
 PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions& options,
-                            const UpdateRule& update = {}, bool fetch_training_values = false,
-                            int micro_batches = 1);
+                            const TrainingCompile& training = {});
 
 // What a launch does per step on every device. Step k runs the task graph with options(k)
 // (the runtime sets trace and times), then every device computes stop_flag on its values, the
@@ -104,8 +115,7 @@ LoopEnd run_loop(const PreparedModel* prepared, const std::string& error,
 // rank must still launch to learn of it), under threads it is thrown.
 std::optional<PreparedModel> try_prepare(const Model& model, Mode mode,
                                          const ModelRunOptions& options, std::string& error,
-                                         const UpdateRule& update = {},
-                                         bool fetch_training_values = false, int micro_batches = 1);
+                                         const TrainingCompile& training = {});
 
 // Returns the value of a one-element tensor as a double.
 double scalar_of(const Tensor& t);

@@ -81,7 +81,7 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
     const DeviceProgram& p = *m->program;
     Tensor none(p.dtype, Shape{0});
     Tensor out = execute(p, world, p.in_from ? value(m->input) : none);
-    if (p.in_to) value(task.out) = std::move(out);
+    if (p.in_to) value(m->replaces ? *m->replaces : task.out) = std::move(out);
     return TraceKind::kMove;
   }
   if (const auto* o = std::get_if<OverlapTask>(&task.work)) {

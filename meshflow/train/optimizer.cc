@@ -179,10 +179,13 @@ TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_
       o.decay_steps = static_cast<int>(v.as_int(1, 1 << 30));
     } else if (key == "micro_batches") {
       defaults.micro_batches = static_cast<int>(v.as_int(1, 1 << 20));
+    } else if (key == "zero") {
+      defaults.zero = static_cast<int>(v.as_int(0, 3));
+      if (*defaults.zero == 2) v.reject("must be 0, 1 or 3");
     } else {
       f.reject(fmt::format(
           "has unknown field \"{}\" (allowed: optimizer, lr, momentum, betas, eps, weight_decay, "
-          "clip_grad_norm, warmup_steps, decay, decay_steps, micro_batches)",
+          "clip_grad_norm, warmup_steps, decay, decay_steps, micro_batches, zero)",
           key));
     }
   }

@@ -66,12 +66,14 @@ double learning_rate(const Optimizer& optimizer, int step);
 struct TrainDefaults {
   OptimizerOptions optimizer;
   std::optional<int> micro_batches;
+  std::optional<int> zero;  // 0, 1 or 3
   bool operator==(const TrainDefaults&) const = default;
 };
 
 // Returns what a model file's "train" object holds (null: nothing). Its fields are the
 // options' names with '_' for '-': "optimizer", "lr", "momentum", "betas" ([b1, b2]), "eps",
-// "weight_decay", "clip_grad_norm", "warmup_steps", "decay", "decay_steps", "micro_batches".
+// "weight_decay", "clip_grad_norm", "warmup_steps", "decay", "decay_steps", "micro_batches",
+// "zero".
 // Throws Error(kInvalidArgument) naming `source` and the field for an unknown field or a value
 // of the wrong type or out of its range.
 TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_view source);

@@ -50,9 +50,11 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
 
 TrainReport train_model(const Model& model, const TrainOptions& options) {
   std::string error;
-  std::optional<PreparedModel> p =
-      try_prepare(model, Mode::kTrain, options.run, error, options.optimizer.rule, options.check,
-                  options.micro_batches);
+  std::optional<PreparedModel> p = try_prepare(model, Mode::kTrain, options.run, error,
+                                               {.update = options.optimizer.rule,
+                                                .micro_batches = options.micro_batches,
+                                                .zero = options.zero,
+                                                .fetch_training_values = options.check});
   TrainReport report;
   // Per step, the fetched gradients and weights (check only).
   std::vector<std::vector<Tensor>> grads, weights;

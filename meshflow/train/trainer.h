@@ -34,6 +34,9 @@ struct TrainOptions {
   // Each step's inputs split along dim 0 into this many micro-batches (graph/passes.h's
   // split_micro_batches), the gradients averaged over them, one update per step.
   int micro_batches = 1;
+  // The ZeRO level (DESIGN's "ZeRO"): 0, 1 (optimizer state sharded over the weight's ZeRO
+  // dims) or 3 (FSDP: weights and gradients too, gathered for each use).
+  int zero = 0;
   // Train on through a step whose loss or gradient norm is not finite (its update applied, as
   // PyTorch would); by default such a step stops training before its update, writing nothing.
   bool allow_nonfinite = false;
