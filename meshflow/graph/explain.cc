@@ -46,6 +46,7 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options, const DecomposeO
                  .phase = n.phase,
                  .from = *in.layout,
                  .to = *n.layout};
+    if (n.zero_gather) m.freed_after = n.consumer;
     if (const ValueId c = decomposed_by[id]; c >= 0) {
       const Node& product = pcg.nodes[static_cast<std::size_t>(c)];
       const Decomposition& d = *product.decomposed;
@@ -118,6 +119,7 @@ nlohmann::json to_json(const Explanation& e) {
                      {"steps", steps},
                      {"est_s", m.est_s}});
     if (!m.overlapped_with.empty()) moves.back()["overlapped_with"] = m.overlapped_with;
+    if (!m.freed_after.empty()) moves.back()["freed_after"] = m.freed_after;
     if (m.kept_whole) {
       moves.back()["kept_whole"] = {{"loop_s", m.kept_whole->overlapped_s},
                                     {"sequential_s", m.kept_whole->sequential_s}};
@@ -162,6 +164,7 @@ std::string to_text(const Explanation& e) {
                                  ? to_string(m.to.placements)
                                  : explicit_text(m.to.mesh) + " " + to_string(m.to.placements);
       if (!m.overlapped_with.empty()) steps += "; overlapped with " + m.overlapped_with;
+      if (!m.freed_after.empty()) steps += "; freed after " + m.freed_after;
       if (m.kept_whole) {
         steps += fmt::format("; kept whole: loop est {:.3g} s vs {:.3g} s collective then product",
                              m.kept_whole->overlapped_s, m.kept_whole->sequential_s);

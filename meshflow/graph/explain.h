@@ -30,6 +30,8 @@ struct MoveReport {
   // With --overlap, a collective the patterns let a product decompose but the cost model kept
   // whole: the loop's timeline it weighed against the collective then the product.
   std::optional<OverlapEstimate> kept_whole;
+  // ZeRO-3: a weight gathered for one use is dropped right after it (that consumer's name).
+  std::string freed_after;
   double est_s = 0;
 };
 
