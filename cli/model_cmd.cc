@@ -133,12 +133,8 @@ int micro_batches_of(int given, const Model& model) {
 
 // Returns --zero when given (-1: not given), else the model file's, else 0.
 int zero_of(int given, const Model& model) {
-  if (given >= 0) {
-    if (given != 0 && given != 1 && given != 3)
-      fail(ErrorKind::kInvalidArgument, "--zero {}: must be 0, 1 or 3", given);
-    return given;
-  }
-  return train_defaults_from_json(model.train, model.source).zero.value_or(0);
+  return resolve_zero(given >= 0 ? std::optional<int>(given) : std::nullopt,
+                      train_defaults_from_json(model.train, model.source));
 }
 
 // Adds --zero.

@@ -381,40 +381,41 @@ PYBIND11_MODULE(_meshflow, module) {
   py::class_<LoadedModel>(module, "_Model");
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
-  module.def(
-      "train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check,
-                        bool overlap, bool allow_nonfinite, std::optional<int> micro_batches) {
-        if (micro_batches && *micro_batches < 1)
-          fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
-        const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
-        TrainOptions o{.run = model_options(overlap),
-                       .steps = steps,
-                       .optimizer = resolve_optimizer(optimizer_options(optimizer),
-                                                      defaults.optimizer, OptionStyle::kKeyword),
-                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-                       .allow_nonfinite = allow_nonfinite,
-                       .check = check};
-        std::string report;
-        {
-          py::gil_scoped_release release;
-          const TrainReport r = train_model(m.model, o);
-          report = shared_report(to_json(r).dump(), r.reporter);
-        }
-        return py::module_::import("json").attr("loads")(report);
-      });
-  module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
-                                  std::optional<int> micro_batches) {
+  module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
+                               bool check, bool overlap, bool allow_nonfinite,
+                               std::optional<int> micro_batches, std::optional<int> zero) {
     if (micro_batches && *micro_batches < 1)
       fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
     const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
-    const Optimizer o = resolve_optimizer(optimizer_options(optimizer), defaults.optimizer,
-                                          OptionStyle::kKeyword);
+    TrainOptions o{.run = model_options(overlap),
+                   .steps = steps,
+                   .optimizer = resolve_optimizer(optimizer_options(optimizer), defaults.optimizer,
+                                                  OptionStyle::kKeyword),
+                   .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
+                   .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+                   .allow_nonfinite = allow_nonfinite,
+                   .check = check};
+    std::string report;
+    {
+      py::gil_scoped_release release;
+      const TrainReport r = train_model(m.model, o);
+      report = shared_report(to_json(r).dump(), r.reporter);
+    }
+    return py::module_::import("json").attr("loads")(report);
+  });
+  module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
+                                 std::optional<int> micro_batches, std::optional<int> zero) {
+    if (micro_batches && *micro_batches < 1)
+      fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+    const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
+    const Optimizer o =
+        resolve_optimizer(optimizer_options(optimizer), defaults.optimizer, OptionStyle::kKeyword);
     const Explanation e = explain_compiled(
-        m.model.pcg,
-        {.overlap = overlap,
-         .decompose = {.shared_memory = session().backend() == Backend::kThreads},
-         .update = o.rule,
-         .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1))});
+        m.model.pcg, {.overlap = overlap,
+                      .decompose = {.shared_memory = session().backend() == Backend::kThreads},
+                      .update = o.rule,
+                      .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
+                      .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword)});
     return json_to_python(to_json(e));
   });
   module.def("op_arity", [](const std::string& name) { return arity(parse_op_type(name)); });

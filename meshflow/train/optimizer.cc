@@ -194,6 +194,15 @@ TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_
   return defaults;
 }
 
+int resolve_zero(std::optional<int> given, const TrainDefaults& defaults, OptionStyle style) {
+  if (!given) return defaults.zero.value_or(0);
+  if (*given != 0 && *given != 1 && *given != 3) {
+    fail(ErrorKind::kInvalidArgument, "{} {}: must be 0, 1 or 3",
+         style == OptionStyle::kFlag ? "--zero" : "zero=", *given);
+  }
+  return *given;
+}
+
 nlohmann::json to_json(const Optimizer& o) {
   nlohmann::json j = {{"kind", std::string(to_string(o.rule.kind))}, {"lr", o.lr}};
   if (o.rule.kind == OptimizerKind::kSgd) {

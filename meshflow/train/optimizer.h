@@ -78,6 +78,11 @@ struct TrainDefaults {
 // of the wrong type or out of its range.
 TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_view source);
 
+// Returns the ZeRO level: `given` (--zero, zero=) when set, else the model file's, else 0.
+// Throws Error(kInvalidArgument) naming the option in `style` when it is not 0, 1 or 3.
+int resolve_zero(std::optional<int> given, const TrainDefaults& defaults,
+                 OptionStyle style = OptionStyle::kFlag);
+
 // Returns DESIGN's checkpoint "optimizer" object: {"kind", "lr", "momentum" | "betas", "eps",
 // "weight_decay", "clip_grad_norm" (null: none), "warmup_steps", "decay", "decay_steps"}.
 nlohmann::json to_json(const Optimizer& optimizer);

@@ -20,7 +20,7 @@ class Model:
     def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
-              micro_batches=None):
+              micro_batches=None, zero=None):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -30,17 +30,20 @@ class Model:
         option left None takes the model file's "train" object's value, then the default.
         A step whose loss or gradient norm is not finite raises unless ``allow_nonfinite``.
         ``micro_batches`` splits each step's inputs along dim 0, accumulating the gradients.
+        ``zero`` is the ZeRO level: 0, 1 (optimizer state sharded over the data-parallel
+        dims) or 3 (FSDP: weights and gradients too, each weight gathered for each use).
         """
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
         return _meshflow.train_model(self._h, int(steps), options, bool(check), overlap,
                                      bool(allow_nonfinite),
-                                     None if micro_batches is None else int(micro_batches))
+                                     None if micro_batches is None else int(micro_batches),
+                                     None if zero is None else int(zero))
 
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
-                decay_steps=None, micro_batches=None):
+                decay_steps=None, micro_batches=None, zero=None):
         """Returns the dict ``meshflow explain --json`` prints for the step ``train`` with the
         same options would run: every value's layout (optimizer state included), every move,
         and for a model with a loss ``est_step_s`` and ``memory_per_device_bytes``."""
@@ -48,4 +51,5 @@ class Model:
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
         return _meshflow.explain_model(self._h, overlap, options,
-                                       None if micro_batches is None else int(micro_batches))
+                                       None if micro_batches is None else int(micro_batches),
+                                       None if zero is None else int(zero))

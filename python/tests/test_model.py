@@ -194,3 +194,26 @@ def test_micro_batches_equal_the_full_batch():
         assert "does not split into 3 micro-batches" in str(e)
     else:
         raise AssertionError("64 rows split into 3")
+
+
+def test_zero_levels_train_alike_and_shard_the_state():
+    m = mf.Model.load(MODELS / "dp_mlp.json")
+    base = [s["loss"] for s in m.train(3, optimizer="adamw", lr=0.01)["steps"]]
+    for zero in (1, 3):
+        r = m.train(3, optimizer="adamw", lr=0.01, zero=zero, micro_batches=2, check=True)
+        assert np.allclose([s["loss"] for s in r["steps"]], base, rtol=1e-6, atol=1e-6), zero
+        assert r["check"]["max_weight_diff"] < 1e-5
+        assert r["measured_peak_bytes"] > 0
+    e0, e1, e3 = (m.explain(optimizer="adamw", zero=z) for z in (0, 1, 3))
+    # A quarter, up to the chunk rule on the 10-element bias (device 0 holds 3).
+    assert e0["memory"]["optimizer_state"] / 4 <= e1["memory"]["optimizer_state"] < e0["memory"]["optimizer_state"] / 3.9
+    assert e1["values"]["w1.exp_avg"]["placements"] == ["S(1)"]
+    assert e3["values"]["w1"]["placements"] == ["S(1)"]
+    gathers = [mv for mv in e3["moves"] if "freed_after" in mv]
+    assert {mv["value"] for mv in gathers} == {"w1", "b1", "w2", "b2"}
+    try:
+        m.train(1, zero=2)
+    except mf.Error as e:
+        assert "zero= 2: must be 0, 1 or 3" in str(e)
+    else:
+        raise AssertionError("no error")
