@@ -4,7 +4,8 @@ and cosine decay, in one and in two micro-batches, on threads, and the TP and DP
 both); every layout's losses are the one-device losses; the sequence-parallel layout
 moves, per block forward, two all-gathers into the products and two reduce-scatters out of them,
 and nothing else but its embedding's reduce-scatter and its logits' gathers; with a vocabulary
-wide enough the loss runs vocabulary-parallel, moving only per-row statistics.
+wide enough the loss runs vocabulary-parallel, moving only per-row statistics; --zero 1 and 3
+train as --zero 0 does, and FSDP holds less.
 Usage: cli_gpt_test.py MESHFLOW GPT_DIR [--mpi MPIRUN]"""
 import filecmp
 import json
@@ -42,6 +43,7 @@ OPTIMIZERS = {"sgd": [],
               "adamw": ["--optimizer", "adamw", "--lr", "0.003", "--clip-grad-norm", "0.5",
                         "--warmup-steps", "1", "--decay", "cosine", "--decay-steps", "3"]}
 # Each also in 2 micro-batches: equal to the full batch (and to one device).
+reference = {}  # per optimizer, each layout's losses in one micro-batch
 for (optimizer, options), micro in [(o, m) for o in OPTIMIZERS.items() for m in (1, 2)]:
     losses = {}
     for layout in (["tp", "dp_tp"] if mpirun else LAYOUTS):
@@ -59,10 +61,53 @@ for (optimizer, options), micro in [(o, m) for o in OPTIMIZERS.items() for m in 
               f"{layout} {optimizer}: the loss falls {losses[layout]}")
     if micro == 1:
         full_batch = losses
+        reference[optimizer] = losses
     for layout, l in losses.items():
         want = full_batch.get("one", full_batch.get(layout))
         check(max(abs(a - b) for a, b in zip(l, want)) <= TOLERANCE,
               f"{layout} {optimizer} in {micro} micro-batches: losses {l} against {want}")
+
+# ZeRO-1 and FSDP train as --zero 0 does (and as one device), in one and two micro-batches,
+# with AdamW and clipping, and with SGD and momentum; their memory estimate is what the runtime
+# holds, and FSDP holds less than --zero 0.
+ZERO_OPTIMIZERS = {"adamw": OPTIMIZERS["adamw"], "momentum": ["--momentum", "0.9"]}
+for zero, micro, optimizer in [(z, m, o) for z in ("1", "3") for m in ("1", "2")
+                               for o in ZERO_OPTIMIZERS]:
+    for layout in (["dp_tp"] if mpirun else ["dp", "sp", "dp_tp"]):
+        r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--check", "--json",
+                                    "--zero", zero, "--micro-batches", micro,
+                                    *ZERO_OPTIMIZERS[optimizer]], mpirun,
+                         4 if mpirun else None, timeout=300)
+        what = f"{layout} --zero {zero} {optimizer} M={micro}"
+        check(r.returncode == 0, f"train {what}: {r.stderr}")
+        if r.returncode != 0:
+            continue
+        out = json.loads(r.stdout)
+        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
+            check(out["check"][key] <= TOLERANCE, f"{what} {key} = {out['check'][key]}")
+        if optimizer in reference and layout in reference[optimizer]:
+            want = reference[optimizer][layout]
+            got = [s["loss"] for s in out["steps"]]
+            check(max(abs(a - b) for a, b in zip(got, want)) <= TOLERANCE,
+                  f"{what}: losses {got} against --zero 0's {want}")
+peaks = {}
+for zero in ("0", "3"):
+    layout = "dp_tp" if mpirun else "dp"
+    options = ["--optimizer", "adamw", "--zero", zero]
+    e = run_meshflow(meshflow, ["explain", model(layout), "--json", *options], mpirun,
+                     4 if mpirun else None, timeout=300)
+    t = run_meshflow(meshflow, ["train", model(layout), "--json", "--steps", "1", *options],
+                     mpirun, 4 if mpirun else None, timeout=300)
+    check(e.returncode == 0 and t.returncode == 0, f"memory --zero {zero}: {e.stderr} {t.stderr}")
+    if e.returncode == 0 and t.returncode == 0:
+        est, meas = json.loads(e.stdout), json.loads(t.stdout)
+        check(abs(est["memory_per_device_bytes"] - meas["measured_peak_bytes"])
+              <= 0.1 * meas["measured_peak_bytes"],
+              f"{layout} --zero {zero}: estimated {est['memory_per_device_bytes']} measured "
+              f"{meas['measured_peak_bytes']}")
+        peaks[zero] = meas["measured_peak_bytes"]
+if len(peaks) == 2:
+    check(peaks["3"] < peaks["0"], f"FSDP holds less: {peaks}")
 
 # The memory explain estimates is what the runtime holds (within 10%; the runtime also holds the
 # reported loss), on 1, 2 and 4 devices, in 1 and 4 micro-batches; activations shrink with M.
