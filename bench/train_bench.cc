@@ -130,11 +130,12 @@ struct OptimizerFloor {
 
 // Returns explain's estimate of the step train_model runs for `m` (threads, no overlap).
 StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
-                        int micro_batches) {
+                        int micro_batches, int zero) {
   const Explanation e = explain_compiled(m.pcg, {.plan = {.machine = o.machine},
                                                  .decompose = {.shared_memory = true},
                                                  .update = optimizer.rule,
-                                                 .micro_batches = micro_batches});
+                                                 .micro_batches = micro_batches,
+                                                 .zero = zero});
   MESHFLOW_CHECK(e.step_time.has_value(), "a training model without a step estimate");
   return *e.step_time;
 }
@@ -231,11 +232,13 @@ class ProductFloor {
 // estimate of the step against the measured median.
 void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
                    std::int64_t weight_bytes, BenchResult& r, int micro_batches = 1,
-                   ProductFloor* products = nullptr) {
+                   ProductFloor* products = nullptr, int zero = 0) {
   OptimizerFloor floor(weight_bytes, static_cast<int>(state_names(optimizer.rule).size()));
   std::vector<double> floors;
-  TrainOptions options{
-      .steps = o.warmup + o.reps, .optimizer = optimizer, .micro_batches = micro_batches};
+  TrainOptions options{.steps = o.warmup + o.reps,
+                       .optimizer = optimizer,
+                       .micro_batches = micro_batches,
+                       .zero = zero};
   options.progress = [&](const StepReport& s) {
     if (s.step <= o.warmup) return;
     floors.push_back(floor.time());
@@ -261,7 +264,8 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   r.extra["optimizer_floor_s"] = median(floors);
   r.extra["optimizer_vs_floor"] = median(floors) > 0 ? median(update) / median(floors) : 0.0;
   r.extra["measured_peak_bytes"] = t.measured.peak;
-  const StepTime est = estimated_step(m, o, optimizer, micro_batches);
+  r.extra["measured_memory"] = to_json(t.measured.at_peak);
+  const StepTime est = estimated_step(m, o, optimizer, micro_batches, zero);
   r.extra["est_step_s"] = est.total();
   r.extra["est_vs_measured"] = step_s > 0 ? est.total() / step_s : 0.0;
   r.extra["est_kernel_s"] = est.compute_s + est.update_s;  // as kernel_s counts them
@@ -299,6 +303,35 @@ BenchResult micro_case(const TrainBenchOptions& o, const std::string& name, cons
   r.baseline_s = whole.case_s;
   r.extra["micro_batches"] = kMicro;
   r.extra["micro_batches_1_peak_bytes"] = whole.extra["measured_peak_bytes"];
+  return r;
+}
+
+// `name` (mlp_step_adamw_zero1, mlp_step_adamw_zero3): the MLP on 4-way data parallelism
+// trained with AdamW at ZeRO level `zero` against the same step at --zero 0, in the same run
+// (baseline "zero_0"); also each one's peak bytes, measured and estimated. The optimizer's
+// floor is that of the weight bytes each device updates (a quarter under ZeRO).
+BenchResult zero_case(const TrainBenchOptions& o, const std::string& name, const Model& m,
+                      int zero) {
+  const std::string mesh_text = "4";
+  BenchResult whole{.case_name = name, .mesh = mesh_text};
+  BenchResult r{.case_name = name,
+                .backend = "threads",
+                .mesh = mesh_text,
+                .devices = 4,
+                .bytes = weight_bytes(m)};
+  const Optimizer adamw = resolve_optimizer({.kind = OptimizerKind::kAdamW});
+  time_training(m, o, adamw, weight_bytes(m), whole);
+  time_training(m, o, adamw, weight_bytes(m) / 4, r, 1, nullptr, zero);
+  r.baseline = "zero_0";
+  r.baseline_s = whole.case_s;
+  r.extra["zero"] = zero;
+  r.extra["zero_0_peak_bytes"] = whole.extra["measured_peak_bytes"];
+  r.extra["zero_0_measured_memory"] = whole.extra["measured_memory"];
+  for (int level : {0, zero}) {
+    const Explanation e = explain_compiled(
+        m.pcg, {.plan = {.machine = o.machine}, .update = adamw.rule, .zero = level});
+    r.extra[level == 0 ? "zero_0_est_peak_bytes" : "est_peak_bytes"] = e.memory->peak;
+  }
   return r;
 }
 
@@ -515,6 +548,10 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
     for (const std::string& mesh : o.meshes) add_result(report, train_step_case(o, mesh, labels));
     add_result(report, micro_case(o, "mlp_step_micro4", mlp(o, "1", labels), "1",
                                   (o.batch * o.in + 2 * o.in * o.hidden) * 4));
+    for (int zero : {1, 3}) {
+      add_result(report, zero_case(o, fmt::format("mlp_step_adamw_zero{}", zero),
+                                   mlp(o, "4", labels), zero));
+    }
     for (const std::string& mesh : o.gpt_meshes) {
       BenchResult sgd = gpt_step_case(o, mesh, tokens, OptimizerKind::kSgd);
       BenchResult adamw = gpt_step_case(o, mesh, tokens, OptimizerKind::kAdamW);

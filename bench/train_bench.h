@@ -5,6 +5,9 @@
 //               spent in the reporting device's kernels or data movement) and, where Debian's
 //               python3-torch is installed, PyTorch CPU eager on the same machine (1 thread for
 //               the one-device case, 2 otherwise) as baseline `pytorch`
+//   mlp_step_adamw_zero1, mlp_step_adamw_zero3  that MLP's AdamW step on 4-way data
+//               parallelism under --zero 1 and --zero 3 (FSDP), against the same step at
+//               --zero 0 in the same run (baseline zero_0), with each one's peak bytes
 //   gpt_step    one SGD step of examples/models/gpt's GPT (2 blocks, width 512, 8 heads,
 //               sequence 256, batch 8, vocabulary 8192, float32) on 1 device and data parallel
 //               on 2, against PyTorch CPU eager's same model (1 and 2 threads)

@@ -151,6 +151,28 @@ TEST(Zero, FourWayDataParallelHoldsAQuarter) {
   }
 }
 
+TEST(Zero, TheMemoryEstimateIsWhatTheRuntimeHolds) {
+  const Models models;
+  const Optimizer adamw = resolve_optimizer({.kind = OptimizerKind::kAdamW});
+  for (const auto& [layout, model] : models.all()) {
+    for (int zero : {1, 3}) {
+      for (int m : {1, 4}) {
+        const std::string what = fmt::format("{}, --zero {}, M = {}", layout, zero, m);
+        const Explanation e =
+            explain_compiled(model.pcg, {.update = adamw.rule, .micro_batches = m, .zero = zero});
+        ASSERT_TRUE(e.memory.has_value()) << what;
+        const TrainReport r =
+            train_model(model, {.steps = 2, .optimizer = adamw, .micro_batches = m, .zero = zero});
+        // The runtime also holds what it keeps for its report from the step before until this
+        // step remakes it: the float32 loss, fetched each micro-batch, and two for the step, and
+        // the float64 squared gradient norm.
+        EXPECT_GE(r.measured.peak - e.memory->peak, 0) << what;
+        EXPECT_LE(r.measured.peak - e.memory->peak, 4 * (m + 2) + 8) << what;
+      }
+    }
+  }
+}
+
 TEST(Zero, FsdpSavesTheModelsLayouts) {
   const Models models;
   const Model model{.pcg = testing::sp_mlp(2, 2, 8)};
