@@ -153,6 +153,22 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("train", f"{tmp}/adamw.json", "--micro-batches", "2", ranks=ranks)
     check(r.returncode == 0, f"--micro-batches over the file's: {r.stderr}")
     del spec["train"]["micro_batches"]
+    # The file's ZeRO level (of tp_mlp's weights only the replicated bias b2 has a ZeRO dim:
+    # FSDP shards it and gathers it for its use); --zero on the command line wins; a level that
+    # is none is one line naming the option.
+    spec["train"]["zero"] = 3
+    with open(f"{tmp}/adamw.json", "w") as f:
+        json.dump(spec, f)
+    r = run("explain", f"{tmp}/adamw.json", "--json", ranks=ranks)
+    gathers = [m for m in json.loads(r.stdout or '{"moves": []}')["moves"] if "freed_after" in m]
+    check(r.returncode == 0 and gathers, f"the file's zero: {r.stderr}")
+    r = run("explain", f"{tmp}/adamw.json", "--json", "--zero", "0", ranks=ranks)
+    gathers = [m for m in json.loads(r.stdout or '{"moves": []}')["moves"] if "freed_after" in m]
+    check(r.returncode == 0 and not gathers, f"--zero 0 over the file's: {r.stderr}")
+    r = run("train", f"{tmp}/adamw.json", "--zero", "2", ranks=ranks)
+    check(r.returncode == 1 and r.stderr.count("meshflow: error: --zero 2: must be 0, 1 or 3") == 1,
+          f"--zero 2: {r.stderr}")
+    del spec["train"]["zero"]
     spec["train"]["eps"] = 1e-6
     with open(f"{tmp}/adamw.json", "w") as f:
         json.dump(spec, f)

@@ -103,7 +103,13 @@ TEST(TrainDefaultsFromJson, NamesTheFileAndTheField) {
   };
   EXPECT_NE(error(R"({"lr": -1})").find("m.json: \"train\" field \"lr\""), std::string::npos)
       << error(R"({"lr": -1})");
-  EXPECT_NE(error(R"({"zero": 1})").find("unknown field \"zero\""), std::string::npos);
+  EXPECT_NE(error(R"({"schedule": "1f1b"})").find("unknown field \"schedule\""),
+            std::string::npos);
+  EXPECT_NE(error(R"({"zero": 2})").find("m.json: \"train\": \"zero\" must be 0, 1 or 3"),
+            std::string::npos)
+      << error(R"({"zero": 2})");
+  EXPECT_NE(error(R"({"zero": 4})").find("\"zero\""), std::string::npos);
+  EXPECT_EQ(train_defaults_from_json(nlohmann::json::parse(R"({"zero": 3})"), "m.json").zero, 3);
   EXPECT_NE(error(R"({"optimizer": "adam"})").find("must be \"sgd\" or \"adamw\""),
             std::string::npos);
   EXPECT_NE(error(R"({"betas": [0.9]})").find("must be [beta1, beta2]"), std::string::npos);
