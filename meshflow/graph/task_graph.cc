@@ -296,8 +296,11 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
           // An update's value is its weight (or chunk), written in place.
           const Node& in = pcg.nodes[static_cast<std::size_t>(n.inputs[0])];
           const ValueId read = in.kind == NodeKind::kUpdate ? in.inputs[0] : n.inputs[0];
-          g.devices[index[d]].tasks.push_back(Task{
-              .out = id, .phase = n.phase, .work = MoveTask{read, std::move(program), n.replaces}});
+          g.devices[index[d]].tasks.push_back(
+              Task{.out = id,
+                   .phase = n.phase,
+                   .work = MoveTask{read, std::move(program), n.replaces},
+                   .asynchronous = n.zero_gather});
         }
         break;
       case NodeKind::kGradNorm:

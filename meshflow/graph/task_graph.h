@@ -106,6 +106,10 @@ struct Task {
   // A reshape whose input this device drops right after it (released, not accumulated): the
   // runtime hands the input's buffer to the result (Tensor::reshaped) instead of copying it.
   bool reuses_input = false;
+  // A move the runtime starts and leaves running (runtime/executor.h's start): the tasks that
+  // read its value wait for it through their deps. ZeRO-3's weight gathers, each issued before
+  // the node ahead of its reader runs so the two overlap (Node::zero_gather).
+  bool asynchronous = false;
   bool operator==(const Task&) const = default;
 };
 

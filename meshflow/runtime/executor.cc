@@ -143,4 +143,36 @@ Tensor execute(const DeviceProgram& program, Communicator& world, const Tensor& 
   return result;
 }
 
+StartedMove start(const DeviceProgram& program, Communicator& world, const Tensor& local) {
+  const bool one_gather =
+      program.in_from && program.in_to && program.steps.size() == 1 &&
+      (std::holds_alternative<GatherCall>(program.steps[0].call) ||
+       std::holds_alternative<ExchangeCall>(program.steps[0].call));
+  if (!one_gather) return {.out = execute(program, world, local), .done = Event()};
+  if (local.shape() != program.in_shape || local.dtype() != program.dtype) {
+    fail(ErrorKind::kShapeMismatch, "device {} holds a shard of {} {} but the plan expects {} {}",
+         program.device, to_string(local.shape()), to_string(local.dtype()),
+         to_string(program.in_shape), to_string(program.dtype));
+  }
+  const DeviceStep& s = program.steps[0];
+  Tensor out = Tensor::uninitialized(local.dtype(), s.out_shape);
+  Event done;
+  if (const auto* g = std::get_if<GatherCall>(&s.call)) {
+    done = all_gather_async(*world.group(g->group), {.send = local.bytes(),
+                                                     .recv = out.bytes(),
+                                                     .recv_counts = g->counts,
+                                                     .dtype = local.dtype()});
+  } else {
+    const auto& x = std::get<ExchangeCall>(s.call);
+    done = exchange_boxes_async(*world.group(x.group), {.src = local.bytes(),
+                                                        .src_shape = x.src_shape,
+                                                        .dst = out.bytes(),
+                                                        .dst_shape = x.dst_shape,
+                                                        .dtype = local.dtype(),
+                                                        .send = x.send,
+                                                        .recv = x.recv});
+  }
+  return {.out = std::move(out), .done = std::move(done)};
+}
+
 }  // namespace meshflow

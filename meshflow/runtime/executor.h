@@ -21,4 +21,17 @@ namespace meshflow {
 Tensor execute(const DeviceProgram& program, Communicator& world, const Tensor& local,
                Tensor recycled = Tensor());
 
+// A move on its way: `out` holds its result once `done` has completed.
+struct StartedMove {
+  Tensor out;
+  Event done;
+};
+
+// Starts `program` and returns at once when it is one gather (an all-gather or a region
+// exchange, unscaled): its collective is issued now, in order with this device's other
+// collectives, and runs while the caller goes on (ZeRO-3's prefetched weight gathers). `local`
+// must stay alive and unchanged until `done`. Any other program runs as execute runs it, and
+// `done` is complete.
+StartedMove start(const DeviceProgram& program, Communicator& world, const Tensor& local);
+
 }  // namespace meshflow

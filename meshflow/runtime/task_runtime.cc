@@ -47,10 +47,11 @@ void run_overlap(const OverlapTask& o, ValueId out, Communicator& world,
   value(out) = std::move(result);
 }
 
-// Runs one task's work; returns its kind for traces.
+// Runs one task's work; returns its kind for traces. An asynchronous move is only started:
+// `started` is its event.
 TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world,
                    std::vector<Tensor>& values, const TaskRunOptions& options,
-                   std::vector<OverlapEvent>* blocks) {
+                   std::vector<OverlapEvent>* blocks, Event& started) {
   auto value = [&](ValueId v) -> Tensor& { return values[static_cast<std::size_t>(v)]; };
   if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
     if (task.reuses_input) {  // a reshape of a value this device drops after it
@@ -80,6 +81,12 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
   if (const auto* m = std::get_if<MoveTask>(&task.work)) {
     const DeviceProgram& p = *m->program;
     Tensor none(p.dtype, Shape{0});
+    if (task.asynchronous) {
+      StartedMove s = start(p, world, p.in_from ? value(m->input) : none);
+      if (p.in_to) value(task.out) = std::move(s.out);
+      started = std::move(s.done);
+      return TraceKind::kMove;
+    }
     Tensor out = execute(p, world, p.in_from ? value(m->input) : none);
     if (p.in_to) value(m->replaces ? *m->replaces : task.out) = std::move(out);
     return TraceKind::kMove;
@@ -118,6 +125,7 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
   const FlushDenormals flush;
   const double run_start = options.times ? steady_seconds() : 0;
   std::vector<Event> done(tasks.tasks.size());
+  std::vector<Event> running;  // the asynchronous moves started
   // While micro-batches run, what they accumulate outlives them (a fetch later in the order may
   // hold its release).
   std::vector<bool> accumulated(values.size(), false);
@@ -137,20 +145,25 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
       if (in_part(tasks.tasks[static_cast<std::size_t>(d)]))
         deps.push_back(done[static_cast<std::size_t>(d)]);
     }
-    when_all(deps).wait(world.default_timeout());
-    auto state = std::make_shared<EventState>(graph.names[static_cast<std::size_t>(task.out)]);
     const bool timed = options.trace || options.times;
+    // Waiting for a started move (a prefetched gather) is that move's time.
+    const double waiting = timed ? steady_seconds() : 0;
+    when_all(deps).wait(world.default_timeout());
+    if (options.times) options.times->move_s += steady_seconds() - waiting;
+    auto state = std::make_shared<EventState>(graph.names[static_cast<std::size_t>(task.out)]);
     const double start = timed ? steady_seconds() : 0;
     std::vector<OverlapEvent> blocks;
     TraceKind kind = TraceKind::kCompute;
+    Event started;
     try {
-      kind = run_work(graph, task, world, values, options, timed ? &blocks : nullptr);
+      kind = run_work(graph, task, world, values, options, timed ? &blocks : nullptr, started);
     } catch (...) {
       state->fail(std::current_exception());
       throw;
     }
     state->complete();
-    done[t] = Event(std::move(state));
+    done[t] = task.asynchronous ? started : Event(std::move(state));
+    if (task.asynchronous) running.push_back(started);
     if (options.memory) {
       std::vector<std::int64_t> bytes(values.size());
       for (std::size_t v = 0; v < values.size(); ++v)
@@ -190,6 +203,8 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     for (ValueId v : task.release)
       if (!accumulated[static_cast<std::size_t>(v)]) values[static_cast<std::size_t>(v)] = Tensor();
   }
+  // Every started move has a reader in this part; a failure still surfaces here.
+  when_all(running).wait(world.default_timeout());
   if (options.times) options.times->total_s += steady_seconds() - run_start;
 }
 
