@@ -123,6 +123,20 @@ void File::write_at(std::int64_t offset, std::span<const std::byte> data) const 
   }
 }
 
+void File::sync() const {
+  if (::fsync(fd_) != 0)
+    fail(ErrorKind::kIo, "cannot sync \"{}\": {}", path_.string(), reason(errno));
+}
+
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail(ErrorKind::kIo, "cannot open \"{}\": {}", dir.string(), reason(errno));
+  const int rc = ::fsync(fd);
+  const int code = errno;
+  ::close(fd);
+  if (rc != 0) fail(ErrorKind::kIo, "cannot sync \"{}\": {}", dir.string(), reason(code));
+}
+
 fs::path output_target(const fs::path& path) {
   std::string text = path.string();
   while (text.size() > 1 && text.back() == '/') text.pop_back();

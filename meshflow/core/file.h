@@ -45,12 +45,18 @@ class File {
   void read_at(std::int64_t offset, std::span<std::byte> out) const;
   // Writes `data` at byte `offset`.
   void write_at(std::int64_t offset, std::span<const std::byte> data) const;
+  // Makes what was written durable (fsync).
+  void sync() const;
 
  private:
   File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
   int fd_ = -1;
   std::filesystem::path path_;
 };
+
+// Makes directory `dir`'s entries (files created, renamed or removed in it) durable (fsync of
+// the directory); throws Error(kIo) naming it.
+void sync_directory(const std::filesystem::path& dir);
 
 // Returns `path` as an output target: trailing separators dropped ("out/" is "out"); throws
 // Error(kIo) for an empty path or one naming no file ("/", ".").
