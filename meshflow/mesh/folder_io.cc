@@ -113,11 +113,17 @@ Layout shard_file(const fs::path& input, const DeviceMesh& mesh,
 
 namespace {
 
-// Checks every shard file of `in` against `layout` and returns where each one's data starts.
+// Checks every shard file of `in` against `layout` and returns where each one's data starts
+// (-1 for a replica's file that is absent: a checkpoint writes one copy per replica group).
 std::vector<std::int64_t> check_shard_files(const fs::path& in, const Layout& layout) {
   std::vector<std::int64_t> data_offsets;
   for (int i = 0; i < size(layout.mesh); ++i) {
-    const File file = File::open_read(in / shard_file_name(i));
+    const fs::path path = in / shard_file_name(i);
+    if (!is_representative(layout, layout.mesh.devices[i]) && !fs::exists(path)) {
+      data_offsets.push_back(-1);
+      continue;
+    }
+    const File file = File::open_read(path);
     const NpyHeader h = read_npy_header(file);
     const DeviceId d = layout.mesh.devices[i];
     const Box box = shard_box(layout, d);
@@ -142,6 +148,7 @@ void check_replica_files(const fs::path& in, const Layout& layout,
     const auto reference = replica_reference(layout, d);
     if (!reference) continue;
     const int j = *find_device(layout.mesh, *reference);
+    if (data_offsets[i] < 0 || data_offsets[j] < 0) continue;  // one copy written
     const File mine = File::open_read(in / shard_file_name(i));
     const File theirs = File::open_read(in / shard_file_name(j));
     const std::int64_t total = numel(shard_box(layout, d).extent) * static_cast<std::int64_t>(es);
@@ -228,6 +235,49 @@ Layout gather_file(const fs::path& in, const fs::path& out, const Progress& prog
   }
   publish(staged, target);
   return layout;
+}
+
+Tensor read_folder_box(const fs::path& dir, const Layout& layout, const Box& box) {
+  MESHFLOW_CHECK(partial_dims(layout).empty(), "a box of a Partial folder");
+  const std::size_t es = size_of(layout.dtype);
+  Tensor out = Tensor::uninitialized(layout.dtype, box.extent);
+  MutableBuffer to{out.bytes(), &out.shape(), es};
+  std::vector<std::byte> buf;
+  const std::size_t rank = layout.shape.size();
+  for (int i = 0; i < size(layout.mesh); ++i) {
+    const DeviceId d = layout.mesh.devices[i];
+    if (!is_representative(layout, d)) continue;
+    const Box held = shard_box(layout, d);
+    const Box part = intersect(box, held);
+    if (numel(part) == 0) continue;
+    const File file = File::open_read(dir / shard_file_name(i));
+    const NpyHeader h = read_npy_header(file);
+    if (h.dtype != layout.dtype || h.shape != held.extent) {
+      fail(ErrorKind::kIo, "{}: holds {} {} but layout.json gives device {} box {} ({} {})",
+           file.path().string(), to_string(h.shape), to_string(h.dtype), d, to_string(held),
+           to_string(held.extent), to_string(layout.dtype));
+    }
+    // Runs contiguous in the file: dims from `c` on span the shard's own extent after dim c.
+    std::size_t c = rank == 0 ? 0 : rank - 1;
+    while (c > 0 && part.extent[c] == held.extent[c]) --c;
+    Box run = part;
+    for (std::size_t k = 0; k < c; ++k) run.extent[k] = 1;
+    const std::int64_t run_elems = numel(run.extent);
+    buf.resize(static_cast<std::size_t>(run_elems) * es);
+    // Every index of dims before c, row-major.
+    std::vector<std::int64_t> index(c, 0);
+    while (true) {
+      for (std::size_t k = 0; k < c; ++k) run.offset[k] = part.offset[k] + index[k];
+      file.read_at(offset_in_shard(run, held, h.data_offset, es), {buf.data(), buf.size()});
+      Shape ext = run.extent;
+      copy_box(ConstBuffer{buf.data(), &ext, es}, std::vector<std::int64_t>(rank, 0), to,
+               relative(run, box), run.extent);
+      std::size_t k = c;
+      while (k > 0 && ++index[k - 1] == part.extent[k - 1]) index[--k] = 0;
+      if (k == 0) break;
+    }
+  }
+  return out;
 }
 
 }  // namespace meshflow

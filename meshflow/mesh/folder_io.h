@@ -8,6 +8,7 @@
 #include <functional>
 #include <vector>
 
+#include "meshflow/core/tensor.h"
 #include "meshflow/mesh/layout.h"
 
 namespace meshflow {
@@ -25,8 +26,18 @@ Layout shard_file(const std::filesystem::path& input, const DeviceMesh& mesh,
                   const Progress& progress = nullptr);
 
 // Assembles the sharded folder `in` into the .npy file `out`, reducing Partial terms and
-// checking every replica (the replica rule of mesh/sharding.h); returns the folder's layout.
+// checking every replica present (the replica rule of mesh/sharding.h; a replica's file may be
+// absent, as in a checkpoint, which writes one copy per replica group); returns the folder's
+// layout.
 Layout gather_file(const std::filesystem::path& in, const std::filesystem::path& out,
                    const Progress& progress = nullptr);
+
+// Returns box `box` of the global tensor stored in sharded folder `dir` of layout `layout`
+// (Shard and Replicate only), read from the representative devices' files (mesh/sharding.h;
+// a replica's file may be absent): from each file only the part of `box` it holds, with one
+// positioned read per run contiguous in that file. What a device needs of a folder saved on
+// another mesh (checkpoint resume, model sources). Throws Error(kIo) naming a file that is
+// missing or does not hold its shard.
+Tensor read_folder_box(const std::filesystem::path& dir, const Layout& layout, const Box& box);
 
 }  // namespace meshflow
