@@ -22,5 +22,6 @@ void add_redistribute(CLI::App& app);
 void add_run(CLI::App& app);
 void add_train(CLI::App& app);
 void add_explain(CLI::App& app);
+void add_checkpoint(CLI::App& app);
 
 }  // namespace meshflow::cli

@@ -9,8 +9,10 @@
 
 #include "cli/commands.h"
 #include "meshflow/core/error.h"
+#include "meshflow/core/file.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
+#include "meshflow/train/checkpoint.h"
 #include "meshflow/train/trainer.h"
 
 namespace meshflow::cli {
@@ -90,8 +92,10 @@ int integer_option(std::string_view flag, const std::string& text) {
   return static_cast<int>(v);
 }
 
-// Returns the optimizer the options and the model file's "train" object give.
-Optimizer optimizer_of(const OptimizerArgs& a, const Model& model) {
+// Returns the optimizer the options and the model file's "train" object give (and a resumed
+// checkpoint's saved options, between the two).
+Optimizer optimizer_of(const OptimizerArgs& a, const Model& model,
+                       const Checkpoint* resumed = nullptr) {
   OptimizerOptions o;
   if (!a.optimizer.empty()) {
     o.kind = parse_optimizer_kind(a.optimizer);
@@ -122,7 +126,8 @@ Optimizer optimizer_of(const OptimizerArgs& a, const Model& model) {
       fail(ErrorKind::kInvalidArgument, "--decay \"{}\": must be none, cosine or linear", a.decay);
     }
   }
-  return resolve_optimizer(o, train_defaults_from_json(model.train, model.source).optimizer);
+  const OptimizerOptions file = train_defaults_from_json(model.train, model.source).optimizer;
+  return resolve_optimizer(o, resumed ? resumed_defaults(*resumed, o, file) : file);
 }
 
 // Returns --micro-batches when given (0: not given), else the model file's, else 1.
@@ -187,16 +192,18 @@ Model load(const std::string& path, Backend backend) {
   return every_device(backend, [&] { return load_model(path); });
 }
 
-// Prints "step 3/10 [#####     ] loss 2.3012  4.1 steps/s" on standard error: redrawn in
-// place on a terminal, one line per step otherwise.
-void print_progress(const StepReport& r, int steps, double elapsed_s) {
+// Prints "step 3/10 [#####     ] loss 2.3012  4.1 steps/s" on standard error (steps `first`
+// to `last`; a resumed run's numbers go on): redrawn in place on a terminal, one line per step
+// otherwise.
+void print_progress(const StepReport& r, int first, int last, double elapsed_s) {
   constexpr int kWidth = 20;
-  const int filled = steps > 0 ? r.step * kWidth / steps : kWidth;
+  const int done = r.step - first + 1, total = last - first + 1;
+  const int filled = total > 0 ? done * kWidth / total : kWidth;
   const bool tty = ::isatty(STDERR_FILENO);
   fmt::print(stderr, "{}step {}/{} [{}{}] loss {:.6g}  {:.2f} steps/s{}", tty ? "\r" : "", r.step,
-             steps, std::string(static_cast<std::size_t>(filled), '#'),
+             last, std::string(static_cast<std::size_t>(filled), '#'),
              std::string(static_cast<std::size_t>(kWidth - filled), ' '), r.loss,
-             elapsed_s > 0 ? r.step / elapsed_s : 0.0, tty && r.step < steps ? "" : "\n");
+             elapsed_s > 0 ? done / elapsed_s : 0.0, tty && r.step < last ? "" : "\n");
   std::fflush(stderr);
 }
 
@@ -238,6 +245,8 @@ void add_train(CLI::App& app) {
     int steps = 1, micro_batches = 0;  // 0: not given
     int zero = -1;                     // -1: not given
     bool check = false, allow_nonfinite = false;
+    std::string checkpoint, resume;
+    int checkpoint_every = 0, keep_last = 0;  // 0: not given
     OptimizerArgs optimizer;
   };
   auto args = std::make_shared<Args>();
@@ -261,24 +270,54 @@ void add_train(CLI::App& app) {
                 "also train on one device and report the largest loss, weight and gradient "
                 "differences");
   cmd->add_option("--save", args->save, "write each weight after the last step to DIR/<name>/");
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "write DIR/step-<k>/ (every weight and optimizer state, sharded as it lives, "
+                  "hashed, committed whole) after the last step and every --checkpoint-every K");
+  cmd->add_option("--checkpoint-every", args->checkpoint_every,
+                  "with --checkpoint: also after every step whose number is a multiple of K")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--keep-last", args->keep_last,
+                  "with --checkpoint: keep only the newest N complete checkpoints")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--resume", args->resume,
+                  "resume from DIR/step-<k>, or the newest complete checkpoint in DIR, onto this "
+                  "model's layouts; steps go on from k+1 and the saved optimizer options are the "
+                  "defaults");
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
     const Model model = load(args->model, options.backend);
+    if (args->checkpoint.empty() && (args->checkpoint_every > 0 || args->keep_last > 0)) {
+      fail(ErrorKind::kInvalidArgument, "--{} needs --checkpoint DIR",
+           args->checkpoint_every > 0 ? "checkpoint-every" : "keep-last");
+    }
+    std::optional<Checkpoint> resumed;
+    if (!args->resume.empty()) {
+      resumed =
+          every_device(options.backend, [&] { return read_checkpoint(resume_path(args->resume)); });
+    }
     TrainOptions o{
         .run = options,
         .steps = args->steps,
-        .optimizer =
-            every_device(options.backend, [&] { return optimizer_of(args->optimizer, model); }),
+        .optimizer = every_device(
+            options.backend,
+            [&] { return optimizer_of(args->optimizer, model, resumed ? &*resumed : nullptr); }),
         .micro_batches = every_device(options.backend,
                                       [&] { return micro_batches_of(args->micro_batches, model); }),
         .zero = every_device(options.backend, [&] { return zero_of(args->zero, model); }),
         .allow_nonfinite = args->allow_nonfinite,
         .check = args->check};
+    if (!args->checkpoint.empty()) {
+      o.checkpoint = CheckpointOptions{.dir = output_target(args->checkpoint),
+                                       .every = args->checkpoint_every,
+                                       .keep_last = args->keep_last};
+    }
+    if (resumed) o.resume = resumed->path;
+    const int first = resumed ? resumed->step + 1 : 1;
     double elapsed = 0;
-    o.progress = [&](const StepReport& r) {
+    o.progress = [&, first](const StepReport& r) {
       elapsed += r.seconds;
-      print_progress(r, args->steps, elapsed);
+      print_progress(r, first, first + args->steps - 1, elapsed);
     };
     const TrainReport r = train_model(model, o);
     if (!r.reporter) return;
@@ -296,6 +335,10 @@ void add_train(CLI::App& app) {
           r.check->max_loss_diff, r.check->max_weight_diff, r.check->max_grad_diff);
     }
     if (!args->save.empty()) fmt::print("saved the weights in {}\n", args->save);
+    if (!args->checkpoint.empty() && !r.steps.empty()) {
+      fmt::print("checkpoint {}/step-{}\n", output_target(args->checkpoint).string(),
+                 r.steps.back().step);
+    }
   });
 }
 

@@ -71,6 +71,35 @@ std::string broadcast_string(Communicator& comm, std::string text, Rank root) {
   return text;
 }
 
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& text) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  // The bytes travel as int64 words, each rank's padded to a whole word.
+  std::vector<std::int64_t> lengths(n);
+  const auto length = static_cast<std::int64_t>(text.size());
+  all_gather(comm, {.send = reinterpret_cast<const std::byte*>(&length),
+                    .recv = reinterpret_cast<std::byte*>(lengths.data()),
+                    .recv_counts = std::vector<std::int64_t>(n, 1),
+                    .dtype = DType::kInt64});
+  std::vector<std::int64_t> counts(n);
+  std::int64_t total = 0;
+  for (std::size_t r = 0; r < n; ++r) total += counts[r] = (lengths[r] + 7) / 8;
+  std::vector<std::int64_t> mine(static_cast<std::size_t>((length + 7) / 8), 0);
+  std::memcpy(mine.data(), text.data(), text.size());
+  std::vector<std::int64_t> all(static_cast<std::size_t>(total));
+  all_gather(comm, {.send = reinterpret_cast<const std::byte*>(mine.data()),
+                    .recv = reinterpret_cast<std::byte*>(all.data()),
+                    .recv_counts = counts,
+                    .dtype = DType::kInt64});
+  std::vector<std::string> out;
+  std::int64_t at = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all.data() + at),
+                     static_cast<std::size_t>(lengths[r]));
+    at += counts[r];
+  }
+  return out;
+}
+
 void check_count(const Communicator& comm, std::string_view collective, std::int64_t count) {
   if (count < 0) {
     fail(ErrorKind::kInvalidArgument, "{}: negative count {}", describe(collective, comm.devices()),

@@ -206,6 +206,9 @@ Rank rank_of(const Communicator& comm, DeviceId device);
 // Returns `text` as rank `root` holds it, on every rank (two broadcasts: length, then bytes).
 std::string broadcast_string(Communicator& comm, std::string text, Rank root);
 
+// Returns every rank's `text`, in rank order, on every rank (two all-gathers).
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& text);
+
 // Returns the timeout `requested` resolves to on `comm` (its default when 0).
 Timeout resolve_timeout(const Communicator& comm, Timeout requested);
 

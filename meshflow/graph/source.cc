@@ -7,6 +7,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/core/random.h"
+#include "meshflow/mesh/folder_io.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
 
@@ -109,9 +110,14 @@ Tensor load_shard(const Node& node, const Layout& layout, DeviceId device) {
     case Source::Kind::kNpy:
       return slice(read_npy(node.source.path), box);
     case Source::Kind::kFolder: {
+      // A folder in this layout with this device's file is read whole; any other (a checkpoint
+      // saved on another mesh, or with one copy per replica group) box by box.
       const auto index = find_device(layout.mesh, device);
       MESHFLOW_CHECK(index.has_value());
-      return read_shard(node.source.path, layout, *index);
+      const Layout held = read_layout(node.source.path);
+      if (held == layout && std::filesystem::exists(node.source.path / shard_file_name(*index)))
+        return read_shard(node.source.path, layout, *index);
+      return read_folder_box(node.source.path, held, box);
     }
     default: {
       Tensor out = Tensor::uninitialized(layout.dtype, box.extent);
@@ -126,8 +132,12 @@ Tensor load_global(const Node& node) {
     case Source::Kind::kNpy:
       return read_npy(node.source.path);
     case Source::Kind::kFolder: {
-      ShardedTensor t = read_sharded(node.source.path);
-      return assemble(t.layout, t.shards);
+      const Layout held = read_layout(node.source.path);
+      if (!partial_dims(held).empty()) {
+        ShardedTensor t = read_sharded(node.source.path);
+        return assemble(t.layout, t.shards);
+      }
+      return read_folder_box(node.source.path, held, full_box(held.shape));
     }
     default: {
       const Shape shape = source_shape(node);

@@ -121,6 +121,7 @@ struct Session {
     const DeviceTasks* mine = nullptr;
     for (const DeviceTasks& dt : g.devices)
       if (dt.device == me) mine = &dt;
+    if (loop->before_load) loop->before_load(world);
     std::vector<Tensor> values =
         mine ? load_sources(pcg, *mine) : std::vector<Tensor>(pcg.nodes.size());
     std::vector<std::vector<Tensor>> micro_inputs;
@@ -137,7 +138,7 @@ struct Session {
     LoopEnd ended;
     const std::vector<MemoryKind> kinds = memory_kinds(pcg);
     MemoryCounter memory(&kinds);
-    for (int step = 1; step <= loop->steps; ++step) {
+    for (int step = loop->first_step; step < loop->first_step + loop->steps; ++step) {
       TaskTimes times;
       const double start = steady_seconds();
       if (mine) {
@@ -159,6 +160,7 @@ struct Session {
       if (leader && loop->on_step) loop->on_step(step, seconds, times, values);
       ended = {.step = step, .stop_flag = flag};
       if (flag != 0) break;
+      if (loop->after_step) loop->after_step(step, world, values);
     }
     ended.measured = highest_peak(world, memory.result());
     {

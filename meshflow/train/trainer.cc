@@ -8,11 +8,15 @@
 #include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
 #include "meshflow/graph/reference.h"
+#include "meshflow/mesh/folder_io.h"
+#include "meshflow/train/checkpoint.h"
 #include "meshflow/train/reference_optimizer.h"
 
 namespace meshflow {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 // Why a step stops training; the loop reduces every device's by max.
 enum StopFlag : int { kGoOn = 0, kNonfiniteNorm = 1, kNonfiniteLoss = 2 };
@@ -21,10 +25,36 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
                                      const PreparedModel& p,
                                      const std::vector<std::vector<Tensor>>& grads,
                                      const std::vector<std::vector<Tensor>>& weights,
-                                     const std::vector<StepReport>& steps) {
+                                     const std::vector<StepReport>& steps,
+                                     const Checkpoint* resumed) {
   CheckReport c;
-  ReferenceModel ref = reference_load(model.pcg);
+  // A resumed run's reference starts from the same checkpoint: its weights, and its optimizer
+  // state in float64.
+  Pcg start = model.pcg;
+  if (resumed) {
+    for (Node& n : start.nodes) {
+      if (n.kind == NodeKind::kWeight)
+        n.source = Source{.kind = Source::Kind::kFolder, .path = resumed->path / n.name};
+    }
+  }
+  ReferenceModel ref = reference_load(start);
   ReferenceOptimizer optimizer{.optimizer = options.optimizer};
+  if (resumed) {
+    for (const auto& [name, v] : p.weights) {
+      std::vector<std::vector<double>>& state = optimizer.state[name];
+      for (const std::string& s : state_names(options.optimizer.rule)) {
+        const CheckpointTensor& t = resumed->tensors.at(name + "." + s);
+        const Tensor whole =
+            read_folder_box(resumed->path / (name + "." + s), t.layout, full_box(t.layout.shape));
+        std::vector<double> d(static_cast<std::size_t>(whole.numel()));
+        visit_dtype(whole.dtype(), [&](auto zero) {
+          const auto x = whole.data<decltype(zero)>();
+          for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(x[i]);
+        });
+        state.push_back(std::move(d));
+      }
+    }
+  }
   std::map<std::string, Tensor*> ref_weights;
   for (const auto& [name, v] : p.weights)
     ref_weights[name] = &ref.values[static_cast<std::size_t>(find_value(model.pcg, name))];
@@ -36,7 +66,7 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
     for (std::size_t i = 0; i < p.grads.size(); ++i)
       c.max_grad_diff =
           std::max(c.max_grad_diff, max_abs_difference(grads[s][i], g.at(p.grads[i].first)));
-    reference_step(optimizer, ref_weights, g, static_cast<int>(s) + 1, loss);
+    reference_step(optimizer, ref_weights, g, steps[s].step, loss);
     for (std::size_t i = 0; i < p.weights.size(); ++i) {
       c.max_weight_diff =
           std::max(c.max_weight_diff,
@@ -55,10 +85,76 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
                                                 .micro_batches = options.micro_batches,
                                                 .zero = options.zero,
                                                 .fetch_training_values = options.check});
+  // A resumed run loads every weight and state tensor from the checkpoint, in the model's own
+  // layouts, after checking the checkpoint holds exactly them.
+  std::optional<Checkpoint> resumed;
+  if (p && options.resume) {
+    try {
+      resumed = read_checkpoint(resume_path(*options.resume));
+      std::map<std::string, TensorSpec> expected;
+      for (const Node& n : p->pcg.nodes)
+        if (n.kind == NodeKind::kWeight || n.kind == NodeKind::kState) expected[n.name] = n.spec;
+      check_checkpoint_matches(*resumed, expected, options.optimizer.rule.kind);
+      for (Node& n : p->pcg.nodes) {
+        if (n.kind != NodeKind::kWeight && n.kind != NodeKind::kState) continue;
+        n.source = Source{.kind = Source::Kind::kFolder, .path = resumed->path / n.name};
+      }
+    } catch (const Error& e) {
+      if (options.run.backend != Backend::kMpi) throw;
+      error = e.what();
+      p.reset();
+    }
+  }
+  const int first_step = resumed ? resumed->step + 1 : 1;
   TrainReport report;
   // Per step, the fetched gradients and weights (check only).
   std::vector<std::vector<Tensor>> grads, weights;
-  StepLoop loop{.steps = options.steps};
+  StepLoop loop{.steps = options.steps, .first_step = first_step};
+  if (resumed) {
+    // Each file is verified once, by one device (the devices share them out); any damage stops
+    // every device before it loads anything.
+    loop.before_load = [&](Communicator& world) {
+      const int n = world.size(), me = world.rank();
+      std::string mine;
+      for (const std::string& line : damaged_files(*resumed, [&](int i) { return i % n == me; }))
+        mine += line + "\n";
+      for (const std::string& theirs : all_gather_strings(world, mine)) {
+        if (theirs.empty()) continue;
+        std::string line = theirs.substr(0, theirs.find('\n'));
+        const std::vector<fs::path> complete = complete_checkpoints(resumed->path.parent_path());
+        for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
+          if (*it == resumed->path) continue;
+          if (read_checkpoint(*it).step < resumed->step) {
+            line += fmt::format(" (resume from {} instead)", it->string());
+            break;
+          }
+        }
+        throw Error(ErrorKind::kIo, line, ErrorScope::kEveryDevice);
+      }
+    };
+  }
+  if (p && options.checkpoint) {
+    std::vector<ValueId> saved;
+    for (ValueId v = 0; v < static_cast<ValueId>(p->pcg.nodes.size()); ++v) {
+      const NodeKind k = p->pcg.nodes[static_cast<std::size_t>(v)].kind;
+      if (k == NodeKind::kWeight || k == NodeKind::kState) saved.push_back(v);
+    }
+    const int last = first_step + options.steps - 1;
+    loop.after_step = [&, saved, last](int step, Communicator& world,
+                                       const std::vector<Tensor>& values) {
+      const int every = options.checkpoint->every;
+      if (step != last && (every <= 0 || step % every != 0)) return;
+      std::vector<SavedTensor> tensors;
+      for (ValueId v : saved) {
+        const Node& n = p->pcg.nodes[static_cast<std::size_t>(v)];
+        const bool held = find_device(n.layout->mesh, world.device()).has_value();
+        tensors.push_back(
+            {n.name, *n.layout, held ? &values[static_cast<std::size_t>(v)] : nullptr});
+      }
+      save_checkpoint(world, p->leader, *options.checkpoint, step, to_json(options.optimizer),
+                      tensors);
+    };
+  }
   loop.options = [&](int step) {
     return TaskRunOptions{.lr = learning_rate(options.optimizer, step),
                           .step = step,
@@ -105,8 +201,10 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
                     end.stop_flag == kNonfiniteLoss ? "the loss" : "the global gradient norm"),
         ErrorScope::kEveryDevice);
   }
-  if (options.check && report.reporter)
-    report.check = check_against_one_device(model, options, *p, grads, weights, report.steps);
+  if (options.check && report.reporter) {
+    report.check = check_against_one_device(model, options, *p, grads, weights, report.steps,
+                                            resumed ? &*resumed : nullptr);
+  }
   return report;
 }
 

@@ -12,6 +12,7 @@
 
 #include "meshflow/graph/model_file.h"
 #include "meshflow/runtime/model_runner.h"
+#include "meshflow/train/checkpoint.h"
 #include "meshflow/train/optimizer.h"
 
 namespace meshflow {
@@ -44,6 +45,13 @@ struct TrainOptions {
   // train/reference_optimizer.h) and reports the largest differences of losses, weights and
   // gradients over all steps and elements.
   bool check = false;
+  // Checkpoints (train/checkpoint.h): after every `every`-th step and after the last, into dir.
+  std::optional<CheckpointOptions> checkpoint;
+  // Resume from this checkpoint (a DIR/step-<k>) or the newest complete one in this DIR: every
+  // weight and state tensor loaded from it, steps numbered on from k + 1. `optimizer` must be
+  // the one it was saved with (train/checkpoint.h's saved_optimizer_options gives its options
+  // as defaults).
+  std::optional<std::filesystem::path> resume;
   // Called on the reporting device after each step.
   std::function<void(const StepReport&)> progress;
 };
