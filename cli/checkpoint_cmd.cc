@@ -45,8 +45,13 @@ void add_checkpoint(CLI::App& app) {
                    c["tensors"].size(), verified);
       }
     }
-    for (const std::string& line : damaged) fmt::print(stderr, "meshflow: damaged: {}\n", line);
-    if (!damaged.empty()) throw CLI::RuntimeError(1);
+    // Each damaged file on a line of its own, then the one error line (exit 1).
+    for (std::size_t i = 1; i < damaged.size(); ++i)
+      fmt::print(stderr, "meshflow: damaged: {}\n", damaged[i]);
+    if (!damaged.empty()) {
+      fail(ErrorKind::kIo, "{} damaged file{} in {}, the first: {}", damaged.size(),
+           damaged.size() == 1 ? "" : "s", args->dir, damaged.front());
+    }
   });
 }
 
