@@ -12,6 +12,7 @@
 
 #include "meshflow/comm/session.h"
 #include "meshflow/core/error.h"
+#include "meshflow/core/file.h"
 #include "meshflow/dtensor/global_view.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
@@ -21,6 +22,7 @@
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
 #include "meshflow/plan/planner.h"
+#include "meshflow/train/checkpoint.h"
 #include "meshflow/train/trainer.h"
 
 namespace py = pybind11;
@@ -383,18 +385,39 @@ PYBIND11_MODULE(_meshflow, module) {
   module.def("run_model", &run_outputs);
   module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
                                bool check, bool overlap, bool allow_nonfinite,
-                               std::optional<int> micro_batches, std::optional<int> zero) {
+                               std::optional<int> micro_batches, std::optional<int> zero,
+                               std::optional<std::string> checkpoint,
+                               std::optional<int> checkpoint_every, std::optional<int> keep_last,
+                               std::optional<std::string> resume) {
     if (micro_batches && *micro_batches < 1)
       fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+    for (const auto& [name, v] :
+         {std::pair{"checkpoint_every", checkpoint_every}, std::pair{"keep_last", keep_last}}) {
+      if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
+      if (v && !checkpoint) fail(ErrorKind::kInvalidArgument, "{}= needs checkpoint=", name);
+    }
     const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
-    TrainOptions o{.run = model_options(overlap),
-                   .steps = steps,
-                   .optimizer = resolve_optimizer(optimizer_options(optimizer), defaults.optimizer,
-                                                  OptionStyle::kKeyword),
-                   .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-                   .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
-                   .allow_nonfinite = allow_nonfinite,
-                   .check = check};
+    std::optional<Checkpoint> resumed;
+    if (resume) resumed = read_checkpoint(resume_path(*resume));
+    const OptimizerOptions given = optimizer_options(optimizer);
+    TrainOptions o{
+        .run = model_options(overlap),
+        .steps = steps,
+        .optimizer = resolve_optimizer(
+            given,
+            resumed ? resumed_defaults(*resumed, given, defaults.optimizer, OptionStyle::kKeyword)
+                    : defaults.optimizer,
+            OptionStyle::kKeyword),
+        .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
+        .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+        .allow_nonfinite = allow_nonfinite,
+        .check = check};
+    if (checkpoint) {
+      o.checkpoint = CheckpointOptions{.dir = output_target(*checkpoint),
+                                       .every = checkpoint_every.value_or(0),
+                                       .keep_last = keep_last.value_or(0)};
+    }
+    if (resumed) o.resume = resumed->path;
     std::string report;
     {
       py::gil_scoped_release release;
@@ -417,6 +440,9 @@ PYBIND11_MODULE(_meshflow, module) {
                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
                       .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword)});
     return json_to_python(to_json(e));
+  });
+  module.def("list_checkpoints", [](const std::string& dir, bool verify) {
+    return json_to_python(list_checkpoints(dir, verify));
   });
   module.def("op_arity", [](const std::string& name) { return arity(parse_op_type(name)); });
   module.def("normalize_placements",

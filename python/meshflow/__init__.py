@@ -20,9 +20,9 @@ from ._meshflow import (  # noqa: F401  (re-exported)
 from .placement import Partial, Placement, Replicate, Shard
 from .tensor import DTensor, DeviceMesh, distribute_tensor, plan
 from .model import Model
-from . import ops
+from . import checkpoint, ops
 
 __all__ = [
     "DTensor", "DeviceMesh", "Error", "Model", "Partial", "Placement", "Replicate", "Shard",
-    "backend", "distribute_tensor", "ops", "plan", "rank",
+    "backend", "checkpoint", "distribute_tensor", "ops", "plan", "rank",
 ]

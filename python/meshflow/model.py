@@ -20,7 +20,8 @@ class Model:
     def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
-              micro_batches=None, zero=None):
+              micro_batches=None, zero=None, checkpoint=None, checkpoint_every=None,
+              keep_last=None, resume=None):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -32,6 +33,10 @@ class Model:
         ``micro_batches`` splits each step's inputs along dim 0, accumulating the gradients.
         ``zero`` is the ZeRO level: 0, 1 (optimizer state sharded over the data-parallel
         dims) or 3 (FSDP: weights and gradients too, each weight gathered for each use).
+        ``checkpoint`` (a folder) writes ``checkpoint/step-<k>/`` after the last step and after
+        every ``checkpoint_every``-th, keeping the newest ``keep_last``; ``resume`` (a folder,
+        or one ``step-<k>`` in it) loads the newest complete checkpoint onto this model's
+        layouts, its steps going on from k + 1 (``meshflow.checkpoint.list`` lists them).
         """
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
@@ -39,7 +44,11 @@ class Model:
         return _meshflow.train_model(self._h, int(steps), options, bool(check), overlap,
                                      bool(allow_nonfinite),
                                      None if micro_batches is None else int(micro_batches),
-                                     None if zero is None else int(zero))
+                                     None if zero is None else int(zero),
+                                     None if checkpoint is None else str(checkpoint),
+                                     None if checkpoint_every is None else int(checkpoint_every),
+                                     None if keep_last is None else int(keep_last),
+                                     None if resume is None else str(resume))
 
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,

@@ -217,3 +217,24 @@ def test_zero_levels_train_alike_and_shard_the_state():
         assert "zero= 2: must be 0, 1 or 3" in str(e)
     else:
         raise AssertionError("no error")
+
+
+def test_checkpoint_and_resume_onto_another_layout(tmp_path):
+    dp = mf.Model.load(MODELS / "gpt" / "gpt_dp.json")
+    whole = [s["loss"] for s in dp.train(4, optimizer="adamw", lr=3e-3)["steps"]]
+    dp.train(2, optimizer="adamw", lr=3e-3, checkpoint=tmp_path / "ck", checkpoint_every=1,
+             keep_last=1)
+    listed = mf.checkpoint.list(tmp_path / "ck", verify=True)["checkpoints"]
+    assert [c["step"] for c in listed] == [2] and listed[0]["verified"] is True
+    assert listed[0]["tensors"]["b0_w1.exp_avg"]["shape"] == [16, 64]
+    r = mf.Model.load(MODELS / "gpt" / "gpt_dp_tp.json").train(
+        2, resume=tmp_path / "ck", check=True)
+    assert [s["step"] for s in r["steps"]] == [3, 4]
+    assert np.allclose([s["loss"] for s in r["steps"]], whole[2:], rtol=1e-6, atol=1e-6)
+    assert r["check"]["max_weight_diff"] < 1e-5
+    try:
+        dp.train(1, resume=tmp_path / "ck", optimizer="sgd")
+    except mf.Error as e:
+        assert "optimizer= sgd" in str(e)
+    else:
+        raise AssertionError("no error")
