@@ -82,7 +82,9 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
   if (leading) {
     try {
       fs::create_directories(options.dir);
-      fs::remove_all(staged);
+      // What killed writers left: checkpoints half-written or half-deleted.
+      for (const auto& entry : fs::directory_iterator(options.dir))
+        if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path());
       fs::create_directories(staged);
       for (const SavedTensor& t : tensors) {
         fs::create_directory(staged / t.name);
@@ -134,11 +136,18 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
       publish(staged, target);
       sync_directory(options.dir);
       if (options.keep_last > 0) {
+        // Each old checkpoint leaves the listing by one rename before its files go, so a kill
+        // in between leaves no half-deleted step-<k>.
         std::vector<fs::path> complete = complete_checkpoints(options.dir);
         for (std::size_t i = 0; i + static_cast<std::size_t>(options.keep_last) < complete.size();
-             ++i)
-          fs::remove_all(complete[i]);
-        sync_directory(options.dir);
+             ++i) {
+          const fs::path doomed =
+              options.dir / ("." + complete[i].filename().string() + ".deleting");
+          fs::remove_all(doomed);
+          fs::rename(complete[i], doomed);
+          sync_directory(options.dir);
+          fs::remove_all(doomed);
+        }
       }
     } catch (const std::exception& e) {
       error = fmt::format("cannot commit checkpoint {}: {}", target.string(), e.what());
