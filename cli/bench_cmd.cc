@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 
+#include "bench/checkpoint_bench.h"
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
 #include "bench/io_bench.h"
@@ -138,6 +139,27 @@ void add_bench(CLI::App& app) {
     if (!runs_here()) return;
     io->bytes = *io_mib << 20;
     print_report(bench::run_io_bench(*io), *io_json);
+  });
+
+  auto ck = std::make_shared<bench::CheckpointBenchOptions>();
+  auto ck_json = std::make_shared<bool>(false);
+  auto ck_mib = std::make_shared<std::int64_t>(1024);
+  CLI::App* k = bench->add_subcommand(
+      "checkpoint",
+      "train --checkpoint's save and --resume's load (onto another layout) of model and AdamW "
+      "state on a 2x2 mesh, against plain I/O and sha256 of the same bytes and NumPy");
+  k->add_option("--mib", *ck_mib, "state size in MiB")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  k->add_option("--reps", ck->reps, "timed repetitions")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  k->add_option("--dir", ck->dir, "folder for the files (default: the temporary folder)");
+  add_output_flags(k, *ck_json, ck->progress);
+  k->callback([ck, ck_json, ck_mib] {
+    if (!runs_here()) return;
+    ck->bytes = *ck_mib << 20;
+    print_report(bench::run_checkpoint_bench(*ck), *ck_json);
   });
 
   auto ops = std::make_shared<bench::OpsBenchOptions>();

@@ -128,6 +128,10 @@ void File::sync() const {
     fail(ErrorKind::kIo, "cannot sync \"{}\": {}", path_.string(), reason(errno));
 }
 
+void File::start_writeback(std::int64_t offset, std::int64_t length) const {
+  ::sync_file_range(fd_, offset, length, SYNC_FILE_RANGE_WRITE);  // a hint: failures are sync's
+}
+
 void sync_directory(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail(ErrorKind::kIo, "cannot open \"{}\": {}", dir.string(), reason(errno));

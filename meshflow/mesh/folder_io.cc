@@ -262,19 +262,43 @@ Tensor read_folder_box(const fs::path& dir, const Layout& layout, const Box& box
     while (c > 0 && part.extent[c] == held.extent[c]) --c;
     Box run = part;
     for (std::size_t k = 0; k < c; ++k) run.extent[k] = 1;
-    const std::int64_t run_elems = numel(run.extent);
-    buf.resize(static_cast<std::size_t>(run_elems) * es);
-    // Every index of dims before c, row-major.
+    const auto run_bytes = numel(run.extent) * static_cast<std::int64_t>(es);
+    std::vector<Box> runs;  // in file order (row-major over the dims before c)
     std::vector<std::int64_t> index(c, 0);
     while (true) {
       for (std::size_t k = 0; k < c; ++k) run.offset[k] = part.offset[k] + index[k];
-      file.read_at(offset_in_shard(run, held, h.data_offset, es), {buf.data(), buf.size()});
-      Shape ext = run.extent;
-      copy_box(ConstBuffer{buf.data(), &ext, es}, std::vector<std::int64_t>(rank, 0), to,
-               relative(run, box), run.extent);
+      runs.push_back(run);
       std::size_t k = c;
       while (k > 0 && ++index[k - 1] == part.extent[k - 1]) index[--k] = 0;
       if (k == 0) break;
+    }
+    // A large run contiguous in the result too is read straight into it; the others are read
+    // a window of neighbouring runs at a time (at most kIoSlabBytes, gaps included): few large
+    // reads rather than one per row.
+    const bool large = run_bytes >= kIoSlabBytes / 8;
+    std::size_t r = 0;
+    while (r < runs.size()) {
+      const std::int64_t start = offset_in_shard(runs[r], held, h.data_offset, es);
+      if (const auto at = contiguous_offset(runs[r], box); large && at) {
+        file.read_at(start, {out.bytes() + *at * static_cast<std::int64_t>(es),
+                             static_cast<std::size_t>(run_bytes)});
+        ++r;
+        continue;
+      }
+      std::size_t end = r + 1;
+      while (end < runs.size() && !(large && contiguous_offset(runs[end], box)) &&
+             offset_in_shard(runs[end], held, h.data_offset, es) + run_bytes - start <=
+                 kIoSlabBytes)
+        ++end;
+      const std::int64_t stop = offset_in_shard(runs[end - 1], held, h.data_offset, es) + run_bytes;
+      buf.resize(static_cast<std::size_t>(stop - start));
+      file.read_at(start, {buf.data(), buf.size()});
+      for (; r < end; ++r) {
+        const std::int64_t from = offset_in_shard(runs[r], held, h.data_offset, es) - start;
+        Shape ext = runs[r].extent;
+        copy_box(ConstBuffer{buf.data() + from, &ext, es}, std::vector<std::int64_t>(rank, 0), to,
+                 relative(runs[r], box), runs[r].extent);
+      }
     }
   }
   return out;

@@ -1,0 +1,257 @@
+// The checkpoint benchmark. Every timing is the slowest device's, from a barrier to a barrier,
+// on the threads backend; peak memory is the process's VmHWM after resetting it (writing 5 to
+// /proc/self/clear_refs) just before the case, less its resident memory then.
+#include "bench/checkpoint_bench.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "bench/collectives_bench.h"
+#include "meshflow/comm/launch.h"
+#include "meshflow/core/file.h"
+#include "meshflow/core/npy.h"
+#include "meshflow/core/random.h"
+#include "meshflow/core/sha256.h"
+#include "meshflow/mesh/folder_io.h"
+#include "meshflow/mesh/sharded_folder.h"
+#include "meshflow/mesh/sharding.h"
+#include "meshflow/train/checkpoint.h"
+
+namespace meshflow::bench {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::int64_t kCols = 4096;
+constexpr int kDevices = 4;
+constexpr std::int64_t kSlab = std::int64_t{8} << 20;
+
+// NumPy's side: np.save of every shard (save) or np.load of every file (load), timed inside.
+constexpr const char* kNumpyScript = R"(
+import glob, json, sys, time
+import numpy as np
+mode, folder, rows, cols, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+if mode == "save":
+    shards = [np.random.default_rng(i).random((rows, cols), dtype=np.float32) for i in range(count)]
+    start = time.perf_counter()
+    for i, s in enumerate(shards):
+        np.save(f"{folder}/shard{i}.npy", s)
+else:
+    files = sorted(glob.glob(f"{folder}/shard*.npy"))
+    start = time.perf_counter()
+    loaded = [np.load(f) for f in files]
+print(json.dumps({"seconds": time.perf_counter() - start}))
+)";
+
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+std::int64_t status_bytes(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size())) * 1024;
+  return 0;
+}
+
+std::optional<double> numpy_seconds(const CheckpointBenchOptions& o, const fs::path& script,
+                                    const char* mode, const fs::path& folder, std::int64_t rows,
+                                    int count) {
+  const std::string cmd = fmt::format("'{}' '{}' {} '{}' {} {} {} 2>/dev/null", o.python.string(),
+                                      script.string(), mode, folder.string(), rows, kCols, count);
+  std::string out;
+  if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, pipe)) out += buf;
+    if (::pclose(pipe) != 0) return std::nullopt;
+  }
+  try {
+    return nlohmann::json::parse(out).at("seconds").get<double>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+struct State {
+  std::vector<SavedTensor> tensors;         // names and save layouts (shards filled per device)
+  std::vector<std::vector<Tensor>> shards;  // per device, per tensor
+  std::vector<Layout> load_layouts;         // per tensor: where a resume puts it
+  std::int64_t bytes = 0;
+};
+
+State make_state(std::int64_t bytes) {
+  State s;
+  const DeviceMesh mesh = parse_mesh("2x2");
+  // Two weights and their AdamW states: six tensors of equal rows.
+  const std::int64_t rows = std::max<std::int64_t>(2, (bytes / 6 / (kCols * 4) + 1) / 2 * 2);
+  for (const std::string w : {"w1", "w2"}) {
+    for (const std::string suffix : {"", ".exp_avg", ".exp_avg_sq"}) {
+      const Shape shape = {rows, kCols};
+      s.tensors.push_back({w + suffix, make_layout(mesh, parse_placements("S(0),S(1)"), shape)});
+      s.load_layouts.push_back(make_layout(mesh, parse_placements("S(1),S(0)"), shape));
+      s.bytes += rows * kCols * 4;
+    }
+  }
+  s.shards.resize(kDevices);
+  for (int d = 0; d < kDevices; ++d)
+    for (std::size_t t = 0; t < s.tensors.size(); ++t)
+      s.shards[static_cast<std::size_t>(d)].push_back(
+          random_tensor(DType::kFloat32, local_shape(s.tensors[t].layout, d),
+                        100 * t + static_cast<std::uint64_t>(d)));
+  return s;
+}
+
+// Runs fn on every device of a 4-device threads launch between two barriers; returns the
+// slowest device's seconds.
+double timed_launch(const std::function<void(Communicator&)>& fn) {
+  std::mutex mu;
+  double slowest = 0;
+  launch({.devices = first_devices(kDevices)}, [&](Communicator& world) {
+    barrier(world);
+    const double s = time_once([&] {
+      fn(world);
+      barrier(world);
+    });
+    std::lock_guard lock(mu);
+    slowest = std::max(slowest, s);
+  });
+  return slowest;
+}
+
+}  // namespace
+
+BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
+  BenchReport report{.benchmark = "checkpoint", .progress = o.progress};
+  report.memcpy_gbps = measured_memcpy_gbps();
+  const fs::path dir = (o.dir.empty() ? fs::temp_directory_path() : o.dir) /
+                       fmt::format("meshflow_bench_checkpoint_{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const State state = make_state(o.bytes);
+  const fs::path script = dir / "baseline.py";
+  std::ofstream(script) << kNumpyScript;
+  const nlohmann::json optimizer = {{"kind", "adamw"}, {"lr", 0.001}};
+  BenchResult save{.case_name = "save",
+                   .backend = "threads",
+                   .mesh = "2x2",
+                   .devices = kDevices,
+                   .bytes = state.bytes};
+  BenchResult load{.case_name = "load",
+                   .backend = "threads",
+                   .mesh = "2x2",
+                   .devices = kDevices,
+                   .bytes = state.bytes};
+  std::vector<double> save_io, save_hash, load_io, load_hash;
+  std::int64_t save_peak = 0, load_peak = 0;
+  bool have_numpy = true;
+  const std::int64_t shard_rows = state.tensors[0].layout.shape[0] / 2;
+  try {
+    for (int rep = 0; rep < o.reps; ++rep) {
+      const fs::path ck = dir / "ck";
+      fs::remove_all(ck);
+      // save
+      std::int64_t before = status_bytes("VmRSS:");
+      reset_peak();
+      save.case_s.push_back(timed_launch([&](Communicator& world) {
+        std::vector<SavedTensor> mine = state.tensors;
+        for (std::size_t t = 0; t < mine.size(); ++t)
+          mine[t].shard = &state.shards[static_cast<std::size_t>(world.device())][t];
+        save_checkpoint(world, 0, {.dir = ck}, 1, optimizer, mine);
+      }));
+      save_peak = std::max(save_peak, status_bytes("VmHWM:") - before);
+      // The floor's parts: the same files written plainly with the same fsyncs; sha256 of the
+      // same bytes.
+      const fs::path plain = dir / "plain";
+      fs::remove_all(plain);
+      fs::create_directories(plain);
+      save_io.push_back(timed_launch([&](Communicator& world) {
+        const auto& mine = state.shards[static_cast<std::size_t>(world.device())];
+        for (std::size_t t = 0; t < mine.size(); ++t) {
+          const File f = File::create(plain / fmt::format("d{}t{}.bin", world.device(), t));
+          f.write_at(0, {mine[t].bytes(), mine[t].nbytes()});
+          f.sync();
+        }
+      }));
+      save_hash.push_back(timed_launch([&](Communicator& world) {
+        for (const Tensor& t : state.shards[static_cast<std::size_t>(world.device())]) {
+          Sha256 h;
+          h.update({t.bytes(), t.nbytes()});
+          h.hex();
+        }
+      }));
+      save.floor_s.push_back(std::max(save_io.back(), save_hash.back()));
+      // load: verify once (shared out), then each device's boxes in the other layout.
+      const Checkpoint c = read_checkpoint(ck / "step-1");
+      before = status_bytes("VmRSS:");
+      reset_peak();
+      std::vector<std::vector<Tensor>> loaded(kDevices);
+      load.case_s.push_back(timed_launch([&](Communicator& world) {
+        const int me = world.rank();
+        const auto bad = damaged_files(c, [&](int i) { return i % kDevices == me; });
+        MESHFLOW_CHECK(bad.empty(), "{}", bad.empty() ? "" : bad.front());
+        barrier(world);
+        std::vector<Tensor>& out = loaded[static_cast<std::size_t>(world.device())];
+        for (std::size_t t = 0; t < state.tensors.size(); ++t) {
+          const std::string& name = state.tensors[t].name;
+          out.push_back(read_folder_box(ck / "step-1" / name, c.tensors.at(name).layout,
+                                        shard_box(state.load_layouts[t], world.device())));
+        }
+      }));
+      // The loaded state itself is what a resume holds; the rest is extra.
+      load_peak = std::max(load_peak, status_bytes("VmHWM:") - before - state.bytes);
+      loaded.clear();
+      load_io.push_back(timed_launch([&](Communicator& world) {
+        const auto& mine = state.shards[static_cast<std::size_t>(world.device())];
+        std::vector<std::byte> buf(static_cast<std::size_t>(kSlab));
+        for (std::size_t t = 0; t < mine.size(); ++t) {
+          const File f = File::open_read(plain / fmt::format("d{}t{}.bin", world.device(), t));
+          Tensor into = Tensor::uninitialized(DType::kFloat32, mine[t].shape());
+          f.read_at(0, {into.bytes(), into.nbytes()});
+        }
+      }));
+      load_hash.push_back(save_hash.back());
+      load.floor_s.push_back(std::max(load_io.back(), load_hash.back()));
+      fs::remove_all(plain);
+      if (have_numpy) {
+        const fs::path np_dir = dir / "numpy";
+        fs::remove_all(np_dir);
+        fs::create_directories(np_dir);
+        const int count = static_cast<int>(state.tensors.size()) * kDevices;
+        const auto s = numpy_seconds(o, script, "save", np_dir, shard_rows, count);
+        const auto l = numpy_seconds(o, script, "load", np_dir, shard_rows, count);
+        if (s && l) {
+          save.baseline_s.push_back(*s);
+          load.baseline_s.push_back(*l);
+        } else {
+          have_numpy = false;
+        }
+        fs::remove_all(np_dir);
+      }
+    }
+  } catch (...) {
+    fs::remove_all(dir);
+    throw;
+  }
+  fs::remove_all(dir);
+  for (auto* r : {&save, &load}) {
+    if (!r->baseline_s.empty()) r->baseline = "numpy";
+  }
+  save.extra = {{"io_s", median(save_io)},
+                {"hash_s", median(save_hash)},
+                {"peak_extra_bytes", save_peak},
+                {"gbps", state.bytes / median(save.case_s) / 1e9}};
+  load.extra = {{"io_s", median(load_io)},
+                {"hash_s", median(load_hash)},
+                {"peak_extra_bytes", load_peak},
+                {"gbps", state.bytes / median(load.case_s) / 1e9}};
+  add_result(report, std::move(save));
+  add_result(report, std::move(load));
+  return report;
+}
+
+}  // namespace meshflow::bench
