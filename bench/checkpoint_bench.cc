@@ -190,17 +190,13 @@ BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
       before = status_bytes("VmRSS:");
       reset_peak();
       std::vector<std::vector<Tensor>> loaded(kDevices);
+      std::vector<LoadTarget> targets;
+      for (std::size_t t = 0; t < state.tensors.size(); ++t)
+        targets.push_back({state.tensors[t].name, state.load_layouts[t]});
+      CheckpointLoadArea area;
       load.case_s.push_back(timed_launch([&](Communicator& world) {
-        const int me = world.rank();
-        const auto bad = damaged_files(c, [&](int i) { return i % kDevices == me; });
-        MESHFLOW_CHECK(bad.empty(), "{}", bad.empty() ? "" : bad.front());
-        barrier(world);
-        std::vector<Tensor>& out = loaded[static_cast<std::size_t>(world.device())];
-        for (std::size_t t = 0; t < state.tensors.size(); ++t) {
-          const std::string& name = state.tensors[t].name;
-          out.push_back(read_folder_box(ck / "step-1" / name, c.tensors.at(name).layout,
-                                        shard_box(state.load_layouts[t], world.device())));
-        }
+        loaded[static_cast<std::size_t>(world.device())] =
+            load_checkpoint(world, c, targets, &area);
       }));
       // The loaded state itself is what a resume holds; the rest is extra.
       load_peak = std::max(load_peak, status_bytes("VmHWM:") - before - state.bytes);

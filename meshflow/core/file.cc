@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <charconv>
 #include <climits>
 #include <cstring>
+#include <vector>
 
 #include "meshflow/core/error.h"
 
@@ -106,6 +108,44 @@ void File::read_at(std::int64_t offset, std::span<std::byte> out) const {
            offset + done, offset + out.size());
     }
     done += static_cast<std::size_t>(got);
+  }
+}
+
+void File::read_scattered(std::int64_t offset, std::span<const std::span<std::byte>> out) const {
+  constexpr std::size_t kBatch = IOV_MAX;
+  std::vector<iovec> iov;
+  std::size_t next = 0;
+  std::size_t skip = 0;  // bytes of out[next] already filled
+  while (next < out.size()) {
+    iov.clear();
+    for (std::size_t i = next; i < out.size() && iov.size() < kBatch; ++i) {
+      const std::size_t from = i == next ? skip : 0;
+      iov.push_back({out[i].data() + from, out[i].size() - from});
+    }
+    const ssize_t got = ::preadv(fd_, iov.data(), static_cast<int>(iov.size()), offset);
+    if (got < 0) {
+      const int code = errno;
+      if (code == EINTR) continue;
+      fail(ErrorKind::kIo, "cannot read \"{}\": {}", path_.string(), reason(code));
+    }
+    if (got == 0) fail(ErrorKind::kIo, "\"{}\" ends at byte {}", path_.string(), offset);
+    offset += got;
+    auto left = static_cast<std::size_t>(got);
+    while (left > 0) {
+      const std::size_t room = out[next].size() - skip;
+      if (left < room) {
+        skip += left;
+        left = 0;
+      } else {
+        left -= room;
+        ++next;
+        skip = 0;
+      }
+    }
+    while (next < out.size() && out[next].size() == skip) {
+      ++next;
+      skip = 0;
+    }
   }
 }
 

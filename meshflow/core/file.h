@@ -43,6 +43,10 @@ class File {
   std::int64_t size() const;
   // Fills `out` from byte `offset`; throws Error(kIo) when the file ends first.
   void read_at(std::int64_t offset, std::span<std::byte> out) const;
+  // Fills the buffers of `out` in order from byte `offset` on, the file's bytes scattered
+  // across them (preadv: one call for many destinations); throws Error(kIo) when the file ends
+  // first.
+  void read_scattered(std::int64_t offset, std::span<const std::span<std::byte>> out) const;
   // Writes `data` at byte `offset`.
   void write_at(std::int64_t offset, std::span<const std::byte> data) const;
   // Makes what was written durable (fsync).

@@ -48,7 +48,9 @@ struct ParallelOp {
 // Where a source's values come from. Seeded initialisers give the same global tensor on any
 // mesh (DESIGN.md's Philox rule, graph/source.h).
 struct Source {
-  enum class Kind { kNpy, kFolder, kNormal, kUniform, kZeros, kFill };
+  // kProvided: filled by the caller after the sources load (a resumed run's checkpoint,
+  // train/checkpoint.h); loading leaves it empty.
+  enum class Kind { kNpy, kFolder, kNormal, kUniform, kZeros, kFill, kProvided };
   Kind kind = Kind::kZeros;
   std::filesystem::path path;  // kNpy, kFolder
   double a = 0, b = 0;         // normal: (std, -); uniform: (lo, hi); fill: (value, -)

@@ -107,6 +107,8 @@ void check_source(const Node& node, const Layout& layout) {
 Tensor load_shard(const Node& node, const Layout& layout, DeviceId device) {
   const Box box = shard_box(layout, device);
   switch (node.source.kind) {
+    case Source::Kind::kProvided:
+      return Tensor();
     case Source::Kind::kNpy:
       return slice(read_npy(node.source.path), box);
     case Source::Kind::kFolder: {
@@ -128,6 +130,8 @@ Tensor load_shard(const Node& node, const Layout& layout, DeviceId device) {
 }
 
 Tensor load_global(const Node& node) {
+  MESHFLOW_CHECK(node.source.kind != Source::Kind::kProvided, "\"{}\" is provided by its caller",
+                 node.name);
   switch (node.source.kind) {
     case Source::Kind::kNpy:
       return read_npy(node.source.path);

@@ -121,9 +121,9 @@ struct Session {
     const DeviceTasks* mine = nullptr;
     for (const DeviceTasks& dt : g.devices)
       if (dt.device == me) mine = &dt;
-    if (loop->before_load) loop->before_load(world);
     std::vector<Tensor> values =
         mine ? load_sources(pcg, *mine) : std::vector<Tensor>(pcg.nodes.size());
+    if (loop->after_load) loop->after_load(world, values);
     std::vector<std::vector<Tensor>> micro_inputs;
     if (mine && prepared->micro_batches > 1) micro_inputs = load_micro_batches(pcg, *mine);
     const bool leader = me == prepared->leader;

@@ -89,9 +89,10 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
 struct StepLoop {
   int steps = 1;
   int first_step = 1;  // the steps are first_step .. first_step + steps - 1 (a resumed run's)
-  // Called on every device of the launch before it loads its sources (a resumed run verifies
-  // its checkpoint's files there, shared out among the devices); may throw.
-  std::function<void(Communicator& world)> before_load;
+  // Called on every device of the launch after it loaded its sources, before the first step,
+  // with its values: fills the sources left to it (Source::Kind::kProvided: a resumed run's
+  // checkpoint, verified there); may communicate over `world` and throw.
+  std::function<void(Communicator& world, std::vector<Tensor>& values)> after_load;
   // Called on every device of the launch after each step that ran to its end (stop flag 0),
   // with that device's values (a checkpoint's save); may communicate over `world`.
   std::function<void(int step, Communicator& world, const std::vector<Tensor>& values)> after_step;

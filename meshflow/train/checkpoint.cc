@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <set>
 
+#include "meshflow/core/copy.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/core/sha256.h"
+#include "meshflow/mesh/folder_io.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
 
@@ -157,6 +160,171 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
 }
 
+std::vector<Tensor> load_checkpoint(Communicator& world, const Checkpoint& c,
+                                    const std::vector<LoadTarget>& targets,
+                                    CheckpointLoadArea* area) {
+  const DeviceId me = world.device();
+  std::vector<Tensor> mine;
+  std::vector<Tensor*> pointers;
+  for (const LoadTarget& t : targets) {
+    const bool held = find_device(t.layout.mesh, me).has_value();
+    mine.push_back(held ? Tensor::uninitialized(t.layout.dtype, local_shape(t.layout, me))
+                        : Tensor());
+  }
+  for (Tensor& t : mine) pointers.push_back(&t);
+  const bool shared = area != nullptr && world.shares_memory();
+  if (shared) {
+    std::lock_guard lock(area->mu);
+    area->shards[me] = pointers;
+  }
+  barrier(world);  // every device's shards are allocated (and published when shared)
+  // The files in damaged_files' order; file j is this device's to verify when j % n == rank.
+  const int n = world.size(), rank = world.rank();
+  std::string damaged;
+  int j = 0;
+  std::vector<std::byte> slab;
+  for (const auto& [name, t] : c.tensors) {
+    for (const auto& [file, sha] : t.files) {
+      if (j++ % n != rank) continue;
+      const fs::path path = c.path / name / file;
+      if (!fs::exists(path)) {
+        damaged += fmt::format("{}: missing\n", path.string());
+        continue;
+      }
+      if (!shared) {
+        if (sha256_file(path) != sha)
+          damaged += fmt::format("{}: its bytes do not match its sha256\n", path.string());
+        continue;
+      }
+      // One read: each slab of whole rows read straight into the parts of the devices' shards
+      // it holds (one scattered read; replicas copied after), then hashed there in file order.
+      const File f = File::open_read(path);
+      const std::int64_t size = f.size();
+      NpyHeader h;
+      try {
+        h = read_npy_header(f);
+      } catch (const Error&) {  // a damaged header: the digest says so
+        if (sha256_file(path) != sha) {
+          damaged += fmt::format("{}: its bytes do not match its sha256\n", path.string());
+          continue;
+        }
+        throw;
+      }
+      const int index = std::stoi(file.substr(4));  // "rank<i>.npy"
+      const Box held =
+          shard_box(t.layout, t.layout.mesh.devices.at(static_cast<std::size_t>(index)));
+      const auto es = static_cast<std::int64_t>(size_of(t.layout.dtype));
+      Sha256 hash;
+      std::vector<std::byte> head(static_cast<std::size_t>(h.data_offset));
+      f.read_at(0, head);
+      hash.update(head);
+      const bool fits = h.shape == held.extent && h.dtype == t.layout.dtype &&
+                        h.data_offset + numel(held.extent) * es == size;
+      const std::int64_t rows = held.extent.empty() ? 1 : held.extent[0];
+      const std::int64_t row_bytes = rows == 0 ? 0 : numel(held.extent) / rows * es;
+      const std::int64_t per_slab =
+          std::max<std::int64_t>(1, kSlabBytes / std::max<std::int64_t>(row_bytes, 1));
+      struct Piece {
+        std::int64_t at = 0;  // byte offset in the shard's data
+        std::int64_t len = 0;
+        std::byte* dst = nullptr;
+      };
+      for (std::int64_t r = 0; fits && r < rows; r += per_slab) {
+        const std::int64_t count = std::min(per_slab, rows - r);
+        Box part = held;  // the slab's rows of the global tensor
+        if (!part.extent.empty()) {
+          part.offset[0] += r;
+          part.extent[0] = count;
+        }
+        std::vector<Piece> pieces;
+        for (auto& [device, shards] : area->shards) {
+          for (std::size_t k = 0; k < targets.size(); ++k) {
+            if (targets[k].name != name || shards[k]->numel() == 0 ||
+                !is_representative(targets[k].layout, device))
+              continue;
+            const Box want = shard_box(targets[k].layout, device);
+            const Box both = intersect(want, part);
+            if (numel(both) == 0) continue;
+            // Runs contiguous in the file and in the shard: dims after c span both boxes.
+            const std::size_t dims = both.extent.size();
+            std::size_t cut = dims == 0 ? 0 : dims - 1;
+            while (cut > 0 && both.extent[cut] == held.extent[cut] &&
+                   both.extent[cut] == want.extent[cut])
+              --cut;
+            Box run = both;
+            for (std::size_t d = 0; d < cut; ++d) run.extent[d] = 1;
+            std::vector<std::int64_t> idx(cut, 0);
+            while (true) {
+              for (std::size_t d = 0; d < cut; ++d) run.offset[d] = both.offset[d] + idx[d];
+              pieces.push_back({*contiguous_offset(run, held) * es, numel(run.extent) * es,
+                                shards[k]->bytes() + *contiguous_offset(run, want) * es});
+              std::size_t d = cut;
+              while (d > 0 && ++idx[d - 1] == both.extent[d - 1]) idx[--d] = 0;
+              if (d == 0) break;
+            }
+          }
+        }
+        std::sort(pieces.begin(), pieces.end(),
+                  [](const Piece& a, const Piece& b) { return a.at < b.at; });
+        // Bytes no device needs land in scratch (each gap its own part of it, since they are
+        // hashed after the read), so the read covers the slab in order.
+        const std::int64_t begin = r * row_bytes, stop = (r + count) * row_bytes;
+        std::vector<Piece> all;
+        std::int64_t at = begin, gaps = 0;
+        for (const Piece& p : pieces) {
+          if (p.at > at) {
+            all.push_back({at, p.at - at, nullptr});
+            gaps += p.at - at;
+          }
+          all.push_back(p);
+          at = p.at + p.len;
+        }
+        if (at < stop) {
+          all.push_back({at, stop - at, nullptr});
+          gaps += stop - at;
+        }
+        slab.resize(static_cast<std::size_t>(gaps));
+        std::vector<std::span<std::byte>> spans;
+        std::int64_t scratch = 0;
+        for (const Piece& p : all) {
+          std::byte* to = p.dst;
+          if (!to) {
+            to = slab.data() + scratch;
+            scratch += p.len;
+          }
+          spans.emplace_back(to, static_cast<std::size_t>(p.len));
+        }
+        f.read_scattered(h.data_offset + begin, spans);
+        for (const std::span<std::byte>& sp : spans) hash.update(sp);
+      }
+      if (!fits || hash.hex() != sha)
+        damaged += fmt::format("{}: its bytes do not match its sha256\n", path.string());
+    }
+  }
+  for (const std::string& theirs : all_gather_strings(world, damaged)) {
+    if (!theirs.empty())
+      throw Error(ErrorKind::kIo, theirs.substr(0, theirs.find('\n')), ErrorScope::kEveryDevice);
+  }
+  if (shared) {
+    // Every representative's shard is complete (the gather above ordered it): replicas copy.
+    for (std::size_t k = 0; k < targets.size(); ++k) {
+      if (mine[k].numel() == 0 || is_representative(targets[k].layout, me)) continue;
+      const Tensor& from = *area->shards.at(*replica_reference(targets[k].layout, me))[k];
+      std::memcpy(mine[k].bytes(), from.bytes(), from.nbytes());
+    }
+    barrier(world);  // no device hands its shards on while a replica still copies from them
+  }
+  if (!shared) {
+    for (std::size_t k = 0; k < targets.size(); ++k) {
+      if (mine[k].numel() == 0 && !find_device(targets[k].layout.mesh, me)) continue;
+      const CheckpointTensor& t = c.tensors.at(targets[k].name);
+      mine[k] =
+          read_folder_box(c.path / targets[k].name, t.layout, shard_box(targets[k].layout, me));
+    }
+  }
+  return mine;
+}
+
 std::vector<fs::path> complete_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int, fs::path>> found;
   std::error_code ec;
@@ -181,7 +349,18 @@ Checkpoint read_checkpoint(const fs::path& path) {
     c.optimizer = doc.at("optimizer");
     for (const auto& [name, t] : doc.at("tensors").items()) {
       CheckpointTensor ct{.layout = layout_from_json(t.at("layout"), file.string())};
-      for (const auto& [f, sha] : t.at("files").items()) ct.files[f] = sha.get<std::string>();
+      for (const auto& [f, sha] : t.at("files").items()) {
+        // A file of the i-th device of the tensor's mesh.
+        int i = -1;
+        const bool named = f.starts_with("rank") && f.ends_with(".npy") &&
+                           std::from_chars(f.data() + 4, f.data() + f.size() - 4, i).ptr ==
+                               f.data() + f.size() - 4;
+        if (!named || i < 0 || i >= size(ct.layout.mesh) || f != shard_file_name(i)) {
+          fail(ErrorKind::kIo,
+               "tensor \"{}\" lists file \"{}\", which no device of its mesh writes", name, f);
+        }
+        ct.files[f] = sha.get<std::string>();
+      }
       c.tensors[name] = std::move(ct);
     }
   } catch (const Error& e) {

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -64,6 +65,30 @@ struct SavedTensor {
 void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                      int step, const nlohmann::json& optimizer,
                      const std::vector<SavedTensor>& tensors);
+
+// A tensor a resumed run loads: its name in the checkpoint and its layout in the model.
+struct LoadTarget {
+  std::string name;
+  Layout layout;
+};
+
+// Where the devices of a shared-memory launch (threads) leave each other's shards while they
+// load a checkpoint: every file is then read once, by the device that verifies it, which copies
+// every device's part of it straight into that device's shard.
+struct CheckpointLoadArea {
+  std::mutex mu;
+  std::map<DeviceId, std::vector<Tensor*>> shards;  // per device, per target
+};
+
+// Loads checkpoint `c` on every device of `world`: returns this device's shard of each of
+// `targets` (an empty tensor where it holds none). Every file is verified whole exactly once,
+// the files shared out among the devices. Where the devices share memory (`area` given and
+// world.shares_memory()) the verifying read is the only read; otherwise each device then reads
+// only its own boxes (mesh/folder_io.h's read_folder_box). Throws Error(kIo) on every device
+// alike naming the first damaged or missing file, before any shard is used.
+std::vector<Tensor> load_checkpoint(Communicator& world, const Checkpoint& c,
+                                    const std::vector<LoadTarget>& targets,
+                                    CheckpointLoadArea* area);
 
 // Returns the complete checkpoints in `dir` (step-<k> folders holding checkpoint.json),
 // ascending by step.

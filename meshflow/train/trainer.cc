@@ -96,8 +96,8 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
         if (n.kind == NodeKind::kWeight || n.kind == NodeKind::kState) expected[n.name] = n.spec;
       check_checkpoint_matches(*resumed, expected, options.optimizer.rule.kind);
       for (Node& n : p->pcg.nodes) {
-        if (n.kind != NodeKind::kWeight && n.kind != NodeKind::kState) continue;
-        n.source = Source{.kind = Source::Kind::kFolder, .path = resumed->path / n.name};
+        if (n.kind == NodeKind::kWeight || n.kind == NodeKind::kState)
+          n.source = Source{.kind = Source::Kind::kProvided};
       }
     } catch (const Error& e) {
       if (options.run.backend != Backend::kMpi) throw;
@@ -110,27 +110,32 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   // Per step, the fetched gradients and weights (check only).
   std::vector<std::vector<Tensor>> grads, weights;
   StepLoop loop{.steps = options.steps, .first_step = first_step};
-  if (resumed) {
-    // Each file is verified once, by one device (the devices share them out); any damage stops
-    // every device before it loads anything.
-    loop.before_load = [&](Communicator& world) {
-      const int n = world.size(), me = world.rank();
-      std::string mine;
-      for (const std::string& line : damaged_files(*resumed, [&](int i) { return i % n == me; }))
-        mine += line + "\n";
-      for (const std::string& theirs : all_gather_strings(world, mine)) {
-        if (theirs.empty()) continue;
-        std::string line = theirs.substr(0, theirs.find('\n'));
-        const std::vector<fs::path> complete = complete_checkpoints(resumed->path.parent_path());
-        for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
-          if (*it == resumed->path) continue;
-          if (read_checkpoint(*it).step < resumed->step) {
-            line += fmt::format(" (resume from {} instead)", it->string());
-            break;
-          }
+  CheckpointLoadArea area;
+  if (p && resumed) {
+    // Every weight and state tensor from the checkpoint, each file verified once (a damaged one
+    // stops every device before the first step, naming the checkpoint to resume instead).
+    std::vector<ValueId> provided;
+    std::vector<LoadTarget> targets;
+    for (ValueId v = 0; v < static_cast<ValueId>(p->pcg.nodes.size()); ++v) {
+      const Node& n = p->pcg.nodes[static_cast<std::size_t>(v)];
+      if (n.source.kind != Source::Kind::kProvided) continue;
+      provided.push_back(v);
+      targets.push_back({n.name, *n.layout});
+    }
+    loop.after_load = [&, provided, targets](Communicator& world, std::vector<Tensor>& values) {
+      std::vector<Tensor> shards;
+      try {
+        shards = load_checkpoint(world, *resumed, targets, &area);
+      } catch (const Error& e) {
+        std::string line = e.what();
+        for (const fs::path& older : complete_checkpoints(resumed->path.parent_path())) {
+          if (read_checkpoint(older).step < resumed->step)
+            line = fmt::format("{} (resume from {} instead)", e.what(), older.string());
         }
-        throw Error(ErrorKind::kIo, line, ErrorScope::kEveryDevice);
+        throw Error(e.kind(), line, ErrorScope::kEveryDevice);
       }
+      for (std::size_t i = 0; i < provided.size(); ++i)
+        values[static_cast<std::size_t>(provided[i])] = std::move(shards[i]);
     };
   }
   if (p && options.checkpoint) {
