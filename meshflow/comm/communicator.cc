@@ -62,7 +62,8 @@ std::string broadcast_string(Communicator& comm, std::string text, Rank root) {
                    .root = root});
   // The bytes travel as int64 words; the buffer is padded to a whole word.
   std::vector<std::int64_t> words(static_cast<std::size_t>((length + 7) / 8), 0);
-  if (comm.rank() == index(root)) std::memcpy(words.data(), text.data(), text.size());
+  if (comm.rank() == index(root) && !text.empty())
+    std::memcpy(words.data(), text.data(), text.size());
   broadcast(comm, {.data = reinterpret_cast<std::byte*>(words.data()),
                    .count = static_cast<std::int64_t>(words.size()),
                    .dtype = DType::kInt64,
@@ -84,7 +85,7 @@ std::vector<std::string> all_gather_strings(Communicator& comm, const std::strin
   std::int64_t total = 0;
   for (std::size_t r = 0; r < n; ++r) total += counts[r] = (lengths[r] + 7) / 8;
   std::vector<std::int64_t> mine(static_cast<std::size_t>((length + 7) / 8), 0);
-  std::memcpy(mine.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(mine.data(), text.data(), text.size());
   std::vector<std::int64_t> all(static_cast<std::size_t>(total));
   all_gather(comm, {.send = reinterpret_cast<const std::byte*>(mine.data()),
                     .recv = reinterpret_cast<std::byte*>(all.data()),
