@@ -145,8 +145,12 @@ TEST_F(CliShardGather, GatherErrorsNameTheFileAtFault) {
   // A shard of the wrong shape.
   write_npy(in + "/rank1.npy", Tensor(DType::kFloat32, {2, 2}));
   expect_gather_error("rank1.npy: holds 2x2 float32 but layout.json gives device 1 box [0:7, 0:6]");
+  // A replica's file may be absent (a checkpoint writes one copy per replica group): the
+  // disagreement of 2 and 3 is still found; a representative's absent file is named.
   fs::remove(in + "/rank1.npy");
-  expect_gather_error("rank1.npy");
+  expect_gather_error("replicas disagree: devices 2 (rank2) and 3 (rank3)");
+  fs::remove(in + "/rank0.npy");
+  expect_gather_error("rank0.npy");
   std::ofstream(in + "/layout.json") << "{\"mesh\": ";
   expect_gather_error("layout.json: invalid JSON");
   std::ofstream(in + "/layout.json")

@@ -1,6 +1,8 @@
 """Model files from Python: run, train with check, explain."""
 
+import os
 import pathlib
+import tempfile
 
 import numpy as np
 
@@ -220,6 +222,10 @@ def test_zero_levels_train_alike_and_shard_the_state():
 
 
 def test_checkpoint_and_resume_onto_another_layout(tmp_path):
+    # Under mpirun every rank must name the same folder: one per job (Open MPI's PMIx namespace).
+    job = os.environ.get("PMIX_NAMESPACE")
+    if job:
+        tmp_path = pathlib.Path(tempfile.gettempdir()) / f"meshflow_ckpt_test_{job}"
     dp = mf.Model.load(MODELS / "gpt" / "gpt_dp.json")
     whole = [s["loss"] for s in dp.train(4, optimizer="adamw", lr=3e-3)["steps"]]
     dp.train(2, optimizer="adamw", lr=3e-3, checkpoint=tmp_path / "ck", checkpoint_every=1,
