@@ -33,10 +33,9 @@ void write_durable(const fs::path& path, const std::string& text) {
   f.sync();
 }
 
-// Writes `t` as a .npy file at `path` with positioned writes, hashing each slab as it goes, and
-// makes it durable; returns its sha256.
-std::string write_hashed(const fs::path& path, const Tensor& t) {
-  const File f = File::create(path);
+// Writes `t` as a .npy file `f` with positioned writes, hashing each slab as it goes and
+// starting its write-back at once (the caller syncs); returns its sha256.
+std::string write_hashed(const File& f, const Tensor& t) {
   Sha256 h;
   const std::string header = encode_npy_header(t.dtype(), t.shape());
   const auto head = std::as_bytes(std::span<const char>(header.data(), header.size()));
@@ -48,8 +47,9 @@ std::string write_hashed(const fs::path& path, const Tensor& t) {
         t.bytes() + at, static_cast<std::size_t>(std::min(kSlabBytes, size - at)));
     h.update(slab);
     f.write_at(static_cast<std::int64_t>(header.size()) + at, slab);
+    f.start_writeback(static_cast<std::int64_t>(header.size()) + at,
+                      static_cast<std::int64_t>(slab.size()));
   }
-  f.sync();
   return h.hex();
 }
 
@@ -101,12 +101,15 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
   std::string records;  // "<tensor>\t<file>\t<sha256>\n" per file this device wrote
   try {
+    // Every file written (the disk writing back behind the hashing), then every one synced.
+    std::vector<File> written;
     for (const SavedTensor& t : tensors) {
       if (!t.shard || !is_representative(t.layout, me)) continue;
       const std::string file = shard_file_name(*find_device(t.layout.mesh, me));
-      records +=
-          fmt::format("{}\t{}\t{}\n", t.name, file, write_hashed(staged / t.name / file, *t.shard));
+      written.push_back(File::create(staged / t.name / file));
+      records += fmt::format("{}\t{}\t{}\n", t.name, file, write_hashed(written.back(), *t.shard));
     }
+    for (const File& f : written) f.sync();
   } catch (const std::exception& e) {
     records = fmt::format("!{}", e.what());
   }
