@@ -1,11 +1,15 @@
 // The checkpoint benchmark. Every timing is the slowest device's, from a barrier to a barrier,
-// on the threads backend; peak memory is the process's VmHWM after resetting it (writing 5 to
-// /proc/self/clear_refs) just before the case, less its resident memory then.
+// on the threads backend. Loads, their io floor and NumPy's np.load read from the disk (the
+// files evicted from the page cache first), as a resume after a crash does. Peak memory is the
+// process's VmHWM after resetting it (writing 5 to /proc/self/clear_refs) just before the case,
+// less its resident memory then.
 #include "bench/checkpoint_bench.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
@@ -106,6 +110,19 @@ State make_state(std::int64_t bytes) {
   return s;
 }
 
+// Drops every file under `dir` from the page cache (their pages are clean once synced), so
+// reads come from the disk.
+void evict(const fs::path& dir) {
+  ::sync();
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
 // Runs fn on every device of a 4-device threads launch between two barriers; returns the
 // slowest device's seconds.
 double timed_launch(const std::function<void(Communicator&)>& fn) {
@@ -187,6 +204,7 @@ BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
       save.floor_s.push_back(std::max(save_io.back(), save_hash.back()));
       // load: verify once (shared out), then each device's boxes in the other layout.
       const Checkpoint c = read_checkpoint(ck / "step-1");
+      evict(ck);  // a resume reads from the disk
       before = status_bytes("VmRSS:");
       reset_peak();
       std::vector<std::vector<Tensor>> loaded(kDevices);
@@ -201,13 +219,19 @@ BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
       // The loaded state itself is what a resume holds; the rest is extra.
       load_peak = std::max(load_peak, status_bytes("VmHWM:") - before - state.bytes);
       loaded.clear();
+      // The same files read plainly, each whole by one device, from the disk as the load read
+      // them.
+      evict(ck);
+      std::vector<fs::path> files;
+      for (const auto& e : fs::recursive_directory_iterator(ck / "step-1"))
+        if (e.path().extension() == ".npy") files.push_back(e.path());
+      std::sort(files.begin(), files.end());
       load_io.push_back(timed_launch([&](Communicator& world) {
-        const auto& mine = state.shards[static_cast<std::size_t>(world.device())];
-        std::vector<std::byte> buf(static_cast<std::size_t>(kSlab));
-        for (std::size_t t = 0; t < mine.size(); ++t) {
-          const File f = File::open_read(plain / fmt::format("d{}t{}.bin", world.device(), t));
-          Tensor into = Tensor::uninitialized(DType::kFloat32, mine[t].shape());
-          f.read_at(0, {into.bytes(), into.nbytes()});
+        for (std::size_t j = 0; j < files.size(); ++j) {
+          if (static_cast<int>(j % kDevices) != world.rank()) continue;
+          const File f = File::open_read(files[j]);
+          Tensor into = Tensor::uninitialized(DType::kInt64, {(f.size() + 7) / 8});
+          f.read_at(0, {into.bytes(), static_cast<std::size_t>(f.size())});
         }
       }));
       load_hash.push_back(save_hash.back());
@@ -219,6 +243,7 @@ BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
         fs::create_directories(np_dir);
         const int count = static_cast<int>(state.tensors.size()) * kDevices;
         const auto s = numpy_seconds(o, script, "save", np_dir, shard_rows, count);
+        evict(np_dir);
         const auto l = numpy_seconds(o, script, "load", np_dir, shard_rows, count);
         if (s && l) {
           save.baseline_s.push_back(*s);

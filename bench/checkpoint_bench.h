@@ -6,9 +6,10 @@
 //   load  a resume onto another layout (S(1),S(0)): every file verified once, shared out among
 //         the devices, then each device reads its boxes (train --resume's path)
 // Each case's floor is the larger of `io_s` (the same bytes written, or read, with plain
-// sequential I/O on the same threads, with the same fsyncs for save) and `hash_s` (sha256 of the
-// same bytes on the same threads), measured in the same run; baseline `numpy`: np.save of every
-// shard (save), np.load of every file (load), in one Python process. `peak_extra_bytes`: the
+// sequential I/O on the same threads, with the same fsyncs for save; loads read from the disk,
+// the files evicted from the page cache first) and `hash_s` (sha256 of the same bytes on the
+// same threads), measured in the same run; baseline `numpy`: np.save of every shard (save),
+// np.load of every file from the disk (load), in one Python process. `peak_extra_bytes`: the
 // process's peak resident memory during the case above what it held before (the state).
 #pragma once
 

@@ -57,6 +57,23 @@ File File::create(const fs::path& path) {
   return File(fd, path);
 }
 
+File File::create_direct(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+  if (fd < 0 && errno == EINVAL) return create(path);  // e.g. tmpfs
+  if (fd < 0) {
+    const int code = errno;
+    fail(ErrorKind::kIo, "cannot create \"{}\": {}", path.string(), reason(code));
+  }
+  File f(fd, path);
+  f.direct_ = true;
+  return f;
+}
+
+void File::truncate(std::int64_t size) const {
+  if (::ftruncate(fd_, size) != 0)
+    fail(ErrorKind::kIo, "cannot resize \"{}\": {}", path_.string(), reason(errno));
+}
+
 File File::open_write(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -66,7 +83,8 @@ File File::open_write(const fs::path& path) {
   return File(fd, path);
 }
 
-File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+File::File(File&& other) noexcept
+    : fd_(other.fd_), path_(std::move(other.path_)), direct_(other.direct_) {
   other.fd_ = -1;
 }
 
@@ -75,6 +93,7 @@ File& File::operator=(File&& other) noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = other.fd_;
     path_ = std::move(other.path_);
+    direct_ = other.direct_;
     other.fd_ = -1;
   }
   return *this;

@@ -23,12 +23,20 @@ namespace meshflow {
 
 // An open file descriptor; closes it on destruction. Errors name the path and the system's
 // reason (errno read at the failing call).
+// The alignment unbuffered (O_DIRECT) writes need of offsets, lengths and memory.
+inline constexpr std::int64_t kDirectAlignment = 4096;
+
 class File {
  public:
   // Returns `path` opened for reading; throws Error(kIo) naming it when that fails.
   static File open_read(const std::filesystem::path& path);
   // Returns `path` created (truncated if present) for writing.
   static File create(const std::filesystem::path& path);
+  // Returns `path` created for unbuffered writes (O_DIRECT: data goes from the caller's memory
+  // to the disk, with no copy through the page cache; offsets, lengths and buffers must then be
+  // multiples of kDirectAlignment), or for ordinary writes where the file system refuses
+  // O_DIRECT (direct() says which).
+  static File create_direct(const std::filesystem::path& path);
   // Returns the existing file `path` opened for writing, its contents kept.
   static File open_write(const std::filesystem::path& path);
 
@@ -51,6 +59,9 @@ class File {
   void write_at(std::int64_t offset, std::span<const std::byte> data) const;
   // Makes what was written durable (fsync).
   void sync() const;
+  // Sets the file's size to `size` bytes.
+  void truncate(std::int64_t size) const;
+  bool direct() const { return direct_; }
   // Starts writing bytes [offset, offset + length) back to the disk without waiting, so a later
   // sync() has less left to wait for (sync_file_range's SYNC_FILE_RANGE_WRITE; a hint).
   void start_writeback(std::int64_t offset, std::int64_t length) const;
@@ -59,6 +70,7 @@ class File {
   File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
   int fd_ = -1;
   std::filesystem::path path_;
+  bool direct_ = false;
 };
 
 // Makes directory `dir`'s entries (files created, renamed or removed in it) durable (fsync of

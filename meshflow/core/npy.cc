@@ -242,7 +242,9 @@ Tensor read_npy(const std::filesystem::path& path) {
   return t;
 }
 
-std::string encode_npy_header(DType dtype, const Shape& dims) {
+std::string encode_npy_header(DType dtype, const Shape& dims, std::size_t alignment) {
+  MESHFLOW_CHECK(alignment >= kHeaderAlignment && alignment % kHeaderAlignment == 0,
+                 "npy header alignment {}", alignment);
   std::string shape = "(";
   for (std::size_t i = 0; i < dims.size(); ++i) {
     shape += std::to_string(dims[i]);
@@ -254,12 +256,11 @@ std::string encode_npy_header(DType dtype, const Shape& dims) {
                                  npy_descr(dtype), shape);
   int major = 1;
   std::size_t prefix = 10;
-  std::size_t total =
-      (prefix + dict.size() + 1 + kHeaderAlignment - 1) / kHeaderAlignment * kHeaderAlignment;
+  std::size_t total = (prefix + dict.size() + 1 + alignment - 1) / alignment * alignment;
   if (total - prefix > 0xFFFF) {
     major = 2;
     prefix = 12;
-    total = (prefix + dict.size() + 1 + kHeaderAlignment - 1) / kHeaderAlignment * kHeaderAlignment;
+    total = (prefix + dict.size() + 1 + alignment - 1) / alignment * alignment;
   }
   const std::size_t header_len = total - prefix;
   dict.append(header_len - dict.size() - 1, ' ');

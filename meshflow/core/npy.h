@@ -35,8 +35,10 @@ NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::i
 NpyHeader read_npy_header(const File& file);
 
 // Returns the header bytes (magic, version, length, padded dict) of an array of `dtype` and
-// `shape`; the data that follows starts 64-byte aligned.
-std::string encode_npy_header(DType dtype, const Shape& shape);
+// `shape`; the data that follows starts 64-byte aligned. `alignment` (a multiple of 64): the whole
+// header's size, padded with spaces as NumPy pads it, is a multiple of it (4096: the data starts on
+// a disk block, for unbuffered writes).
+std::string encode_npy_header(DType dtype, const Shape& shape, std::size_t alignment = 64);
 
 // Returns the array stored in `path`.
 Tensor read_npy(const std::filesystem::path& path);

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include "meshflow/core/copy.h"
@@ -33,22 +35,48 @@ void write_durable(const fs::path& path, const std::string& text) {
   f.sync();
 }
 
-// Writes `t` as a .npy file `f` with positioned writes, hashing each slab as it goes and
-// starting its write-back at once (the caller syncs); returns its sha256.
+// Writes `t` as a .npy file `f` with positioned writes, hashing each slab as it goes; returns
+// its sha256 (the caller syncs). Unbuffered (`f.direct()`, and `t`'s memory on a disk block,
+// as a large tensor's is): the header is padded to a block and the data goes from `t` to the
+// disk with no page-cache copy, the last partial block through a zero-padded block, then the
+// file is cut to its size. Otherwise each slab's write-back starts as it is written.
 std::string write_hashed(const File& f, const Tensor& t) {
+  const std::int64_t size = static_cast<std::int64_t>(t.nbytes());
+  const bool direct =
+      f.direct() && reinterpret_cast<std::uintptr_t>(t.bytes()) % kDirectAlignment == 0;
   Sha256 h;
-  const std::string header = encode_npy_header(t.dtype(), t.shape());
+  const std::string header =
+      encode_npy_header(t.dtype(), t.shape(), direct ? kDirectAlignment : 64);
   const auto head = std::as_bytes(std::span<const char>(header.data(), header.size()));
   h.update(head);
-  f.write_at(0, head);
-  const std::int64_t size = static_cast<std::int64_t>(t.nbytes());
+  const auto data_at = static_cast<std::int64_t>(header.size());
+  // One block-aligned buffer for the header and the tail (unbuffered writes need both aligned).
+  auto* block = static_cast<std::byte*>(std::aligned_alloc(kDirectAlignment, kDirectAlignment));
+  MESHFLOW_CHECK(block != nullptr);
+  const std::unique_ptr<std::byte, decltype(&std::free)> hold(block, &std::free);
+  if (direct) {
+    std::memcpy(block, head.data(), head.size());
+    f.write_at(0, {block, static_cast<std::size_t>(kDirectAlignment)});
+  } else {
+    f.write_at(0, head);
+  }
   for (std::int64_t at = 0; at < size; at += kSlabBytes) {
-    const std::span<const std::byte> slab(
-        t.bytes() + at, static_cast<std::size_t>(std::min(kSlabBytes, size - at)));
+    const std::int64_t len = std::min(kSlabBytes, size - at);
+    const std::span<const std::byte> slab(t.bytes() + at, static_cast<std::size_t>(len));
     h.update(slab);
-    f.write_at(static_cast<std::int64_t>(header.size()) + at, slab);
-    f.start_writeback(static_cast<std::int64_t>(header.size()) + at,
-                      static_cast<std::int64_t>(slab.size()));
+    if (!direct) {
+      f.write_at(data_at + at, slab);
+      f.start_writeback(data_at + at, len);
+      continue;
+    }
+    const std::int64_t whole = len / kDirectAlignment * kDirectAlignment;
+    if (whole > 0) f.write_at(data_at + at, slab.first(static_cast<std::size_t>(whole)));
+    if (whole < len) {  // the last partial block
+      std::memset(block, 0, static_cast<std::size_t>(kDirectAlignment));
+      std::memcpy(block, slab.data() + whole, static_cast<std::size_t>(len - whole));
+      f.write_at(data_at + at + whole, {block, static_cast<std::size_t>(kDirectAlignment)});
+      f.truncate(data_at + size);
+    }
   }
   return h.hex();
 }
@@ -106,7 +134,12 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
     for (const SavedTensor& t : tensors) {
       if (!t.shard || !is_representative(t.layout, me)) continue;
       const std::string file = shard_file_name(*find_device(t.layout.mesh, me));
-      written.push_back(File::create(staged / t.name / file));
+      // Unbuffered where the shard is large and its memory on a disk block.
+      const bool unbuffered =
+          t.shard->nbytes() >= (std::size_t{1} << 20) &&
+          reinterpret_cast<std::uintptr_t>(t.shard->bytes()) % kDirectAlignment == 0;
+      const fs::path path = staged / t.name / file;
+      written.push_back(unbuffered ? File::create_direct(path) : File::create(path));
       records += fmt::format("{}\t{}\t{}\n", t.name, file, write_hashed(written.back(), *t.shard));
     }
     for (const File& f : written) f.sync();

@@ -9,8 +9,11 @@
 
 #include <fstream>
 
+#include "meshflow/comm/launch.h"
 #include "meshflow/core/compare.h"
+#include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
+#include "meshflow/core/random.h"
 #include "meshflow/graph/testing.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/train/trainer.h"
@@ -127,6 +130,34 @@ TEST(Checkpoint, WritesOneCopyPerReplicaGroupAndKeepsTheNewest) {
   EXPECT_EQ(c.tensors.at("w1.exp_avg").layout.placements, parse_placements("S(0),S(1)"));
   EXPECT_TRUE(damaged_files(c).empty());
   EXPECT_EQ(list_checkpoints(dir.path, true)["checkpoints"][1]["verified"], true);
+}
+
+TEST(Checkpoint, WritesLargeShardsUnbufferedAsNpyFiles) {
+  const Dir dir;
+  // 4 MiB and more: block-aligned memory, written unbuffered; one with a partial last block.
+  const std::vector<Shape> shapes = {{1024, 1024}, {1031, 1031}, {3, 5}};
+  std::vector<Tensor> tensors;
+  std::vector<SavedTensor> saved;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    tensors.push_back(random_tensor(DType::kFloat32, shapes[i], 40 + i));
+    saved.push_back(
+        {fmt::format("t{}", i), make_layout(parse_mesh("1"), {Placement::replicate()}, shapes[i])});
+  }
+  for (std::size_t i = 0; i < shapes.size(); ++i) saved[i].shard = &tensors[i];
+  launch({.devices = first_devices(1)}, [&](Communicator& world) {
+    save_checkpoint(world, 0, {.dir = dir.path}, 1, {{"kind", "sgd"}}, saved);
+  });
+  const Checkpoint c = read_checkpoint(dir.path / "step-1");
+  EXPECT_TRUE(damaged_files(c).empty());
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const fs::path file = dir.path / "step-1" / saved[i].name / "rank0.npy";
+    EXPECT_EQ(max_abs_difference(read_npy(file), tensors[i]), 0.0) << file;
+    if (i < 2) {
+      EXPECT_EQ(static_cast<std::int64_t>(fs::file_size(file)),
+                kDirectAlignment + static_cast<std::int64_t>(tensors[i].nbytes()))
+          << "a block of header, then the data, cut to its size";
+    }
+  }
 }
 
 // Returns the error a resume of `model` from `ck` throws ("" when none).
