@@ -53,16 +53,6 @@ else:
 print(json.dumps({"seconds": time.perf_counter() - start}))
 )";
 
-void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
-std::int64_t status_bytes(const char* field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size())) * 1024;
-  return 0;
-}
-
 std::optional<double> numpy_seconds(const CheckpointBenchOptions& o, const fs::path& script,
                                     const char* mode, const fs::path& folder, std::int64_t rows,
                                     int count) {
@@ -173,7 +163,7 @@ BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
       fs::remove_all(ck);
       // save
       std::int64_t before = status_bytes("VmRSS:");
-      reset_peak();
+      reset_peak_memory();
       save.case_s.push_back(timed_launch([&](Communicator& world) {
         std::vector<SavedTensor> mine = state.tensors;
         for (std::size_t t = 0; t < mine.size(); ++t)
@@ -206,7 +196,7 @@ BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
       const Checkpoint c = read_checkpoint(ck / "step-1");
       evict(ck);  // a resume reads from the disk
       before = status_bytes("VmRSS:");
-      reset_peak();
+      reset_peak_memory();
       std::vector<std::vector<Tensor>> loaded(kDevices);
       std::vector<LoadTarget> targets;
       for (std::size_t t = 0; t < state.tensors.size(); ++t)

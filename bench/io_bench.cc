@@ -46,16 +46,7 @@ seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 )";
 
-void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
-std::int64_t peak_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+std::int64_t peak_bytes() { return status_bytes("VmHWM:"); }
 
 struct Measured {
   double seconds;
@@ -63,7 +54,7 @@ struct Measured {
 };
 
 Measured measure(const std::function<void()>& fn) {
-  reset_peak();
+  reset_peak_memory();
   const double s = time_once(fn);
   return {s, peak_bytes()};
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 
 namespace meshflow::bench {
 
@@ -126,6 +127,17 @@ double time_once(const std::function<void()>& fn) {
   auto start = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void reset_peak_memory() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+std::int64_t status_bytes(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  const std::string key = field;
+  while (std::getline(status, line))
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+  return 0;
 }
 
 }  // namespace meshflow::bench

@@ -47,6 +47,13 @@ nlohmann::json to_json(const BenchReport& report);
 // Returns an aligned text table with one row per result.
 std::string to_table(const BenchReport& report);
 
+// Resets this process's peak resident memory (VmHWM; writing 5 to /proc/self/clear_refs).
+void reset_peak_memory();
+
+// Returns a byte count /proc/self/status gives (`field`: "VmHWM:", the peak resident memory
+// since the last reset; "VmRSS:", the resident memory now); 0 where it is not there.
+std::int64_t status_bytes(const char* field);
+
 // Returns the seconds `fn` takes, by the steady clock.
 double time_once(const std::function<void()>& fn);
 

@@ -80,9 +80,7 @@ Pcg expand_vocab_parallel(Pcg pcg, const PlanOptions& options) {
     }
     remap.push_back(values.back());
   }
-  for (const auto& [name, id] : pcg.names) out.names[name] = remap[static_cast<std::size_t>(id)];
-  if (pcg.loss) out.loss = remap[static_cast<std::size_t>(*pcg.loss)];
-  for (ValueId v : pcg.outputs) out.outputs.push_back(remap[static_cast<std::size_t>(v)]);
+  carry_names(pcg, remap, out);
   verify(out, Stage::kLaidOut);
   return out;
 }

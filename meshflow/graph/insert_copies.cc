@@ -105,10 +105,7 @@ Pcg insert_copies(Pcg pcg) {
     auto known = user_name.find(static_cast<ValueId>(c.remap.size() - 1));
     if (known != user_name.end()) c.shown[c.remap.back()] = known->second;
   }
-  for (const auto& [name, id] : pcg.names)
-    c.out.names[name] = c.remap[static_cast<std::size_t>(id)];
-  if (pcg.loss) c.out.loss = c.remap[static_cast<std::size_t>(*pcg.loss)];
-  for (ValueId v : pcg.outputs) c.out.outputs.push_back(c.remap[static_cast<std::size_t>(v)]);
+  carry_names(pcg, c.remap, c.out);
   verify(c.out, Stage::kCopied);
   return std::move(c.out);
 }

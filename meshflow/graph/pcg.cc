@@ -363,6 +363,15 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
 
 }  // namespace
 
+void carry_names(const Pcg& before, const std::vector<ValueId>& remap, Pcg& after) {
+  auto at = [&](ValueId v) { return remap[static_cast<std::size_t>(v)]; };
+  after.names.clear();
+  for (const auto& [name, id] : before.names) after.names[name] = at(id);
+  after.loss = before.loss ? std::optional<ValueId>(at(*before.loss)) : std::nullopt;
+  after.outputs.clear();
+  for (ValueId v : before.outputs) after.outputs.push_back(at(v));
+}
+
 void verify(const Pcg& pcg, Stage stage) {
   std::set<std::string> seen;
   for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {

@@ -168,6 +168,10 @@ enum class Stage {
 // Error(kInternal) naming the node and the broken invariant. Run between passes.
 void verify(const Pcg& pcg, Stage stage);
 
+// For a pass that rebuilt `before`'s node list into `after` (`remap`: old id -> new id): points
+// after's names, loss and outputs at the values before's named.
+void carry_names(const Pcg& before, const std::vector<ValueId>& remap, Pcg& after);
+
 // Returns the layout a node's pins give it: sources and parallel ops (for which they are
 // required). `input` is the layout of the node's input (parallel ops: the default mesh).
 Layout pinned_layout(const Node& node, const Layout* input);

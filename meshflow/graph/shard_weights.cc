@@ -98,9 +98,7 @@ Pcg shard_weights(Pcg pcg) {
     }
     remap.push_back(push(std::move(n)));
   }
-  for (const auto& [name, id] : pcg.names) out.names[name] = remap[static_cast<std::size_t>(id)];
-  if (pcg.loss) out.loss = remap[static_cast<std::size_t>(*pcg.loss)];
-  for (ValueId v : pcg.outputs) out.outputs.push_back(remap[static_cast<std::size_t>(v)]);
+  carry_names(pcg, remap, out);
   verify(out, Stage::kLaidOut);
   return out;
 }
