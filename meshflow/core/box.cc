@@ -58,6 +58,29 @@ std::optional<std::int64_t> contiguous_offset(const Box& inner, const Box& outer
   return flat;
 }
 
+std::vector<Box> contiguous_runs(const Box& part, const std::vector<Box>& outers) {
+  const std::size_t rank = part.extent.size();
+  auto whole = [&](std::size_t d) {
+    for (const Box& o : outers)
+      if (part.extent[d] != o.extent[d]) return false;
+    return true;
+  };
+  std::size_t c = rank == 0 ? 0 : rank - 1;
+  while (c > 0 && whole(c)) --c;
+  Box run = part;
+  for (std::size_t d = 0; d < c; ++d) run.extent[d] = 1;
+  std::vector<Box> runs;
+  std::vector<std::int64_t> index(c, 0);
+  while (true) {
+    for (std::size_t d = 0; d < c; ++d) run.offset[d] = part.offset[d] + index[d];
+    runs.push_back(run);
+    std::size_t d = c;
+    while (d > 0 && ++index[d - 1] == part.extent[d - 1]) index[--d] = 0;
+    if (d == 0) break;
+  }
+  return runs;
+}
+
 void for_each_slab(const Shape& shape, std::int64_t max_elems,
                    const std::function<void(const Box&)>& fn) {
   const std::int64_t total = numel(shape);

@@ -40,6 +40,12 @@ bool contains(const Box& outer, const Box& inner);
 // not, or is empty.
 std::optional<std::int64_t> contiguous_offset(const Box& inner, const Box& outer);
 
+// Returns `part` (inside every box of `outers`, same rank) cut into the fewest runs that are
+// each contiguous in row-major storage of every one of `outers`, in row-major order: the runs
+// span `part`'s extent on the dims from some dim c on (those after c are whole in every outer
+// box) and fix one index on each dim before c. A scalar or empty-rank part is one run.
+std::vector<Box> contiguous_runs(const Box& part, const std::vector<Box>& outers);
+
 // Calls fn(slab) for boxes that tile `shape` in row-major storage order, each one contiguous run
 // of the tensor's storage holding at most max(max_elems, one element) elements... unless a
 // single innermost row alone is larger, in which case that row is cut too. Each slab fixes one

@@ -111,5 +111,26 @@ TEST(Slice, TakesTheRegion) {
   EXPECT_EQ(s.data<float>()[3], src.data<float>()[2 * 4 + 2]);
 }
 
+TEST(Box, ContiguousRunsAreTheFewestRunsContiguousInEveryOuterBox) {
+  const Box outer{{0, 0, 0}, {4, 6, 8}};
+  // Whole trailing dims: one run per index of dim 0.
+  const Box rows{{1, 0, 0}, {2, 6, 8}};
+  EXPECT_EQ(contiguous_runs(rows, {outer}), (std::vector<Box>{{{1, 0, 0}, {2, 6, 8}}}))
+      << "dims 1 and 2 whole: the part is one run";
+  // Part of the last dim: one run per (i, j), in row-major order.
+  const Box cols{{1, 2, 3}, {2, 2, 4}};
+  const std::vector<Box> runs = contiguous_runs(cols, {outer});
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ(runs[0], (Box{{1, 2, 3}, {1, 1, 4}}));
+  EXPECT_EQ(runs[3], (Box{{2, 3, 3}, {1, 1, 4}}));
+  for (const Box& r : runs) EXPECT_TRUE(contiguous_offset(r, outer).has_value());
+  // Whole in one outer box but not in the other: the runs follow the narrower.
+  const Box narrow{{0, 0, 0}, {4, 6, 4}};
+  const Box half{{0, 0, 0}, {2, 6, 4}};
+  EXPECT_EQ(contiguous_runs(half, {narrow}).size(), 1u);
+  EXPECT_EQ(contiguous_runs(half, {narrow, outer}).size(), 12u);
+  EXPECT_EQ(contiguous_runs(Box{}, {Box{}}).size(), 1u) << "a scalar";
+}
+
 }  // namespace
 }  // namespace meshflow

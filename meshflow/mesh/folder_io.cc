@@ -257,21 +257,8 @@ Tensor read_folder_box(const fs::path& dir, const Layout& layout, const Box& box
            file.path().string(), to_string(h.shape), to_string(h.dtype), d, to_string(held),
            to_string(held.extent), to_string(layout.dtype));
     }
-    // Runs contiguous in the file: dims from `c` on span the shard's own extent after dim c.
-    std::size_t c = rank == 0 ? 0 : rank - 1;
-    while (c > 0 && part.extent[c] == held.extent[c]) --c;
-    Box run = part;
-    for (std::size_t k = 0; k < c; ++k) run.extent[k] = 1;
-    const auto run_bytes = numel(run.extent) * static_cast<std::int64_t>(es);
-    std::vector<Box> runs;  // in file order (row-major over the dims before c)
-    std::vector<std::int64_t> index(c, 0);
-    while (true) {
-      for (std::size_t k = 0; k < c; ++k) run.offset[k] = part.offset[k] + index[k];
-      runs.push_back(run);
-      std::size_t k = c;
-      while (k > 0 && ++index[k - 1] == part.extent[k - 1]) index[--k] = 0;
-      if (k == 0) break;
-    }
+    const std::vector<Box> runs = contiguous_runs(part, {held});  // in file order
+    const auto run_bytes = numel(runs.front().extent) * static_cast<std::int64_t>(es);
     // A large run contiguous in the result too is read straight into it; the others are read
     // a window of neighbouring runs at a time (at most kIoSlabBytes, gaps included): few large
     // reads rather than one per row.

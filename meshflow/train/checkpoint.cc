@@ -281,22 +281,10 @@ std::vector<Tensor> load_checkpoint(Communicator& world, const Checkpoint& c,
             const Box want = shard_box(targets[k].layout, device);
             const Box both = intersect(want, part);
             if (numel(both) == 0) continue;
-            // Runs contiguous in the file and in the shard: dims after c span both boxes.
-            const std::size_t dims = both.extent.size();
-            std::size_t cut = dims == 0 ? 0 : dims - 1;
-            while (cut > 0 && both.extent[cut] == held.extent[cut] &&
-                   both.extent[cut] == want.extent[cut])
-              --cut;
-            Box run = both;
-            for (std::size_t d = 0; d < cut; ++d) run.extent[d] = 1;
-            std::vector<std::int64_t> idx(cut, 0);
-            while (true) {
-              for (std::size_t d = 0; d < cut; ++d) run.offset[d] = both.offset[d] + idx[d];
+            // Runs contiguous in the file and in the shard.
+            for (const Box& run : contiguous_runs(both, {held, want})) {
               pieces.push_back({*contiguous_offset(run, held) * es, numel(run.extent) * es,
                                 shards[k]->bytes() + *contiguous_offset(run, want) * es});
-              std::size_t d = cut;
-              while (d > 0 && ++idx[d - 1] == both.extent[d - 1]) idx[--d] = 0;
-              if (d == 0) break;
             }
           }
         }
