@@ -56,19 +56,12 @@ print(json.dumps({"seconds": time.perf_counter() - start}))
 std::optional<double> numpy_seconds(const CheckpointBenchOptions& o, const fs::path& script,
                                     const char* mode, const fs::path& folder, std::int64_t rows,
                                     int count) {
-  const std::string cmd = fmt::format("'{}' '{}' {} '{}' {} {} {} 2>/dev/null", o.python.string(),
-                                      script.string(), mode, folder.string(), rows, kCols, count);
-  std::string out;
-  if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, pipe)) out += buf;
-    if (::pclose(pipe) != 0) return std::nullopt;
-  }
-  try {
-    return nlohmann::json::parse(out).at("seconds").get<double>();
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  const std::optional<nlohmann::json> j =
+      run_command({o.python.string(), script.string(), mode, folder.string(), std::to_string(rows),
+                   std::to_string(kCols), std::to_string(count)})
+          .json();
+  if (!j || !j->contains("seconds")) return std::nullopt;
+  return j->at("seconds").get<double>();
 }
 
 struct State {

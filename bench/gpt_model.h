@@ -1,12 +1,11 @@
-// The GPT of examples/models/gpt (make_gpt.py) built through the C++ PCG API at any size, for
-// the train benchmark: a token plus a learned position embedding, pre-norm blocks of causal
-// multi-head attention and a GELU MLP, a final layer norm, an LM head and the next token's
-// softmax cross-entropy; weights drawn by the same seeded initialisers in the same order.
+// The GPT of examples/models/gpt at the bench's size. make_gpt.py is its one definition: the
+// script is built into this binary, and GptFiles runs it (/usr/bin/python3 with NumPy, as the
+// examples need) to write the model files and token data of one size into a folder of its own.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
-#include <string>
+#include <string_view>
 
 #include "meshflow/graph/model_file.h"
 
@@ -17,23 +16,26 @@ struct GptConfig {
   int blocks = 2;
 };
 
-enum class GptLayout {
-  kDataParallel,      // the batch split over a 1-d mesh (one device: every tensor whole)
-  kSequenceParallel,  // Megatron TP with vocabulary-parallel embedding and head, plus
-                      // sequence parallelism, on a 1-d mesh (make_gpt.py's "sp")
-};
-
 // Throws Error naming the value when the width is not a multiple of the heads or there is no
 // block.
 void check_gpt_config(const GptConfig& config);
 
-// Returns the model on `mesh_text`, reading the token ids [batch, seq] and next-token ids
-// [batch * seq] (int64) from the two .npy files.
-Model gpt_model(const GptConfig& config, GptLayout layout, const std::string& mesh_text,
-                const std::filesystem::path& tokens, const std::filesystem::path& next);
+// make_gpt.py's files for `config` with 1-d meshes of `devices` devices, in a temporary folder
+// removed with this object.
+class GptFiles {
+ public:
+  // Writes the files; throws Error with the script's message when it fails.
+  GptFiles(const GptConfig& config, int devices);
+  ~GptFiles();
+  GptFiles(const GptFiles&) = delete;
+  GptFiles& operator=(const GptFiles&) = delete;
 
-// Writes seeded token ids for `config` to the two files gpt_model reads.
-void write_gpt_tokens(const GptConfig& config, const std::filesystem::path& tokens,
-                      const std::filesystem::path& next);
+  // Returns layout `layout`'s model ("one", "dp", "tp", "tp_vocab", "sp", "dp_tp"); its token
+  // inputs are read from this folder when it runs.
+  Model load(std::string_view layout) const;
+
+ private:
+  std::filesystem::path folder_;
+};
 
 }  // namespace meshflow::bench

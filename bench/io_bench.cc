@@ -63,17 +63,10 @@ Measured measure(const std::function<void()>& fn) {
 std::optional<Measured> numpy_run(const fs::path& python, const fs::path& script,
                                   const std::string& mode, const fs::path& src,
                                   const fs::path& dst) {
-  const std::string cmd = fmt::format("'{}' '{}' {} '{}' '{}' 2>/dev/null", python.string(),
-                                      script.string(), mode, src.string(), dst.string());
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return std::nullopt;
-  std::string out;
-  char buf[256];
-  while (std::fgets(buf, sizeof buf, pipe)) out += buf;
-  if (::pclose(pipe) != 0 || out.empty()) return std::nullopt;
-  const auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("seconds")) return std::nullopt;
-  return Measured{j["seconds"].get<double>(), j["peak_bytes"].get<std::int64_t>()};
+  const std::optional<nlohmann::json> j =
+      run_command({python.string(), script.string(), mode, src.string(), dst.string()}).json();
+  if (!j || !j->is_object() || !j->contains("seconds")) return std::nullopt;
+  return Measured{(*j)["seconds"].get<double>(), (*j)["peak_bytes"].get<std::int64_t>()};
 }
 
 }  // namespace

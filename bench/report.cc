@@ -2,9 +2,12 @@
 #include "bench/report.h"
 
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <fstream>
 
 namespace meshflow::bench {
@@ -138,6 +141,40 @@ std::int64_t status_bytes(const char* field) {
   while (std::getline(status, line))
     if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
   return 0;
+}
+
+namespace {
+
+// Returns `word` in single quotes for the shell (a quote inside closes, escapes and reopens).
+std::string quoted(const std::string& word) {
+  std::string q = "'";
+  for (char c : word) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+std::optional<nlohmann::json> CommandOutput::json() const {
+  if (status != 0) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+CommandOutput run_command(const std::vector<std::string>& words,
+                          const std::vector<std::string>& env, bool with_errors) {
+  std::string cmd;
+  for (const std::string& e : env) cmd += e + " ";
+  for (const std::string& w : words) cmd += quoted(w) + " ";
+  cmd += with_errors ? "2>&1" : "2>/dev/null";
+  CommandOutput r;
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), static_cast<int>(buf.size()), pipe)) r.out += buf.data();
+  const int raw = ::pclose(pipe);
+  r.status = raw == -1 ? -1 : WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return r;
 }
 
 }  // namespace meshflow::bench

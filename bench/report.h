@@ -54,6 +54,21 @@ void reset_peak_memory();
 // since the last reset; "VmRSS:", the resident memory now); 0 where it is not there.
 std::int64_t status_bytes(const char* field);
 
+// What a command printed on standard output (and standard error, where asked) and its exit
+// status (-1 when it could not start).
+struct CommandOutput {
+  std::string out;
+  int status = -1;
+  // Returns `out` parsed as JSON when the command exited 0 and printed JSON, else nothing.
+  std::optional<nlohmann::json> json() const;
+};
+
+// Runs `words` (each quoted for the shell) with `env` ("NAME=value" pairs) set, its standard
+// error discarded, or joined to standard output when `with_errors`. The benches' NumPy and
+// PyTorch runs and the GPT writer go through it.
+CommandOutput run_command(const std::vector<std::string>& words,
+                          const std::vector<std::string>& env = {}, bool with_errors = false);
+
 // Returns the seconds `fn` takes, by the steady clock.
 double time_once(const std::function<void()>& fn);
 

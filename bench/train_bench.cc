@@ -3,11 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "bench/collectives_bench.h"
 #include "bench/gpt_model.h"
@@ -19,6 +21,7 @@
 #include "meshflow/graph/passes.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/kernels/optimizer.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/attention.h"
 #include "meshflow/ops/matmul.h"
 #include "meshflow/train/trainer.h"
@@ -86,20 +89,12 @@ std::vector<double> pytorch_steps(const TrainBenchOptions& o, const std::string&
     std::fputs(script.c_str(), f);
     std::fclose(f);
   }
-  const std::string cmd =
-      fmt::format("OMP_NUM_THREADS={} /usr/bin/python3 {} 2>/dev/null", threads, file.string());
-  std::string out;
-  if (std::FILE* p = ::popen(cmd.c_str(), "r")) {
-    std::array<char, 4096> buf{};
-    while (std::fgets(buf.data(), buf.size(), p)) out += buf.data();
-    ::pclose(p);
-  }
+  const std::optional<nlohmann::json> j =
+      run_command({"/usr/bin/python3", file.string()}, {fmt::format("OMP_NUM_THREADS={}", threads)})
+          .json();
   fs::remove(file);
-  try {
-    return nlohmann::json::parse(out).get<std::vector<double>>();
-  } catch (const std::exception&) {
-    return {};
-  }
+  if (!j || !j->is_array()) return {};
+  return j->get<std::vector<double>>();
 }
 
 // Returns the seconds of DESIGN's floor for an optimizer step over `bytes` of weights: memcpy
@@ -128,6 +123,11 @@ struct OptimizerFloor {
   }
 };
 
+// Returns the threads each of `devices` devices computes with in this bench.
+int device_threads(const TrainBenchOptions& o, int devices) {
+  return o.threads_per_device > 0 ? o.threads_per_device : default_threads_per_device(devices);
+}
+
 // Returns explain's estimate of the step train_model runs for `m` (threads, no overlap).
 StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
                         int micro_batches, int zero) {
@@ -143,10 +143,12 @@ StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimi
 // DESIGN's floor of a training step: the matrix products of the reporting device's step (every
 // linear's forward and both gradient products, the LM head, attention's batched products: two
 // forward, four backward) as one cblas_sgemm each at its shape (a batched product: one per
-// batch element), between buffers allocated once, on the calling thread.
+// batch element), between buffers allocated once, on the calling thread and `threads` - 1
+// helpers, each product split as a device's team splits it (kernels/gemm.h).
 class ProductFloor {
  public:
-  explicit ProductFloor(const Model& m, const Optimizer& optimizer, int micro_batches) {
+  ProductFloor(const Model& m, const Optimizer& optimizer, int micro_batches, int threads)
+      : team_(threads) {
     const Pcg g =
         compile(m.pcg, Mode::kTrain, {.update = optimizer.rule, .micro_batches = micro_batches});
     const TaskGraph t = expand_shards(g, {*g.loss});
@@ -167,6 +169,7 @@ class ProductFloor {
     }
   }
   double time() {
+    const UseTeam use(&team_);
     return time_once([&] {
       for (const Product& p : products_) {
         for (std::int64_t i = 0; i < p.batch; ++i)
@@ -223,6 +226,7 @@ class ProductFloor {
   }
   std::vector<Product> products_;
   Tensor a_, b_, c_;
+  ThreadTeam team_;
 };
 
 // Trains `m` with `optimizer` for warmup + reps steps on threads and fills r's times with the
@@ -239,6 +243,8 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
                        .optimizer = optimizer,
                        .micro_batches = micro_batches,
                        .zero = zero};
+  options.run.threads_per_device = device_threads(o, static_cast<int>(r.devices));
+  r.extra["threads_per_device"] = options.run.threads_per_device;
   options.progress = [&](const StepReport& s) {
     if (s.step <= o.warmup) return;
     floors.push_back(floor.time());
@@ -290,7 +296,7 @@ std::int64_t weight_bytes(const Model& m) {
 BenchResult micro_case(const TrainBenchOptions& o, const std::string& name, const Model& m,
                        const std::string& mesh_text, std::int64_t bytes) {
   constexpr int kMicro = 4;
-  BenchResult whole{.case_name = name, .mesh = mesh_text};
+  BenchResult whole{.case_name = name, .mesh = mesh_text, .devices = size(parse_mesh(mesh_text))};
   BenchResult r{.case_name = name,
                 .backend = "threads",
                 .mesh = mesh_text,
@@ -313,7 +319,7 @@ BenchResult micro_case(const TrainBenchOptions& o, const std::string& name, cons
 BenchResult zero_case(const TrainBenchOptions& o, const std::string& name, const Model& m,
                       int zero) {
   const std::string mesh_text = "4";
-  BenchResult whole{.case_name = name, .mesh = mesh_text};
+  BenchResult whole{.case_name = name, .mesh = mesh_text, .devices = size(parse_mesh(mesh_text))};
   BenchResult r{.case_name = name,
                 .backend = "threads",
                 .mesh = mesh_text,
@@ -338,7 +344,8 @@ BenchResult zero_case(const TrainBenchOptions& o, const std::string& name, const
 // Sets r's baseline to PyTorch's step times for `model` (1 thread for one device, 2 otherwise).
 void add_pytorch_baseline(const TrainBenchOptions& o, const std::string& model, BenchResult& r) {
   if (!o.pytorch) return;
-  const int threads = r.devices == 1 ? 1 : 2;
+  const int devices = static_cast<int>(r.devices);
+  const int threads = devices * device_threads(o, devices);
   std::vector<double> torch = pytorch_steps(o, model, threads, o.reps);
   if (torch.empty()) return;
   r.baseline = "pytorch";
@@ -404,16 +411,14 @@ std::string pytorch_gpt(const GptConfig& c, const std::string& optimizer) {
       fmt::arg("v", c.vocab), fmt::arg("l", c.blocks), fmt::arg("opt", optimizer));
 }
 
-struct TokenFiles {
-  fs::path tokens, next;
-};
-
 // gpt_step (SGD at lr 0.01) or gpt_step_adamw (AdamW with torch's defaults), each against
 // PyTorch eager's same model with the same optimizer.
 BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_text,
-                          const TokenFiles& f, OptimizerKind kind) {
+                          OptimizerKind kind) {
   const GptConfig& c = o.gpt;
-  const Model m = gpt_model(c, GptLayout::kDataParallel, mesh_text, f.tokens, f.next);
+  const int devices = static_cast<int>(size(parse_mesh(mesh_text)));
+  const GptFiles files(c, devices);
+  const Model m = files.load(devices == 1 ? "one" : "dp");
   const bool adamw = kind == OptimizerKind::kAdamW;
   BenchResult r{.case_name = adamw ? "gpt_step_adamw" : "gpt_step",
                 .backend = "threads",
@@ -422,7 +427,7 @@ BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_te
                 .bytes = c.batch * c.seq * c.width * 4};
   const Optimizer optimizer =
       adamw ? resolve_optimizer({.kind = kind}) : resolve_optimizer({.lr = 0.01});
-  ProductFloor products(m, optimizer, 1);
+  ProductFloor products(m, optimizer, 1, device_threads(o, static_cast<int>(r.devices)));
   time_training(m, o, optimizer, weight_bytes(m), r, 1, &products);
   r.extra["floor_products"] = products.products();
   r.extra["model"] = fmt::format(
@@ -448,7 +453,7 @@ std::int64_t bytes_sent(const Model& m, Mode mode) {
 // step (the model with `blocks` blocks minus the one with blocks - 1), against the analytic
 // count: per block and pass two all-gathers and two reduce-scatters of the [batch, seq, width]
 // activations, and in a step the reduction of the layer norms' gradients.
-BenchResult gpt_sp_bytes_case(const TrainBenchOptions& o, const TokenFiles& f) {
+BenchResult gpt_sp_bytes_case(const TrainBenchOptions& o) {
   const GptConfig& c = o.gpt;
   constexpr const char* kMesh = "4";
   constexpr std::int64_t kDevices = 4;
@@ -460,9 +465,10 @@ BenchResult gpt_sp_bytes_case(const TrainBenchOptions& o, const TokenFiles& f) {
                 .devices = kDevices,
                 .bytes = c.batch * c.seq * c.width * 4};
   std::int64_t forward = 0, step = 0;
+  const GptFiles more_files(c, kDevices), less_files(fewer, kDevices);
   r.case_s.push_back(time_once([&] {
-    const Model more = gpt_model(c, GptLayout::kSequenceParallel, kMesh, f.tokens, f.next);
-    const Model less = gpt_model(fewer, GptLayout::kSequenceParallel, kMesh, f.tokens, f.next);
+    const Model more = more_files.load("sp");
+    const Model less = less_files.load("sp");
     forward = bytes_sent(more, Mode::kRun) - bytes_sent(less, Mode::kRun);
     step = bytes_sent(more, Mode::kTrain) - bytes_sent(less, Mode::kTrain);
   }));
@@ -537,45 +543,48 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
   Tensor y(DType::kInt64, {o.batch});
   for (std::int64_t i = 0; i < o.batch; ++i) y.data<std::int64_t>()[i] = (i * 7919) % o.in;
   write_npy(labels, y);
-  const TokenFiles tokens{
-      .tokens = fs::temp_directory_path() / fmt::format("meshflow_tokens_{}.npy", ::getpid()),
-      .next = fs::temp_directory_path() / fmt::format("meshflow_next_{}.npy", ::getpid())};
-  write_gpt_tokens(o.gpt, tokens.tokens, tokens.next);
-  auto remove = [&] {
-    for (const fs::path& p : {labels, tokens.tokens, tokens.next}) fs::remove(p);
+  auto remove = [&] { fs::remove(labels); };
+  auto wanted = [&](std::string_view name) {
+    return o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), name) != o.cases.end();
   };
   try {
-    for (const std::string& mesh : o.meshes) add_result(report, train_step_case(o, mesh, labels));
-    add_result(report, micro_case(o, "mlp_step_micro4", mlp(o, "1", labels), "1",
-                                  (o.batch * o.in + 2 * o.in * o.hidden) * 4));
+    if (wanted("train_step")) {
+      for (const std::string& mesh : o.meshes) add_result(report, train_step_case(o, mesh, labels));
+    }
+    if (wanted("mlp_step_micro4")) {
+      add_result(report, micro_case(o, "mlp_step_micro4", mlp(o, "1", labels), "1",
+                                    (o.batch * o.in + 2 * o.in * o.hidden) * 4));
+    }
     for (int zero : {1, 3}) {
-      add_result(report, zero_case(o, fmt::format("mlp_step_adamw_zero{}", zero),
-                                   mlp(o, "4", labels), zero));
+      const std::string name = fmt::format("mlp_step_adamw_zero{}", zero);
+      if (wanted(name)) add_result(report, zero_case(o, name, mlp(o, "4", labels), zero));
     }
     for (const std::string& mesh : o.gpt_meshes) {
-      BenchResult sgd = gpt_step_case(o, mesh, tokens, OptimizerKind::kSgd);
-      BenchResult adamw = gpt_step_case(o, mesh, tokens, OptimizerKind::kAdamW);
+      std::optional<BenchResult> sgd, adamw;
+      if (wanted("gpt_step")) sgd = gpt_step_case(o, mesh, OptimizerKind::kSgd);
+      if (wanted("gpt_step_adamw")) adamw = gpt_step_case(o, mesh, OptimizerKind::kAdamW);
       // AdamW's cost relative to PyTorch's against the rest of the step's (the target:
       // at most 1.05).
-      if (adamw.baseline && sgd.baseline) {
-        const double a = median(adamw.case_s) / median(adamw.baseline_s);
-        const double s = median(sgd.case_s) / median(sgd.baseline_s);
-        adamw.extra["vs_baseline_over_gpt_step"] = a / s;
+      if (sgd && adamw && adamw->baseline && sgd->baseline) {
+        const double a = median(adamw->case_s) / median(adamw->baseline_s);
+        const double s = median(sgd->case_s) / median(sgd->baseline_s);
+        adamw->extra["vs_baseline_over_gpt_step"] = a / s;
       }
-      add_result(report, std::move(sgd));
-      add_result(report, std::move(adamw));
+      if (sgd) add_result(report, std::move(*sgd));
+      if (adamw) add_result(report, std::move(*adamw));
     }
-    add_result(report, micro_case(o, "gpt_step_micro4",
-                                  gpt_model(o.gpt, GptLayout::kDataParallel, "1", tokens.tokens,
-                                            tokens.next),
-                                  "1", o.gpt.batch * o.gpt.seq * o.gpt.width * 4));
-    add_result(report, gpt_sp_bytes_case(o, tokens));
+    if (wanted("gpt_step_micro4")) {
+      const GptFiles files(o.gpt, 1);
+      add_result(report, micro_case(o, "gpt_step_micro4", files.load("one"), "1",
+                                    o.gpt.batch * o.gpt.seq * o.gpt.width * 4));
+    }
+    if (wanted("gpt_sp_bytes")) add_result(report, gpt_sp_bytes_case(o));
   } catch (...) {
     remove();
     throw;
   }
   remove();
-  add_result(report, compile_case(o));
+  if (wanted("compile")) add_result(report, compile_case(o));
   return report;
 }
 

@@ -38,6 +38,10 @@ struct TrainBenchOptions {
   std::vector<std::string> gpt_meshes{"1", "2"};  // gpt_step: data parallel
   int layers = 1000;                              // compile
   bool pytorch = true;                            // time the PyTorch baseline when torch imports
+  // Each device's threads (train --threads-per-device; 0: its default); PyTorch runs with the
+  // devices' threads together.
+  int threads_per_device = 0;
+  std::vector<std::string> cases;  // only the cases named (empty: every case)
   // The machine description est_step_s prices each case's step with (null: the built-in one).
   const MachineModel* machine = nullptr;
 };

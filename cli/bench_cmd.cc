@@ -8,6 +8,7 @@
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
 #include "bench/io_bench.h"
+#include "bench/kernels_bench.h"
 #include "bench/ops_bench.h"
 #include "bench/overlap_bench.h"
 #include "bench/redistribute_bench.h"
@@ -177,6 +178,26 @@ void add_bench(CLI::App& app) {
     if (runs_here()) print_report(bench::run_ops_bench(*ops), *ops_json);
   });
 
+  auto kernels = std::make_shared<bench::KernelsBenchOptions>();
+  auto kernels_json = std::make_shared<bool>(false);
+  CLI::App* kc = bench->add_subcommand(
+      "kernels",
+      "every operator of the bench GPT's training step alone at its shapes, forward and backward: "
+      "products against bare cblas_sgemm, memory-bound kernels against memcpy of the bytes they "
+      "move, attention against PyTorch; PyTorch's same operator beside each (vs_pytorch)");
+  kc->add_option("--threads", kernels->threads,
+                 "threads the one device computes with (default: every core this process may "
+                 "run on); PyTorch runs with as many")
+      ->check(CLI::PositiveNumber);
+  kc->add_option("--reps", kernels->reps, "timed repetitions")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  kc->add_option("--cases", kernels->cases, "only these cases, e.g. attention_bwd softmax_ce_fwd");
+  add_output_flags(kc, *kernels_json, kernels->progress);
+  kc->callback([kernels, kernels_json] {
+    if (runs_here()) print_report(bench::run_kernels_bench(*kernels), *kernels_json);
+  });
+
   auto train = std::make_shared<bench::TrainBenchOptions>();
   auto train_json = std::make_shared<bool>(false);
   CLI::App* t = bench->add_subcommand(
@@ -218,6 +239,17 @@ void add_bench(CLI::App& app) {
   t->add_option("--gpt-blocks", train->gpt.blocks, "the GPT's blocks")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  t->add_option("--threads-per-device", train->threads_per_device,
+                "threads each device computes with (default: the cores divided by the devices, "
+                "at least 1); PyTorch runs with the devices' threads together")
+      ->check(CLI::PositiveNumber);
+  t->add_option("--cases", train->cases,
+                "only these cases: train_step, mlp_step_micro4, mlp_step_adamw_zero1, "
+                "mlp_step_adamw_zero3, gpt_step, gpt_step_adamw, gpt_step_micro4, gpt_sp_bytes, "
+                "compile")
+      ->check(CLI::IsMember({"train_step", "mlp_step_micro4", "mlp_step_adamw_zero1",
+                             "mlp_step_adamw_zero3", "gpt_step", "gpt_step_adamw",
+                             "gpt_step_micro4", "gpt_sp_bytes", "compile"}));
   auto train_machine = std::make_shared<std::string>();
   t->add_option("--machine", *train_machine,
                 "machine description JSON the step estimates (est_step_s) price with (default: "

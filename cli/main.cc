@@ -3,15 +3,24 @@
 // (world rank 0) prints: every other rank's standard output is discarded here, once for every
 // command, and an error every rank hits is printed by rank 0 alone.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "cli/commands.h"
 #include "meshflow/comm/launch.h"
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/gemm.h"
 
 int main(int argc, char** argv) {
+  // OpenBLAS loaded its SSE3 fallback on a CPU model it does not know (kernels/gemm.h): start
+  // again, once, with the kernels of this CPU's vector unit (if exec fails, go on as loaded).
+  if (const std::optional<std::string> core = meshflow::blas_core_to_restart_with()) {
+    ::setenv("OPENBLAS_CORETYPE", core->c_str(), 1);
+    ::execv("/proc/self/exe", argv);
+  }
   CLI::App app{
       "meshflow: tensors spread over device meshes (shard, gather, redistribute, run, train, "
       "explain, bench)"};

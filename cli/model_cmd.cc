@@ -22,6 +22,7 @@ namespace {
 struct CommonArgs {
   std::string model, backend, machine, save, trace, gather_form;
   bool json = false, overlap = false;
+  int threads_per_device = 0;  // 0: default_threads_per_device
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
@@ -33,6 +34,10 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
   if (runs) {
     cmd->add_option("--trace", a.trace,
                     "write a Chrome/Perfetto trace JSON (a process per device: tasks, transfers)");
+    cmd->add_option("--threads-per-device", a.threads_per_device,
+                    "threads each device computes with, >= 1 (default: this machine's cores "
+                    "divided by the devices, at least 1)")
+        ->check(CLI::PositiveNumber);
   }
   cmd->add_option("--machine", a.machine, "machine description JSON for the cost model");
   cmd->add_flag("--overlap", a.overlap,
@@ -172,6 +177,7 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   o.overlap_always = o.gather_form.has_value();  // a named form is the caller's decision
   if (!a.save.empty()) o.save = a.save;
   if (!a.trace.empty()) o.trace = a.trace;
+  o.threads_per_device = a.threads_per_device;
   return o;
 }
 

@@ -173,10 +173,14 @@ OptimizerOptions optimizer_options(const py::dict& kw) {
   return o;
 }
 
-ModelRunOptions model_options(bool overlap) {
+ModelRunOptions model_options(bool overlap, std::optional<int> threads_per_device) {
+  if (threads_per_device && *threads_per_device < 1) {
+    fail(ErrorKind::kInvalidArgument, "threads_per_device= {}: must be >= 1", *threads_per_device);
+  }
   ModelRunOptions o;
   o.backend = session().backend();
   o.overlap = overlap;
+  o.threads_per_device = threads_per_device.value_or(0);
   return o;
 }
 
@@ -226,8 +230,8 @@ std::string shared_report(std::string text, bool reporter) {
   return text;
 }
 
-py::dict run_outputs(const LoadedModel& m, bool overlap) {
-  ModelRunOptions o = model_options(overlap);
+py::dict run_outputs(const LoadedModel& m, bool overlap, std::optional<int> threads_per_device) {
+  ModelRunOptions o = model_options(overlap, threads_per_device);
   const std::filesystem::path dir = shared_scratch();
   o.save = dir;
   std::vector<std::pair<std::string, Tensor>> values;
@@ -383,49 +387,49 @@ PYBIND11_MODULE(_meshflow, module) {
   py::class_<LoadedModel>(module, "_Model");
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
-  module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
-                               bool check, bool overlap, bool allow_nonfinite,
-                               std::optional<int> micro_batches, std::optional<int> zero,
-                               std::optional<std::string> checkpoint,
-                               std::optional<int> checkpoint_every, std::optional<int> keep_last,
-                               std::optional<std::string> resume) {
-    if (micro_batches && *micro_batches < 1)
-      fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
-    for (const auto& [name, v] :
-         {std::pair{"checkpoint_every", checkpoint_every}, std::pair{"keep_last", keep_last}}) {
-      if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
-      if (v && !checkpoint) fail(ErrorKind::kInvalidArgument, "{}= needs checkpoint=", name);
-    }
-    const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
-    std::optional<Checkpoint> resumed;
-    if (resume) resumed = read_checkpoint(resume_path(*resume));
-    const OptimizerOptions given = optimizer_options(optimizer);
-    TrainOptions o{
-        .run = model_options(overlap),
-        .steps = steps,
-        .optimizer = resolve_optimizer(
-            given,
-            resumed ? resumed_defaults(*resumed, given, defaults.optimizer, OptionStyle::kKeyword)
-                    : defaults.optimizer,
-            OptionStyle::kKeyword),
-        .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-        .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
-        .allow_nonfinite = allow_nonfinite,
-        .check = check};
-    if (checkpoint) {
-      o.checkpoint = CheckpointOptions{.dir = output_target(*checkpoint),
-                                       .every = checkpoint_every.value_or(0),
-                                       .keep_last = keep_last.value_or(0)};
-    }
-    if (resumed) o.resume = resumed->path;
-    std::string report;
-    {
-      py::gil_scoped_release release;
-      const TrainReport r = train_model(m.model, o);
-      report = shared_report(to_json(r).dump(), r.reporter);
-    }
-    return py::module_::import("json").attr("loads")(report);
-  });
+  module.def(
+      "train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check,
+                        bool overlap, bool allow_nonfinite, std::optional<int> micro_batches,
+                        std::optional<int> zero, std::optional<std::string> checkpoint,
+                        std::optional<int> checkpoint_every, std::optional<int> keep_last,
+                        std::optional<std::string> resume, std::optional<int> threads_per_device) {
+        if (micro_batches && *micro_batches < 1)
+          fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+        for (const auto& [name, v] :
+             {std::pair{"checkpoint_every", checkpoint_every}, std::pair{"keep_last", keep_last}}) {
+          if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
+          if (v && !checkpoint) fail(ErrorKind::kInvalidArgument, "{}= needs checkpoint=", name);
+        }
+        const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
+        std::optional<Checkpoint> resumed;
+        if (resume) resumed = read_checkpoint(resume_path(*resume));
+        const OptimizerOptions given = optimizer_options(optimizer);
+        TrainOptions o{.run = model_options(overlap, threads_per_device),
+                       .steps = steps,
+                       .optimizer = resolve_optimizer(
+                           given,
+                           resumed ? resumed_defaults(*resumed, given, defaults.optimizer,
+                                                      OptionStyle::kKeyword)
+                                   : defaults.optimizer,
+                           OptionStyle::kKeyword),
+                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
+                       .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+                       .allow_nonfinite = allow_nonfinite,
+                       .check = check};
+        if (checkpoint) {
+          o.checkpoint = CheckpointOptions{.dir = output_target(*checkpoint),
+                                           .every = checkpoint_every.value_or(0),
+                                           .keep_last = keep_last.value_or(0)};
+        }
+        if (resumed) o.resume = resumed->path;
+        std::string report;
+        {
+          py::gil_scoped_release release;
+          const TrainReport r = train_model(m.model, o);
+          report = shared_report(to_json(r).dump(), r.reporter);
+        }
+        return py::module_::import("json").attr("loads")(report);
+      });
   module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
                                  std::optional<int> micro_batches, std::optional<int> zero) {
     if (micro_batches && *micro_batches < 1)

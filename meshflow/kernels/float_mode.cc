@@ -17,9 +17,13 @@ FlushDenormals::FlushDenormals() : saved_(_mm_getcsr()) {
   _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero);
 }
 FlushDenormals::~FlushDenormals() { _mm_setcsr(saved_); }
+unsigned float_mode() { return _mm_getcsr(); }
+void set_float_mode(unsigned mode) { _mm_setcsr(mode); }
 #else
 FlushDenormals::FlushDenormals() = default;
 FlushDenormals::~FlushDenormals() = default;
+unsigned float_mode() { return 0; }
+void set_float_mode(unsigned) {}
 #endif
 
 }  // namespace meshflow

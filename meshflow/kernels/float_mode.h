@@ -19,4 +19,9 @@ class FlushDenormals {
   unsigned saved_ = 0;
 };
 
+// The calling thread's floating-point mode (x86-64's MXCSR; elsewhere 0), to run a kernel's
+// parts on other threads in the mode of the thread that started it (kernels/parallel.h).
+unsigned float_mode();
+void set_float_mode(unsigned mode);
+
 }  // namespace meshflow

@@ -8,10 +8,19 @@
 #include <cmath>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
 
 namespace {
+
+// Calls body(begin, end) on parts of [0, n) split over the device's threads.
+template <typename F>
+void for_parts(std::size_t n, const F& body) {
+  parallel_for(static_cast<std::int64_t>(n), kElementGrain, [&](std::int64_t b, std::int64_t e) {
+    body(static_cast<std::size_t>(b), static_cast<std::size_t>(e));
+  });
+}
 
 template <typename T>
 void sgd(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::span<const T> g,
@@ -22,16 +31,20 @@ void sgd(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::span
   T* __restrict wp = w.data();
   const T* __restrict gp = g.data();
   if (state.empty()) {
-    for (std::size_t i = 0; i < n; ++i) wp[i] -= lr * (gp[i] * scale);
+    for_parts(n, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) wp[i] -= lr * (gp[i] * scale);
+    });
     return;
   }
   const T momentum = static_cast<T>(rule.momentum);
   T* __restrict bp = state[0]->data<T>().data();
-  for (std::size_t i = 0; i < n; ++i) {
-    const T b = momentum * bp[i] + gp[i] * scale;
-    bp[i] = b;
-    wp[i] -= lr * b;
-  }
+  for_parts(n, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      const T b = momentum * bp[i] + gp[i] * scale;
+      bp[i] = b;
+      wp[i] -= lr * b;
+    }
+  });
 }
 
 template <typename T>
@@ -50,14 +63,16 @@ void adamw(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::sp
   const T* __restrict gp = g.data();
   T* __restrict mp = state[0]->data<T>().data();
   T* __restrict vp = state[1]->data<T>().data();
-  for (std::size_t i = 0; i < n; ++i) {
-    const T gi = gp[i] * scale;
-    const T m = b1 * mp[i] + one_minus_b1 * gi;
-    const T v = b2 * vp[i] + one_minus_b2 * gi * gi;
-    mp[i] = m;
-    vp[i] = v;
-    wp[i] = wp[i] * decay - step_size * m / (std::sqrt(v) * inv_bc2_sqrt + eps);
-  }
+  for_parts(n, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      const T gi = gp[i] * scale;
+      const T m = b1 * mp[i] + one_minus_b1 * gi;
+      const T v = b2 * vp[i] + one_minus_b2 * gi * gi;
+      mp[i] = m;
+      vp[i] = v;
+      wp[i] = wp[i] * decay - step_size * m / (std::sqrt(v) * inv_bc2_sqrt + eps);
+    }
+  });
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/kernels/softmax.h"
 #include "meshflow/ops/matmul.h"
 
@@ -81,71 +82,76 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
   Tensor out(q.dtype(), out_shape);  // zeros: gradients of k and v accumulate over blocks
   if (d.sk == 0 || d.sq == 0) return out;
   const T* g = type == OpType::kAttention ? nullptr : in[3]->data<T>().data();
-  std::vector<T> p(static_cast<std::size_t>(kBlockRows * d.sk));
-  std::vector<T> dp(type == OpType::kAttention || type == OpType::kAttentionGradV
-                        ? 0
-                        : static_cast<std::size_t>(kBlockRows * d.sk));
-  for (std::int64_t b = 0; b < d.batch; ++b) {
-    const T* qb = q.data<T>().data() + b * d.sq * d.dk;
-    const T* kb = k.data<T>().data() + b * d.sk * d.dk;
-    const T* vb = v.data<T>().data() + b * d.sk * d.dv;
-    T* ob = out.data<T>().data() + b * (out.numel() / d.batch);
-    for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
-      const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
-      // A causal block sees the keys up to its last query's position: the products and rows
-      // below run over those `keys` columns only (the rest of P and dS is 0).
-      const std::int64_t keys =
-          op.causal ? std::clamp<std::int64_t>(q_off + r0 + rows - k_off, 0, d.sk) : d.sk;
-      // P = softmax(scale * q kᵀ, masked) for this block of query rows
-      gemm<T>(false, true, rows, keys, d.dk, qb + r0 * d.dk, d.dk, kb, d.dk, T(0), p.data(), d.sk);
-      for (std::int64_t i = 0; i < rows; ++i) {
-        T* row = p.data() + i * d.sk;
-        // keys after the query's global position are masked when causal
-        const std::int64_t last =
-            op.causal ? std::clamp<std::int64_t>(q_off + r0 + i - k_off + 1, 0, keys) : keys;
-        if constexpr (std::is_same_v<T, float>) {
-          softmax_row(row, last, keys, scale);
-        } else {
-          T mx = -std::numeric_limits<T>::infinity();
-          for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j] * scale);
-          T sum = 0;
-          for (std::int64_t j = 0; j < last; ++j) sum += row[j] = std::exp(row[j] * scale - mx);
-          const T inv = sum > 0 ? 1 / sum : 0;
-          for (std::int64_t j = 0; j < keys; ++j) row[j] = j < last ? row[j] * inv : 0;
+  // The leading dims (batch and heads) split over the device's threads, each part with its own
+  // block of scores.
+  parallel_for(d.batch, 1, [&](std::int64_t first_batch, std::int64_t last_batch) {
+    std::vector<T> p(static_cast<std::size_t>(kBlockRows * d.sk));
+    std::vector<T> dp(type == OpType::kAttention || type == OpType::kAttentionGradV
+                          ? 0
+                          : static_cast<std::size_t>(kBlockRows * d.sk));
+    for (std::int64_t b = first_batch; b < last_batch; ++b) {
+      const T* qb = q.data<T>().data() + b * d.sq * d.dk;
+      const T* kb = k.data<T>().data() + b * d.sk * d.dk;
+      const T* vb = v.data<T>().data() + b * d.sk * d.dv;
+      T* ob = out.data<T>().data() + b * (out.numel() / d.batch);
+      for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
+        const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
+        // A causal block sees the keys up to its last query's position: the products and rows
+        // below run over those `keys` columns only (the rest of P and dS is 0).
+        const std::int64_t keys =
+            op.causal ? std::clamp<std::int64_t>(q_off + r0 + rows - k_off, 0, d.sk) : d.sk;
+        // P = softmax(scale * q kᵀ, masked) for this block of query rows
+        gemm<T>(false, true, rows, keys, d.dk, qb + r0 * d.dk, d.dk, kb, d.dk, T(0), p.data(),
+                d.sk);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          T* row = p.data() + i * d.sk;
+          // keys after the query's global position are masked when causal
+          const std::int64_t last =
+              op.causal ? std::clamp<std::int64_t>(q_off + r0 + i - k_off + 1, 0, keys) : keys;
+          if constexpr (std::is_same_v<T, float>) {
+            softmax_row(row, last, keys, scale);
+          } else {
+            T mx = -std::numeric_limits<T>::infinity();
+            for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j] * scale);
+            T sum = 0;
+            for (std::int64_t j = 0; j < last; ++j) sum += row[j] = std::exp(row[j] * scale - mx);
+            const T inv = sum > 0 ? 1 / sum : 0;
+            for (std::int64_t j = 0; j < keys; ++j) row[j] = j < last ? row[j] * inv : 0;
+          }
         }
-      }
-      const T* gb = g ? g + (b * d.sq + r0) * d.dv : nullptr;
-      if (type == OpType::kAttention) {
-        gemm<T>(false, false, rows, d.dv, keys, p.data(), d.sk, vb, d.dv, T(0), ob + r0 * d.dv,
-                d.dv);
-        continue;
-      }
-      if (type == OpType::kAttentionGradV) {  // dv += Pᵀ g
-        gemm<T>(true, false, keys, d.dv, rows, p.data(), d.sk, gb, d.dv, T(1), ob, d.dv);
-        continue;
-      }
-      // dS = P ⊙ (dP − rowsum(dP ⊙ P)) * scale, dP = g vᵀ
-      gemm<T>(false, true, rows, keys, d.dv, gb, d.dv, vb, d.dv, T(0), dp.data(), d.sk);
-      for (std::int64_t i = 0; i < rows; ++i) {
-        T* pr = p.data() + i * d.sk;
-        T* dr = dp.data() + i * d.sk;
-        if constexpr (std::is_same_v<T, float>) {
-          softmax_grad_row(pr, dr, keys, scale);
-        } else {
-          T dot = 0;
-          for (std::int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
-          for (std::int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+        const T* gb = g ? g + (b * d.sq + r0) * d.dv : nullptr;
+        if (type == OpType::kAttention) {
+          gemm<T>(false, false, rows, d.dv, keys, p.data(), d.sk, vb, d.dv, T(0), ob + r0 * d.dv,
+                  d.dv);
+          continue;
         }
-      }
-      if (type == OpType::kAttentionGradQ) {  // dq = dS k
-        gemm<T>(false, false, rows, d.dk, keys, dp.data(), d.sk, kb, d.dk, T(0), ob + r0 * d.dk,
-                d.dk);
-      } else {  // dk += dSᵀ q
-        gemm<T>(true, false, keys, d.dk, rows, dp.data(), d.sk, qb + r0 * d.dk, d.dk, T(1), ob,
-                d.dk);
+        if (type == OpType::kAttentionGradV) {  // dv += Pᵀ g
+          gemm<T>(true, false, keys, d.dv, rows, p.data(), d.sk, gb, d.dv, T(1), ob, d.dv);
+          continue;
+        }
+        // dS = P ⊙ (dP − rowsum(dP ⊙ P)) * scale, dP = g vᵀ
+        gemm<T>(false, true, rows, keys, d.dv, gb, d.dv, vb, d.dv, T(0), dp.data(), d.sk);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          T* pr = p.data() + i * d.sk;
+          T* dr = dp.data() + i * d.sk;
+          if constexpr (std::is_same_v<T, float>) {
+            softmax_grad_row(pr, dr, keys, scale);
+          } else {
+            T dot = 0;
+            for (std::int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
+            for (std::int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+          }
+        }
+        if (type == OpType::kAttentionGradQ) {  // dq = dS k
+          gemm<T>(false, false, rows, d.dk, keys, dp.data(), d.sk, kb, d.dk, T(0), ob + r0 * d.dk,
+                  d.dk);
+        } else {  // dk += dSᵀ q
+          gemm<T>(true, false, keys, d.dk, rows, dp.data(), d.sk, qb + r0 * d.dk, d.dk, T(1), ob,
+                  d.dk);
+        }
       }
     }
-  }
+  });
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/kernels/vector_math.h"
 
 namespace meshflow {
@@ -65,7 +66,9 @@ void broadcast_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const std::int64_t n = out.numel();
   if (n == 0) return;
   if (a.shape() == b.shape()) {
-    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    parallel_for(n, kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) po[i] = f(pa[i], pb[i]);
+    });
     return;
   }
   const Shape& shape = out.shape();
@@ -84,49 +87,65 @@ void broadcast_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const auto sa = strides_of(a.shape()), sb = strides_of(b.shape());
   const std::int64_t inner = shape[rank - 1];
   const std::int64_t ia = sa[rank - 1], ib = sb[rank - 1];
-  std::vector<std::int64_t> index(rank, 0);
-  std::int64_t oa = 0, ob = 0;
-  for (std::int64_t row = 0; row < n / inner; ++row) {
-    T* o = po + row * inner;
-    const T* x = pa + oa;
-    const T* y = pb + ob;
-    if (ia == 1 && ib == 1) {
-      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], y[i]);
-    } else if (ia == 1 && ib == 0) {
-      const T yv = *y;
-      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], yv);
-    } else if (ia == 0 && ib == 1) {
-      const T xv = *x;
-      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(xv, y[i]);
-    } else {
-      for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i * ia], y[i * ib]);
-    }
-    for (std::size_t d = rank - 1; d-- > 0;) {
-      oa += sa[d];
-      ob += sb[d];
-      if (++index[d] < shape[d]) break;
-      oa -= sa[d] * shape[d];
-      ob -= sb[d] * shape[d];
-      index[d] = 0;
-    }
-  }
+  // Rows split over the device's threads; each part starts its odometer at its first row.
+  const std::int64_t rows = n / inner;
+  parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / inner),
+               [&](std::int64_t first, std::int64_t last) {
+                 std::vector<std::int64_t> index(rank, 0);
+                 std::int64_t oa = 0, ob = 0;
+                 std::int64_t rest = first;
+                 for (std::size_t d = rank - 1; d-- > 0;) {
+                   index[d] = rest % shape[d];
+                   rest /= shape[d];
+                   oa += index[d] * sa[d];
+                   ob += index[d] * sb[d];
+                 }
+                 for (std::int64_t row = first; row < last; ++row) {
+                   T* o = po + row * inner;
+                   const T* x = pa + oa;
+                   const T* y = pb + ob;
+                   if (ia == 1 && ib == 1) {
+                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], y[i]);
+                   } else if (ia == 1 && ib == 0) {
+                     const T yv = *y;
+                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], yv);
+                   } else if (ia == 0 && ib == 1) {
+                     const T xv = *x;
+                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(xv, y[i]);
+                   } else {
+                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i * ia], y[i * ib]);
+                   }
+                   for (std::size_t d = rank - 1; d-- > 0;) {
+                     oa += sa[d];
+                     ob += sb[d];
+                     if (++index[d] < shape[d]) break;
+                     oa -= sa[d] * shape[d];
+                     ob -= sb[d] * shape[d];
+                     index[d] = 0;
+                   }
+                 }
+               });
 }
 
 template <typename T, typename F>
 void unary_loop(const Tensor& a, Tensor& out, F f) {
   const T* pa = reinterpret_cast<const T*>(a.bytes());
   T* po = reinterpret_cast<T*>(out.bytes());
-  const std::int64_t n = out.numel();
-  for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i]);
+  parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) po[i] = f(pa[i]);
+  });
 }
 
 template <typename T>
 void binary(OpType type, const Tensor& a, const Tensor& b, Tensor& out) {
   if constexpr (std::is_same_v<T, float>) {
     if (type == OpType::kGeluGrad) {  // g and x of one shape (infer_elementwise checks)
-      vector_math().gelu_grad(reinterpret_cast<const float*>(a.bytes()),
-                              reinterpret_cast<const float*>(b.bytes()),
-                              reinterpret_cast<float*>(out.bytes()), out.numel());
+      const auto* g = reinterpret_cast<const float*>(a.bytes());
+      const auto* x = reinterpret_cast<const float*>(b.bytes());
+      auto* y = reinterpret_cast<float*>(out.bytes());
+      parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+        vector_math().gelu_grad(g + begin, x + begin, y + begin, end - begin);
+      });
       return;
     }
   }
@@ -174,8 +193,11 @@ template <typename T>
 void unary(OpType type, const Tensor& a, Tensor& out) {
   if constexpr (std::is_same_v<T, float>) {
     if (const VectorUnary f = vector_unary(type)) {
-      f(reinterpret_cast<const float*>(a.bytes()), reinterpret_cast<float*>(out.bytes()),
-        out.numel());
+      const auto* x = reinterpret_cast<const float*>(a.bytes());
+      auto* y = reinterpret_cast<float*>(out.bytes());
+      parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+        f(x + begin, y + begin, end - begin);
+      });
       return;
     }
   }

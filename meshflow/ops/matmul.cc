@@ -1,11 +1,7 @@
 #include "meshflow/ops/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
-#include <climits>
 #include <cstring>
-#include <mutex>
 
 #include "meshflow/core/error.h"
 
@@ -17,16 +13,6 @@ bool is_matmul_family(OpType t) {
 }
 
 namespace {
-
-void single_threaded_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
-blasint blas_int(std::int64_t v) {
-  MESHFLOW_CHECK(v >= 0 && v <= INT_MAX, "GEMM dimension {} exceeds the BLAS integer range", v);
-  return static_cast<blasint>(v);
-}
 
 std::int64_t leading(const Shape& s, std::size_t keep) {
   std::int64_t m = 1;
@@ -42,32 +28,6 @@ std::int64_t leading(const Shape& s, std::size_t keep) {
 }
 
 }  // namespace
-
-template <typename T>
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
-          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // an empty sum: c = beta * c
-    for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j)
-        c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-    return;
-  }
-  single_threaded_blas();
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0f, a,
-                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0, a, blas_int(lda),
-                b, blas_int(ldb), beta, c, blas_int(ldc));
-  }
-}
-template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*,
-                          std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);
-template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*,
-                           std::int64_t, const double*, std::int64_t, double, double*,
-                           std::int64_t);
 
 TensorSpec infer_matmul(const Op& op, const std::vector<TensorSpec>& in) {
   const std::string_view name = to_string(op.type);

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "meshflow/kernels/gemm.h"
 #include "meshflow/ops/op.h"
 
 namespace meshflow {
@@ -18,14 +19,6 @@ Tensor matmul_kernel(const Op& op, const std::vector<const Tensor*>& in);
 // sum += the product of `in` (the GEMM's beta = 1: no temporary, no second pass); `sum` has the
 // result's shape and dtype.
 void matmul_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& in, Tensor& sum);
-
-// c[m, n] = a[m, k] @ b[k, n] (row-major, leading dims lda, ldb, ldc; transposes as BLAS's),
-// plus beta * c. OpenBLAS runs single-threaded: every device already is a thread (or an MPI
-// process) of its own, so OpenBLAS's own thread pool would only oversubscribe the cores and
-// make devices contend; it is set once, before the first GEMM.
-template <typename T>
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
-          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
 
 // The products whose every result row comes from the same row of operand 0 alone (matmul,
 // linear, matmul_grad_a; leading dims fold into rows): any m rows of operand 0 give those m rows

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/kernels/vector_math.h"
 
 namespace meshflow {
@@ -51,12 +52,14 @@ void softmax_rows(const T* x, T* y, Around a) {
   if constexpr (std::is_same_v<T, float>) {
     if (a.inner == 1) {
       const VectorMath& m = vector_math();
-      for (std::int64_t o = 0; o < a.outer; ++o) {
-        const float* xr = x + o * a.d;
-        float* yr = y + o * a.d;
-        const float inv = 1.0f / m.exp_sum(xr, m.max(xr, a.d), yr, a.d);
-        for (std::int64_t j = 0; j < a.d; ++j) yr[j] *= inv;
-      }
+      parallel_for(a.outer, row_grain(a.d), [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t o = first; o < last; ++o) {
+          const float* xr = x + o * a.d;
+          float* yr = y + o * a.d;
+          const float inv = 1.0f / m.exp_sum(xr, m.max(xr, a.d), yr, a.d);
+          for (std::int64_t j = 0; j < a.d; ++j) yr[j] *= inv;
+        }
+      });
       return;
     }
   }
@@ -129,25 +132,47 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
       const auto batch = static_cast<T>(globals[0].shape[0]);
       if (op.type == OpType::kSoftmaxCrossEntropy) {
         // -log softmax[label], from the logits directly (no log of a rounded-to-0 probability)
+        // Rows split over the device's threads, each part's sum added in part order.
         Tensor loss(x.dtype(), {});
+        const int parts = parallel_parts(rows, row_grain(classes));
+        std::vector<T> partial(static_cast<std::size_t>(parts), T(0));
+        parallel_parts_for(rows, parts, [&](int part, std::int64_t first, std::int64_t last) {
+          T sum = 0;
+          for (std::int64_t r = first; r < last; ++r) {
+            const T* xr = px + r * classes;
+            sum += log_sum_exp(xr, classes) - xr[class_label(*in[1], r, classes)];
+          }
+          partial[static_cast<std::size_t>(part)] = sum;
+        });
         T total = 0;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const T* xr = px + r * classes;
-          total += log_sum_exp(xr, classes) - xr[class_label(*in[1], r, classes)];
-        }
+        for (T v : partial) total += v;
         reinterpret_cast<T*>(loss.bytes())[0] = total / batch;
         return loss;
       }
-      // g (softmax(x) - onehot(label)) / batch, row by row in one pass after the max.
+      // g (softmax(x) - onehot(label)) / batch, row by row: the max, the exponentials and
+      // their sum, then one scaling by g / sum (the row is in cache after the first pass).
       Tensor p = Tensor::uninitialized(x.dtype(), x.shape());
       T* pp = reinterpret_cast<T*>(p.bytes());
       const T g = reinterpret_cast<const T*>(in[2]->bytes())[0] / batch;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        T* pr = pp + r * classes;
-        softmax_rows(px + r * classes, pr, Around{1, classes, 1});
-        pr[class_label(*in[1], r, classes)] -= T(1);
-        for (std::int64_t j = 0; j < classes; ++j) pr[j] *= g;
-      }
+      parallel_for(rows, row_grain(classes), [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t r = first; r < last; ++r) {
+          const T* xr = px + r * classes;
+          T* pr = pp + r * classes;
+          const std::int64_t label = class_label(*in[1], r, classes);
+          T scale;
+          if constexpr (std::is_same_v<T, float>) {
+            const VectorMath& m = vector_math();
+            scale = g / m.exp_sum(xr, m.max(xr, classes), pr, classes);
+          } else {
+            const T mx = *std::max_element(xr, xr + classes);
+            T sum = 0;
+            for (std::int64_t j = 0; j < classes; ++j) sum += pr[j] = std::exp(xr[j] - mx);
+            scale = g / sum;
+          }
+          for (std::int64_t j = 0; j < classes; ++j) pr[j] *= scale;
+          pr[label] -= g;
+        }
+      });
       return p;
     }
     case OpType::kMse: {

@@ -17,6 +17,7 @@
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/source.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/plan/plan_cache.h"
 #include "meshflow/runtime/executor.h"
@@ -136,6 +137,10 @@ struct Session {
     if (options->save) path = broadcast_string(world, path, rank_of(world, prepared->leader));
     std::vector<TraceEvent> events;
     LoopEnd ended;
+    // The device's threads, kept across its steps.
+    ThreadTeam team(options->threads_per_device > 0 ? options->threads_per_device
+                                                    : default_threads_per_device(world.size()));
+    const UseTeam use_team(&team);
     const std::vector<MemoryKind> kinds = memory_kinds(pcg);
     MemoryCounter memory(&kinds);
     for (int step = loop->first_step; step < loop->first_step + loop->steps; ++step) {
@@ -215,6 +220,10 @@ struct Session {
 };
 
 }  // namespace
+
+int default_threads_per_device(int devices) {
+  return std::max(1, available_cores() / std::max(1, devices));
+}
 
 PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions& options,
                             const TrainingCompile& training) {

@@ -40,7 +40,15 @@ struct ModelRunOptions {
   // folder <save>/<name>/ in its layout; the folder appears complete or not at all.
   std::optional<std::filesystem::path> save;
   std::optional<std::filesystem::path> trace;  // Chrome / Perfetto trace JSON
+  // The threads each device computes with (kernels/parallel.h); 0: the cores this process may
+  // run on divided by the devices sharing them (default_threads_per_device).
+  int threads_per_device = 0;
 };
+
+// Returns the threads a device gets by default: the cores this process may run on divided by
+// `devices` (the launch's devices under threads, the job's processes under mpi, all taken to
+// share this machine), at least 1.
+int default_threads_per_device(int devices);
 
 struct RunReport {
   std::vector<std::pair<std::string, Layout>> outputs;

@@ -13,15 +13,20 @@ class Model:
     def load(cls, path):
         return cls(_meshflow.load_model(str(path)))
 
-    def run(self, overlap=False):
-        """Runs the forward pass; returns {name: numpy.ndarray} of the model's outputs."""
-        return _meshflow.run_model(self._h, overlap)
+    def run(self, overlap=False, threads_per_device=None):
+        """Runs the forward pass; returns {name: numpy.ndarray} of the model's outputs.
+
+        ``threads_per_device`` (``--threads-per-device``): the threads each device computes
+        with (None: this machine's cores divided by the devices, at least 1).
+        """
+        return _meshflow.run_model(self._h, overlap,
+                                   None if threads_per_device is None else int(threads_per_device))
 
     def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
               micro_batches=None, zero=None, checkpoint=None, checkpoint_every=None,
-              keep_last=None, resume=None):
+              keep_last=None, resume=None, threads_per_device=None):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -37,6 +42,7 @@ class Model:
         every ``checkpoint_every``-th, keeping the newest ``keep_last``; ``resume`` (a folder,
         or one ``step-<k>`` in it) loads the newest complete checkpoint onto this model's
         layouts, its steps going on from k + 1 (``meshflow.checkpoint.list`` lists them).
+        ``threads_per_device`` is ``run``'s.
         """
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
@@ -48,7 +54,9 @@ class Model:
                                      None if checkpoint is None else str(checkpoint),
                                      None if checkpoint_every is None else int(checkpoint_every),
                                      None if keep_last is None else int(keep_last),
-                                     None if resume is None else str(resume))
+                                     None if resume is None else str(resume),
+                                     None if threads_per_device is None
+                                     else int(threads_per_device))
 
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,

@@ -2,14 +2,17 @@
 """Writes the GPT example: its token data and one model file per layout (the same model, the same
 weights, placed six ways). Run it from any folder; the files land beside this script (or in the folder
 given as its argument), and running it again rewrites them unchanged (the data is seeded).
---batch, --seq and --vocab write a larger model of the same shape (the checked-in files use the
-defaults).
+--batch, --seq, --vocab, --dim, --heads and --blocks write a model of another size (the
+checked-in files use the defaults); --devices sets the size of the 1-d meshes (dp, tp, tp_vocab,
+sp). This script is the GPT's one definition: `meshflow bench train` runs it (built into the
+binary) to write the bench's GPT (width 512, 8 heads, 2 blocks, batch 8, sequence 256, vocabulary
+8192).
 
 The model: a token embedding plus a learned position embedding, BLOCKS pre-norm blocks (causal
 multi-head self-attention, then a GELU MLP, each added back into the residual stream), a final
 layer norm, an LM head and the softmax cross-entropy of the next token.
 
-The layouts, on 4 devices unless named:
+The layouts, on --devices (4) devices unless named:
   one       1 device, every tensor whole
   dp        data parallel: the batch split, every weight replicated
   tp        Megatron tensor parallel: q, k, v and the MLP's first weight split by columns (heads
@@ -28,14 +31,23 @@ import numpy as np
 
 parser = argparse.ArgumentParser(description="Writes the GPT example's data and model files.")
 parser.add_argument("out", nargs="?", type=pathlib.Path,
-                    default=pathlib.Path(__file__).resolve().parent)
+                    help="the folder to write (default: this script's)")
 parser.add_argument("--batch", type=int, default=4)
 parser.add_argument("--seq", type=int, default=8)
 parser.add_argument("--vocab", type=int, default=32)
+parser.add_argument("--dim", type=int, default=16, help="the width, a multiple of --heads")
+parser.add_argument("--heads", type=int, default=4)
+parser.add_argument("--blocks", type=int, default=2)
+parser.add_argument("--devices", type=int, default=4, help="devices of the 1-d meshes")
 args = parser.parse_args()
-here = args.out
+for name in ("batch", "seq", "vocab", "dim", "heads", "blocks", "devices"):
+    if getattr(args, name) < 1:
+        parser.error(f"--{name} {getattr(args, name)}: must be >= 1")
+if args.dim % args.heads:
+    parser.error(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
+here = args.out or pathlib.Path(__file__).resolve().parent
 BATCH, SEQ, VOCAB = args.batch, args.seq, args.vocab
-DIM, HEADS, BLOCKS = 16, 4, 2
+DIM, HEADS, BLOCKS, DEVICES = args.dim, args.heads, args.blocks, args.devices
 HIDDEN = 4 * DIM
 
 
@@ -47,12 +59,12 @@ def layouts():
     return {
         "one": {"mesh": "1", "data": r1, "col": r1, "row": r1, "vec": r1, "embed": r1,
                 "head": r1},
-        "dp": {"mesh": "4", "data": ["S(0)"], "col": r1, "row": r1, "vec": r1, "embed": r1,
+        "dp": {"mesh": str(DEVICES), "data": ["S(0)"], "col": r1, "row": r1, "vec": r1, "embed": r1,
                "head": r1},
-        "tp": {"mesh": "4", "data": r1, **tp},
-        "tp_vocab": {"mesh": "4", "data": r1, **tp, "embed": ["S(0)"], "head": ["S(1)"],
+        "tp": {"mesh": str(DEVICES), "data": r1, **tp},
+        "tp_vocab": {"mesh": str(DEVICES), "data": r1, **tp, "embed": ["S(0)"], "head": ["S(1)"],
                      "logits": ["S(2)"]},
-        "sp": {"mesh": "4", "data": r1, **tp, "embed": ["S(0)"], "head": ["S(1)"],
+        "sp": {"mesh": str(DEVICES), "data": r1, **tp, "embed": ["S(0)"], "head": ["S(1)"],
                "logits": ["S(2)"], "residual": ["S(1)"], "gather": r1},
         "dp_tp": {"mesh": "2x2", "data": ["S(0)", "R"], "col": ["R", "S(1)"],
                   "row": ["R", "S(0)"], "vec": r2, "embed": r2, "head": r2,
@@ -93,7 +105,8 @@ def model(layout):
             return n
         # Sequence parallelism's all-gather into the column-parallel products (its backward a
         # reduce-scatter), written as FlexFlow's combine.
-        return node(f"{name}_all", "combine", [n], dim=1, degree=4, placements=p["gather"])
+        return node(f"{name}_all", "combine", [n], dim=1, degree=DEVICES,
+                    placements=p["gather"])
 
     dh = DIM // HEADS
     tensors["tokens"] = {"shape": [BATCH, SEQ], "dtype": "int64", "input": "tokens.npy",

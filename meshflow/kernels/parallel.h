@@ -1,0 +1,99 @@
+// The threads of one device. A device that owns more than one core (train --threads-per-device)
+// runs each kernel split over a team: the device's own thread plus helpers that sleep between
+// kernels. The runtime gives a device thread its team (UseTeam) for the length of a run; a
+// kernel asks for it with parallel_for, which splits a range into contiguous parts, one per
+// thread. Outside a UseTeam, and inside a part (no nesting), parallel_for runs on the calling
+// thread alone, so a kernel is correct with or without a team and equal to itself: every part
+// computes what the whole loop would for its elements (reductions combine per-part sums in part
+// order, so a team of n threads gives the same bits on every run).
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace meshflow {
+
+// Elements below which an elementwise loop is not worth waking a helper for (waking one costs
+// microseconds; 64 Ki floats take about as long to stream).
+constexpr std::int64_t kElementGrain = std::int64_t{1} << 16;
+
+// Returns the rows of `width` elements a part takes at least: kElementGrain elements' worth.
+inline std::int64_t row_grain(std::int64_t width) {
+  return std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(1, width));
+}
+
+// A device's threads: the thread that calls run plus size() - 1 helpers it owns.
+class ThreadTeam {
+ public:
+  explicit ThreadTeam(int threads);  // threads >= 1
+  ~ThreadTeam();
+  ThreadTeam(const ThreadTeam&) = delete;
+  ThreadTeam& operator=(const ThreadTeam&) = delete;
+
+  int size() const { return static_cast<int>(helpers_.size()) + 1; }
+
+  // Calls body(p) for every p in [0, parts), parts <= size(): part 0 on the calling thread, the
+  // others on helpers in the caller's floating-point mode (denormals flushed where the caller
+  // flushes them); returns when all have returned, rethrowing the first exception. One caller
+  // at a time.
+  void run(int parts, const std::function<void(int part)>& body);
+
+ private:
+  void helper(int index);
+
+  std::vector<std::thread> helpers_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* body_ = nullptr;
+  unsigned float_mode_ = 0;  // the caller's (kernels/float_mode.h), set on each helper
+  int parts_ = 0;
+  std::uint64_t generation_ = 0;
+  int running_ = 0;  // helpers still in this generation's parts
+  bool stopping_ = false;
+  std::exception_ptr error_;
+};
+
+// While alive, kernels called on this thread split their work over `team` (null: none).
+class UseTeam {
+ public:
+  explicit UseTeam(ThreadTeam* team);
+  ~UseTeam();
+  UseTeam(const UseTeam&) = delete;
+  UseTeam& operator=(const UseTeam&) = delete;
+
+ private:
+  ThreadTeam* saved_;
+};
+
+// Returns the CPUs this process may run on (its affinity mask), at least 1.
+int available_cores();
+
+// Returns the threads a kernel called on this thread may use: its team's size, else 1.
+int team_threads();
+
+// Returns how many parts parallel_for splits n elements into: team_threads(), fewer where a
+// part would hold under `grain` elements, at least 1.
+int parallel_parts(std::int64_t n, std::int64_t grain);
+
+// Returns the first element of part p of n elements split into `parts` (p = parts gives n):
+// equal parts, each boundary a multiple of `align` where it is not n.
+std::int64_t part_begin(std::int64_t n, int parts, int p, std::int64_t align = 16);
+
+// Calls body(begin, end) on parallel_parts(n, grain) contiguous parts covering [0, n), on the
+// team's threads; returns when all have run, rethrowing the first exception.
+void parallel_for(std::int64_t n, std::int64_t grain,
+                  const std::function<void(std::int64_t begin, std::int64_t end)>& body);
+
+// Calls body(part, begin, end) as parallel_for does, with the part's index (for per-part
+// scratch or partial sums), on exactly `parts` parts (parts <= team_threads()).
+void parallel_parts_for(
+    std::int64_t n, int parts,
+    const std::function<void(int part, std::int64_t begin, std::int64_t end)>& body);
+
+}  // namespace meshflow
