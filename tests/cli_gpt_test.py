@@ -192,4 +192,36 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r.returncode != 0 and errors and all(want in l for l in errors),
               f"bad {data}: {r.returncode} {r.stderr}")
 
+# Threads inside a device: a GPT large enough that every kernel splits (GEMMs, the loss's rows,
+# attention's heads, the elementwise loops) trains with 3 threads per device to the numbers of 1
+# thread, and with 2 per device on 4 devices equal to one device (--check), threads and mpirun.
+with tempfile.TemporaryDirectory() as tmp:
+    subprocess.run(["/usr/bin/python3", os.path.join(gpt, "make_gpt.py"), tmp, "--batch", "8",
+                    "--seq", "64", "--vocab", "2048", "--dim", "64", "--heads", "4",
+                    "--blocks", "1"], check=True)
+    if not mpirun:
+        losses = {}
+        for threads in ["1", "3"]:
+            r = run_meshflow(meshflow, ["train", os.path.join(tmp, "gpt_one.json"), "--steps", "2",
+                                        "--threads-per-device", threads, "--json"], None, None,
+                             timeout=300)
+            check(r.returncode == 0, f"train --threads-per-device {threads}: {r.stderr}")
+            if r.returncode == 0:
+                losses[threads] = [s["loss"] for s in json.loads(r.stdout)["steps"]]
+        if len(losses) == 2:
+            check(all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses["3"], losses["1"])),
+                  f"3 threads per device {losses['3']} vs 1 {losses['1']}")
+        r = run_meshflow(meshflow, ["train", os.path.join(tmp, "gpt_one.json"),
+                                    "--threads-per-device", "0"], None, None, timeout=60)
+        check(r.returncode == 2 and "--threads-per-device" in r.stderr,
+              f"--threads-per-device 0: {r.returncode} {r.stderr}")
+    r = run_meshflow(meshflow, ["train", os.path.join(tmp, "gpt_dp.json"), "--steps", "2",
+                                "--threads-per-device", "2", "--check", "--json"], mpirun,
+                     4 if mpirun else None, timeout=300)
+    check(r.returncode == 0, f"train gpt_dp --threads-per-device 2: {r.stderr}")
+    if r.returncode == 0:
+        out = json.loads(r.stdout)["check"]
+        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
+            check(out[key] <= TOLERANCE, f"threads per device 2: {key} = {out[key]}")
+
 finish()

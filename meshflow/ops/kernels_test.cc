@@ -6,8 +6,10 @@
 #include <functional>
 
 #include "meshflow/core/box.h"
+#include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/gradient.h"
 #include "meshflow/ops/op.h"
 
@@ -379,6 +381,59 @@ TEST(Kernels, AttentionInFloat32MatchesFloat64) {
       for (std::int64_t c = 0; c < 6; ++c)
         want.push_back(full[static_cast<std::size_t>((n * 150 + i) * 6 + c)]);
   expect_near(got, want, 2e-5, "causal query shard at offset 80, float32");
+}
+
+// A device's team (kernels/parallel.h) splits each kernel into parts: float32 results at sizes
+// that split equal the kernel's alone, bit for bit where each element is computed the same way
+// (elementwise, rows, attention's heads) and to rounding where parts sum separately (the loss,
+// layer norm's weight gradient, a GEMM split by columns).
+TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
+  const DType f = DType::kFloat32;
+  const Tensor x = rnd({256, 1024}, 1, f), g = rnd({256, 1024}, 2, f), w = rnd({1024}, 3, f);
+  const Tensor b = rnd({1024}, 4, f), wm = rnd({1024, 384}, 5, f), wide = rnd({384, 1024}, 6, f);
+  const Tensor labels = ids({256}, 1024), one = rnd({}, 7, f);
+  const Tensor q = rnd({2, 4, 80, 16}, 8, f), k = rnd({2, 4, 80, 16}, 9, f);
+  const Tensor v = rnd({2, 4, 80, 16}, 10, f), ga = rnd({2, 4, 80, 16}, 11, f);
+  const Tensor bias3 = rnd({1, 1024}, 12, f), x3 = rnd({8, 32, 1024}, 13, f);
+  struct Case {
+    Op op;
+    std::vector<const Tensor*> in;
+    bool exact;
+  };
+  const std::vector<Case> cases = {
+      {Op{.type = OpType::kGelu}, {&x}, true},
+      {Op{.type = OpType::kRelu}, {&x}, true},
+      {Op{.type = OpType::kGeluGrad}, {&g, &x}, true},
+      {Op{.type = OpType::kAdd}, {&x, &g}, true},
+      {Op{.type = OpType::kMul}, {&x3, &bias3}, true},  // broadcast rows, odometer per part
+      {Op{.type = OpType::kSoftmax, .dim = 1}, {&x}, true},
+      {Op{.type = OpType::kSoftmaxCrossEntropy}, {&x, &labels}, false},
+      {Op{.type = OpType::kSoftmaxCrossEntropyGrad}, {&x, &labels, &one}, true},
+      {Op{.type = OpType::kLayerNorm}, {&x, &w, &b}, true},
+      {Op{.type = OpType::kLayerNormGradX}, {&g, &x, &w}, true},
+      {Op{.type = OpType::kLayerNormGradW}, {&g, &x}, false},
+      {Op{.type = OpType::kTranspose, .dims = {1, 0}}, {&x}, true},
+      {Op{.type = OpType::kTranspose, .dims = {0, 2, 1, 3}}, {&q}, true},
+      {Op{.type = OpType::kMatmul}, {&x, &wm}, false},
+      {Op{.type = OpType::kMatmulGradB}, {&x, &g}, false},
+      {Op{.type = OpType::kMatmulGradA}, {&g, &wide}, false},
+      {Op{.type = OpType::kAttention, .causal = true}, {&q, &k, &v}, true},
+      {Op{.type = OpType::kAttentionGradQ, .causal = true}, {&q, &k, &v, &ga}, true},
+      {Op{.type = OpType::kAttentionGradK, .causal = true}, {&q, &k, &v, &ga}, true},
+      {Op{.type = OpType::kAttentionGradV, .causal = true}, {&q, &k, &v, &ga}, true},
+  };
+  ThreadTeam team(3);
+  for (const Case& c : cases) {
+    const Tensor alone = run(c.op, c.in);
+    Tensor split;
+    {
+      const UseTeam use(&team);
+      split = run(c.op, c.in);
+    }
+    const std::optional<std::string> diff =
+        c.exact ? compare_exact(split, alone) : compare_close(split, alone, 1e-5, 1e-5);
+    EXPECT_FALSE(diff) << to_string(c.op) << ": " << *diff;
+  }
 }
 
 TEST(Kernels, IntegerArithmeticWrapsAroundAsNumPys) {

@@ -6,6 +6,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/limits.h"
+#include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
 
@@ -75,7 +76,8 @@ std::vector<int> resolve_perm(const std::vector<int>& dims, std::size_t rank) {
 }
 
 // out[i0, ..., ik] = in[...] with out dim j reading operand dim perm[j]: the innermost result
-// dim runs as a strided loop, the outer ones as an odometer.
+// dim runs as one loop (a contiguous copy where the operand's last dim stays last), the outer
+// ones as an odometer; the result's rows split over the device's threads.
 template <typename T>
 void transpose_into(const T* in, const Shape& in_shape, const std::vector<int>& perm, T* out) {
   const std::size_t rank = perm.size();
@@ -92,19 +94,32 @@ void transpose_into(const T* in, const Shape& in_shape, const std::vector<int>& 
     extent[j] = in_shape[static_cast<std::size_t>(perm[j])];
   }
   const std::int64_t inner = extent[rank - 1], step = stride[rank - 1];
-  std::vector<std::int64_t> index(rank, 0);
-  std::int64_t base = 0;
-  for (std::int64_t row = 0; row < n / inner; ++row) {
-    const T* src = in + base;
-    for (std::int64_t i = 0; i < inner; ++i) out[i] = src[i * step];
-    out += inner;
-    for (std::size_t d = rank - 1; d-- > 0;) {
-      base += stride[d];
-      if (++index[d] < extent[d]) break;
-      base -= stride[d] * extent[d];
-      index[d] = 0;
+  parallel_for(n / inner, row_grain(inner), [&](std::int64_t first, std::int64_t last) {
+    // The odometer at row `first`.
+    std::vector<std::int64_t> index(rank, 0);
+    std::int64_t base = 0;
+    for (std::int64_t d = static_cast<std::int64_t>(rank) - 2, rest = first; d >= 0; --d) {
+      const auto u = static_cast<std::size_t>(d);
+      index[u] = rest % extent[u];
+      rest /= extent[u];
+      base += index[u] * stride[u];
     }
-  }
+    T* o = out + first * inner;
+    for (std::int64_t row = first; row < last; ++row, o += inner) {
+      const T* src = in + base;
+      if (step == 1) {
+        std::copy(src, src + inner, o);
+      } else {
+        for (std::int64_t i = 0; i < inner; ++i) o[i] = src[i * step];
+      }
+      for (std::size_t d = rank - 1; d-- > 0;) {
+        base += stride[d];
+        if (++index[d] < extent[d]) break;
+        base -= stride[d] * extent[d];
+        index[d] = 0;
+      }
+    }
+  });
 }
 
 // The local result shape of a reshape of a shard of `local` shape (see view_kernel).

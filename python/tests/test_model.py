@@ -244,3 +244,18 @@ def test_checkpoint_and_resume_onto_another_layout(tmp_path):
         assert "optimizer= sgd" in str(e)
     else:
         raise AssertionError("no error")
+
+
+def test_threads_per_device():
+    m = mf.Model.load(MODELS / "gpt" / "gpt_one.json")
+    one = [s["loss"] for s in m.train(2, threads_per_device=1)["steps"]]
+    three = [s["loss"] for s in m.train(2, threads_per_device=3)["steps"]]
+    assert np.allclose(three, one, rtol=1e-5, atol=1e-6)
+    out = m.run(threads_per_device=2)
+    assert np.isfinite(out["loss"])
+    try:
+        m.train(1, threads_per_device=0)
+    except mf.Error as e:
+        assert "threads_per_device= 0" in str(e)
+    else:
+        raise AssertionError("threads_per_device=0 accepted")
