@@ -29,11 +29,13 @@ Pcg regression(int devices) {
   return g;
 }
 
-// A machine whose products run at 1 GFLOP/s and everything else at no cost to speak of.
+// A machine whose products run at 1 GFLOP/s and everything else at no cost to speak of, one
+// core per device.
 MachineModel products_only() {
   MachineModel m = default_machine();
   m.gemm_gflops = 1;
   m.elementwise_gbps = 1e9;
+  m.cores = 0;
   return m;
 }
 
@@ -99,6 +101,20 @@ TEST(StepTime, MicroBatchesKeepTheWorkAndReduceOncePerStep) {
       estimate(regression(1), 4, m)[0].compute_s - estimate(regression(1), 1, m)[0].compute_s;
   const double pass = grad_bytes / 2e9;  // kernel_seconds' bytes: read and write count alike
   EXPECT_NEAR(added, (3 + 3 + 3 + 2) * pass, pass / 2);
+}
+
+// Devices and cores: one device on 4 cores splits its kernels over 4 threads (a quarter of the
+// time), 2 devices on 4 cores over 2 each, 8 devices on 4 cores take turns (twice the time).
+TEST(StepTime, DevicesSplitOrShareTheMachinesCores) {
+  const MachineModel alone = products_only();
+  MachineModel four = alone;
+  four.cores = 4;
+  for (int devices : {1, 2, 8}) {
+    const double own = estimate(regression(devices), 1, alone)[0].compute_s;
+    const double shared = estimate(regression(devices), 1, four)[0].compute_s;
+    const double want = devices == 1 ? 0.25 : devices == 2 ? 0.5 : 2.0;
+    EXPECT_NEAR(shared, own * want, own * 1e-9) << devices << " devices";
+  }
 }
 
 }  // namespace

@@ -167,8 +167,9 @@ std::string_view to_string(GatherForm form) {
 }
 
 double core_sharing(const MachineModel& machine, std::int64_t devices) {
-  if (machine.cores <= 0 || devices <= machine.cores) return 1;
-  return static_cast<double>(devices) / machine.cores;
+  if (machine.cores <= 0 || devices <= 0) return 1;
+  if (devices > machine.cores) return static_cast<double>(devices) / machine.cores;
+  return 1.0 / static_cast<double>(machine.cores / devices);  // the device's threads
 }
 
 double product_seconds(const MachineModel& machine, double flops) {

@@ -37,8 +37,8 @@ struct MachineModel {
   // loss, a view that copies), in memcpy's terms: n bytes read and n written in n / rate.
   double elementwise_gbps = 0;
   // The cores the devices compute on: a step with more devices than cores runs each device's
-  // kernels devices / cores times slower (threads or processes taking turns). 0: every device
-  // has cores of its own.
+  // kernels devices / cores times slower (threads or processes taking turns), one with fewer
+  // splits each kernel over cores / devices threads. 0: every device has one core of its own.
   int cores = 0;
   // threads: the cost of handing one job to the device threads and waiting for them all (a
   // global-view call, comm/session.h); work cheaper than this runs on the calling thread.
@@ -132,8 +132,11 @@ struct LoopChoice {
 LoopChoice choose_loop(const MachineModel& machine, const OverlapCostInput& input, bool gather,
                        bool shared_memory, std::optional<GatherForm> gather_form = std::nullopt);
 
-// Returns how many times slower each device computes when `devices` devices share the
-// machine's cores: devices / cores where there are more devices than cores, else 1.
+// Returns how many times longer each device computes than on one core of its own when `devices`
+// devices share the machine's cores: devices / cores where there are more devices than cores
+// (they take turns), else 1 / (cores / devices), the threads each device computes with by
+// default (train --threads-per-device, kernels/parallel.h), taken to split every kernel evenly;
+// 1 where the machine gives no cores.
 double core_sharing(const MachineModel& machine, std::int64_t devices);
 
 // Returns the seconds of `flops` of matrix product on one device.
