@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <vector>
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
@@ -75,6 +76,28 @@ void adamw(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::sp
   });
 }
 
+// Returns Σ x² in float64 with independent partial sums: the adds pipeline (and vectorise)
+// without reassociating.
+template <typename T>
+double squares(std::span<const T> x) {
+  constexpr std::size_t kLanes = 8;
+  std::array<double, kLanes> acc{};
+  const std::size_t body = x.size() / kLanes * kLanes;
+  for (std::size_t i = 0; i < body; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      const double v = static_cast<double>(x[i + l]);
+      acc[l] += v * v;
+    }
+  }
+  for (std::size_t i = body; i < x.size(); ++i) {
+    const double v = static_cast<double>(x[i]);
+    acc[0] += v * v;
+  }
+  double sum = 0;
+  for (double a : acc) sum += a;
+  return sum;
+}
+
 }  // namespace
 
 std::string_view to_string(OptimizerKind kind) {
@@ -130,22 +153,16 @@ double sum_of_squares(const Tensor& t) {
   visit_dtype(t.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
-      // Independent partial sums: the adds pipeline (and vectorise) without reassociating.
-      constexpr std::size_t kLanes = 8;
-      std::array<double, kLanes> acc{};
-      std::span<const T> x = t.data<T>();
-      const std::size_t body = x.size() / kLanes * kLanes;
-      for (std::size_t i = 0; i < body; i += kLanes) {
-        for (std::size_t l = 0; l < kLanes; ++l) {
-          const double v = static_cast<double>(x[i + l]);
-          acc[l] += v * v;
-        }
-      }
-      for (std::size_t i = body; i < x.size(); ++i) {
-        const double v = static_cast<double>(x[i]);
-        acc[0] += v * v;
-      }
-      for (double a : acc) total += a;
+      // Parts over the device's threads, their sums added in part order.
+      const std::span<const T> all = t.data<T>();
+      const auto n = static_cast<std::int64_t>(all.size());
+      const int parts = parallel_parts(n, kElementGrain);
+      std::vector<double> part_sums(static_cast<std::size_t>(parts), 0.0);
+      parallel_parts_for(n, parts, [&](int part, std::int64_t begin, std::int64_t end) {
+        part_sums[static_cast<std::size_t>(part)] = squares(
+            all.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin)));
+      });
+      for (double s : part_sums) total += s;
     } else {
       MESHFLOW_CHECK(false, "sum_of_squares on {}", to_string(t.dtype()));
     }
