@@ -1,7 +1,9 @@
-// The accumulation loops, vectorised by the compiler (this folder is built at -O3).
+// The accumulation loops, vectorised by the compiler (this folder is built at -O3) and split
+// over the device's threads.
 #include "meshflow/kernels/accumulate.h"
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
 
@@ -13,8 +15,10 @@ void add_into(Tensor& sum, const Tensor& x) {
     if constexpr (std::is_floating_point_v<T>) {
       T* __restrict s = sum.data<T>().data();
       const T* __restrict v = x.data<T>().data();
-      const std::size_t n = static_cast<std::size_t>(sum.numel());
-      for (std::size_t i = 0; i < n; ++i) s[i] += v[i];
+      parallel_for(sum.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+        for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i)
+          s[i] += v[i];
+      });
     } else {
       MESHFLOW_CHECK(false, "add_into on {}", to_string(sum.dtype()));
     }
@@ -26,7 +30,11 @@ void scale_in_place(Tensor& t, double s) {
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
       const T f = static_cast<T>(s);
-      for (T& x : t.data<T>()) x *= f;
+      T* __restrict p = t.data<T>().data();
+      parallel_for(t.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+        for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i)
+          p[i] *= f;
+      });
     } else {
       MESHFLOW_CHECK(false, "scale_in_place on {}", to_string(t.dtype()));
     }
