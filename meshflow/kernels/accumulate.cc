@@ -2,6 +2,9 @@
 // over the device's threads.
 #include "meshflow/kernels/accumulate.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
 
@@ -40,5 +43,28 @@ void scale_in_place(Tensor& t, double s) {
     }
   });
 }
+
+template <typename T>
+void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
+  // Columns per part at least: each part streams its columns of every row.
+  const std::int64_t grain =
+      std::max<std::int64_t>(16, kElementGrain / std::max<std::int64_t>(1, rows));
+  parallel_for(cols, grain, [&](std::int64_t begin, std::int64_t end) {
+    T* __restrict o = out + begin;
+    const std::int64_t n = end - begin;
+    for (std::int64_t j = 0; j < n; ++j) o[j] = T(0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* __restrict xr = x + r * cols + begin;
+      for (std::int64_t j = 0; j < n; ++j) o[j] += xr[j];
+    }
+  });
+}
+
+template void sum_rows<float>(const float*, std::int64_t, std::int64_t, float*);
+template void sum_rows<double>(const double*, std::int64_t, std::int64_t, double*);
+template void sum_rows<std::uint32_t>(const std::uint32_t*, std::int64_t, std::int64_t,
+                                      std::uint32_t*);
+template void sum_rows<std::uint64_t>(const std::uint64_t*, std::int64_t, std::int64_t,
+                                      std::uint64_t*);
 
 }  // namespace meshflow

@@ -12,4 +12,10 @@ void add_into(Tensor& sum, const Tensor& x);
 // t *= s, elementwise (floating point).
 void scale_in_place(Tensor& t, double s);
 
+// out[j] = Σ over r of x[r * cols + j] for j < cols: the rows of a [rows, cols] array added into
+// one (a bias's or a broadcast operand's gradient). Each element sums its column in row order,
+// alone or with the columns split over the device's threads, so the bits are the same.
+template <typename T>
+void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out);
+
 }  // namespace meshflow

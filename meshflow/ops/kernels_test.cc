@@ -412,6 +412,8 @@ TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
       {Op{.type = OpType::kLayerNorm}, {&x, &w, &b}, true},
       {Op{.type = OpType::kLayerNormGradX}, {&g, &x, &w}, true},
       {Op{.type = OpType::kLayerNormGradW}, {&g, &x}, false},
+      {Op{.type = OpType::kSumTo, .shape = {1024}}, {&x}, true},  // rows added, columns split
+      {Op{.type = OpType::kSum, .dims = {0, 1}}, {&x3}, true},
       {Op{.type = OpType::kTranspose, .dims = {1, 0}}, {&x}, true},
       {Op{.type = OpType::kTranspose, .dims = {0, 2, 1, 3}}, {&q}, true},
       {Op{.type = OpType::kMatmul}, {&x, &wm}, false},

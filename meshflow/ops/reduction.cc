@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/accumulate.h"
 
 namespace meshflow {
 
@@ -57,6 +58,23 @@ void sum_into(const Tensor& in, const std::vector<std::int64_t>& out_strides, Te
     return;
   }
   const std::size_t rank = shape.size();
+  // Leading dims summed, the trailing ones kept whole in order: rows added into one (vectorised,
+  // split over the device's threads).
+  std::size_t kept = rank;
+  while (kept > 0 && out_strides[kept - 1] != 0) --kept;
+  bool rows_summed = kept > 0 && kept < rank;
+  for (std::size_t d = 0; d < kept; ++d) rows_summed = rows_summed && out_strides[d] == 0;
+  std::int64_t cols = 1;
+  for (std::size_t d = rank; d-- > kept;) {
+    rows_summed = rows_summed && out_strides[d] == cols;
+    cols *= shape[d];
+  }
+  if (rows_summed && cols == out.numel()) {
+    if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
+      sum_rows<T>(pi, n / cols, cols, po);
+      return;
+    }
+  }
   const std::int64_t inner = shape[rank - 1];
   const std::int64_t inner_stride = out_strides[rank - 1];
   std::vector<std::int64_t> index(rank, 0);
