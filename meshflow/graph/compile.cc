@@ -4,8 +4,9 @@
 namespace meshflow {
 
 Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options) {
-  Pcg g = infer_layouts(
-      mode == Mode::kTrain ? split_micro_batches(pcg, options.micro_batches) : pcg, options.plan);
+  Pcg g = fold_transposes(pcg);
+  if (mode == Mode::kTrain) g = split_micro_batches(std::move(g), options.micro_batches);
+  g = infer_layouts(std::move(g), options.plan);
   if (mode == Mode::kTrain) {
     g = infer_layouts(expand_backward(std::move(g)), options.plan);
     g = add_update(std::move(g), options.update, options.zero);

@@ -1,6 +1,7 @@
 // The passes that compile a model's PCG, each a pure function from graph to graph in its own
 // file, asserting its before and after invariants (verify, graph/pcg.h). In order:
 //
+//   fold_transposes  reads a transpose feeding a product through BLAS's transpose flag
 //   infer_layouts    fills every node's layout by sharding propagation (ops/strategy.h)
 //   expand_backward  adds the backward pass from the loss (ops/gradient.h's programs)
 //   add_update       adds the optimizer's update per weight that has a gradient, its state, and
@@ -20,6 +21,15 @@
 #include "meshflow/plan/planner.h"
 
 namespace meshflow {
+
+// Transposes folded into products. Before: Stage::kBuilt, forward nodes only (a graph with a
+// layout or a backward node is returned as it is). After: Stage::kBuilt; each matmul or
+// bias-free linear whose operand 1 is a pin-free transpose of a 2-d value (operand 0 of rank 2
+// or more) reads that value as matmul_grad_a (a @ bᵀ, BLAS's transpose flag), else each whose
+// operand 0 is one (operand 1 2-d) as matmul_grad_b (aᵀ @ b); the transposes then read by no
+// node, loss or output are dropped with their names. Its results and gradients equal the
+// unfolded graph's.
+Pcg fold_transposes(Pcg pcg);
 
 // Layout inference. Before: Stage::kBuilt (some nodes may already have layouts: they keep
 // them). After: Stage::kLaidOut. Sources, parallel ops and moves take their pins (parallel ops

@@ -99,6 +99,12 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
                b.op(OpType::kMatmulGradB, {input(0), kG})};
       if (in.size() == 3) grads.push_back(b.sum_to(kG, in[2].shape, out));
       break;
+    case OpType::kMatmulGradA:  // a @ bᵀ (a matmul whose b is a folded transpose)
+      grads = {b.op(OpType::kMatmul, {kG, input(1)}), b.op(OpType::kMatmulGradB, {kG, input(0)})};
+      break;
+    case OpType::kMatmulGradB:  // Σ aᵀ g (a matmul whose a is a folded transpose)
+      grads = {b.op(OpType::kMatmulGradA, {input(1), kG}), b.op(OpType::kMatmul, {input(0), kG})};
+      break;
     case OpType::kLayerNorm: {
       const Op gx{.type = OpType::kLayerNormGradX, .eps = op.eps};
       const Op gw{.type = OpType::kLayerNormGradW, .eps = op.eps};

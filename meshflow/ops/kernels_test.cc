@@ -499,6 +499,9 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
   check_gradients({.type = OpType::kMatmul}, tensors(rnd({2, 3, 4}, 1), rnd({4, 5}, 2)));
   check_gradients({.type = OpType::kLinear}, tensors(rnd({3, 4}, 1), rnd({4, 5}, 2), rnd({5}, 3)));
   check_gradients({.type = OpType::kLinear}, tensors(rnd({4}, 1), rnd({4, 5}, 2)));
+  // The products a folded transpose makes (graph/passes.h's fold_transposes): a @ bᵀ, aᵀ @ b.
+  check_gradients({.type = OpType::kMatmulGradA}, tensors(rnd({2, 3, 4}, 1), rnd({5, 4}, 2)));
+  check_gradients({.type = OpType::kMatmulGradB}, tensors(rnd({2, 3, 4}, 1), rnd({2, 3, 5}, 2)));
   for (OpType t : {OpType::kAdd, OpType::kSub, OpType::kMul, OpType::kDiv}) {
     check_gradients({.type = t}, tensors(rnd({3, 4}, 4), rnd({4}, 5)));
     check_gradients({.type = t}, tensors(rnd({3, 1}, 6), rnd({2, 1, 4}, 7)));

@@ -259,3 +259,39 @@ def test_threads_per_device():
         assert "threads_per_device= 0" in str(e)
     else:
         raise AssertionError("threads_per_device=0 accepted")
+
+
+def test_a_transpose_feeding_a_product_is_folded(tmp_path):
+    # Weight tying: the token table is the embedding and, transposed, the LM head. The transpose
+    # is read through BLAS's flag (no node for it), and training equals the graph as written.
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "ids.npy", rng.integers(0, 16, size=(8, 4)).astype(np.int64))
+    np.save(tmp_path / "next.npy", rng.integers(0, 16, size=32).astype(np.int64))
+    model = {
+        "meshes": {"m": "2"},
+        "tensors": {
+            "ids": {"shape": [8, 4], "dtype": "int64", "input": "ids.npy", "mesh": "m",
+                    "placements": ["S(0)"]},
+            "next": {"shape": [32], "dtype": "int64", "input": "next.npy", "mesh": "m",
+                     "placements": ["S(0)"]},
+            "tok": {"shape": [16, 6], "weight": {"normal": 0.5, "seed": 1}, "mesh": "m",
+                    "placements": ["R"]},
+        },
+        "nodes": [
+            {"name": "e", "op": "embedding", "inputs": ["ids", "tok"]},
+            {"name": "flat", "op": "reshape", "inputs": ["e"], "shape": [-1, 6]},
+            {"name": "head", "op": "transpose", "inputs": ["tok"]},
+            {"name": "logits", "op": "matmul", "inputs": ["flat", "head"]},
+            {"name": "loss", "op": "softmax_cross_entropy", "inputs": ["logits", "next"]},
+        ],
+        "loss": "loss",
+        "outputs": ["loss"],
+    }
+    path = tmp_path / "tied.json"
+    path.write_text(__import__("json").dumps(model))
+    m = mf.Model.load(path)
+    assert "head" not in m.explain()["values"]
+    r = m.train(3, lr=0.5, check=True)
+    assert r["check"]["max_loss_diff"] < 1e-5 and r["check"]["max_grad_diff"] < 1e-5
+    assert r["check"]["max_weight_diff"] < 1e-5
+    assert r["steps"][-1]["loss"] < r["steps"][0]["loss"]
