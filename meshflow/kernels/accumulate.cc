@@ -18,9 +18,11 @@ void add_into(Tensor& sum, const Tensor& x) {
     if constexpr (std::is_floating_point_v<T>) {
       T* __restrict s = sum.data<T>().data();
       const T* __restrict v = x.data<T>().data();
-      parallel_for(sum.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+      parallel_for(sum.numel(), kElementGrain, [=](std::int64_t begin, std::int64_t end) {
+        T* __restrict sl = s;  // locals: the loop reads no pointer through the closure
+        const T* __restrict vl = v;
         for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i)
-          s[i] += v[i];
+          sl[i] += vl[i];
       });
     } else {
       MESHFLOW_CHECK(false, "add_into on {}", to_string(sum.dtype()));
@@ -34,9 +36,10 @@ void scale_in_place(Tensor& t, double s) {
     if constexpr (std::is_floating_point_v<T>) {
       const T f = static_cast<T>(s);
       T* __restrict p = t.data<T>().data();
-      parallel_for(t.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
+      parallel_for(t.numel(), kElementGrain, [=](std::int64_t begin, std::int64_t end) {
+        T* __restrict pl = p;
         for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i)
-          p[i] *= f;
+          pl[i] *= f;
       });
     } else {
       MESHFLOW_CHECK(false, "scale_in_place on {}", to_string(t.dtype()));

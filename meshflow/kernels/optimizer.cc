@@ -32,18 +32,23 @@ void sgd(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::span
   T* __restrict wp = w.data();
   const T* __restrict gp = g.data();
   if (state.empty()) {
-    for_parts(n, [&](std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end; ++i) wp[i] -= lr * (gp[i] * scale);
+    for_parts(n, [=](std::size_t begin, std::size_t end) {
+      T* __restrict wl = wp;  // locals: the loop reads no pointer through the closure
+      const T* __restrict gl = gp;
+      for (std::size_t i = begin; i < end; ++i) wl[i] -= lr * (gl[i] * scale);
     });
     return;
   }
   const T momentum = static_cast<T>(rule.momentum);
   T* __restrict bp = state[0]->data<T>().data();
-  for_parts(n, [&](std::size_t begin, std::size_t end) {
+  for_parts(n, [=](std::size_t begin, std::size_t end) {
+    T* __restrict wl = wp;
+    T* __restrict bl = bp;
+    const T* __restrict gl = gp;
     for (std::size_t i = begin; i < end; ++i) {
-      const T b = momentum * bp[i] + gp[i] * scale;
-      bp[i] = b;
-      wp[i] -= lr * b;
+      const T b = momentum * bl[i] + gl[i] * scale;
+      bl[i] = b;
+      wl[i] -= lr * b;
     }
   });
 }
@@ -64,14 +69,18 @@ void adamw(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::sp
   const T* __restrict gp = g.data();
   T* __restrict mp = state[0]->data<T>().data();
   T* __restrict vp = state[1]->data<T>().data();
-  for_parts(n, [&](std::size_t begin, std::size_t end) {
+  for_parts(n, [=](std::size_t begin, std::size_t end) {
+    T* __restrict wl = wp;
+    T* __restrict ml = mp;
+    T* __restrict vl = vp;
+    const T* __restrict gl = gp;
     for (std::size_t i = begin; i < end; ++i) {
-      const T gi = gp[i] * scale;
-      const T m = b1 * mp[i] + one_minus_b1 * gi;
-      const T v = b2 * vp[i] + one_minus_b2 * gi * gi;
-      mp[i] = m;
-      vp[i] = v;
-      wp[i] = wp[i] * decay - step_size * m / (std::sqrt(v) * inv_bc2_sqrt + eps);
+      const T gi = gl[i] * scale;
+      const T m = b1 * ml[i] + one_minus_b1 * gi;
+      const T v = b2 * vl[i] + one_minus_b2 * gi * gi;
+      ml[i] = m;
+      vl[i] = v;
+      wl[i] = wl[i] * decay - step_size * m / (std::sqrt(v) * inv_bc2_sqrt + eps);
     }
   });
 }

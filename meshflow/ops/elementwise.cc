@@ -66,8 +66,11 @@ void broadcast_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const std::int64_t n = out.numel();
   if (n == 0) return;
   if (a.shape() == b.shape()) {
-    parallel_for(n, kElementGrain, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) po[i] = f(pa[i], pb[i]);
+    parallel_for(n, kElementGrain, [=](std::int64_t begin, std::int64_t end) {
+      T* __restrict o = po;  // locals: the loop reads no pointer through the closure
+      const T* x = pa;
+      const T* y = pb;
+      for (std::int64_t i = begin; i < end; ++i) o[i] = f(x[i], y[i]);
     });
     return;
   }
@@ -131,8 +134,10 @@ template <typename T, typename F>
 void unary_loop(const Tensor& a, Tensor& out, F f) {
   const T* pa = reinterpret_cast<const T*>(a.bytes());
   T* po = reinterpret_cast<T*>(out.bytes());
-  parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) po[i] = f(pa[i]);
+  parallel_for(out.numel(), kElementGrain, [=](std::int64_t begin, std::int64_t end) {
+    T* __restrict o = po;  // locals: the loop reads no pointer through the closure
+    const T* __restrict x = pa;
+    for (std::int64_t i = begin; i < end; ++i) o[i] = f(x[i]);
   });
 }
 
