@@ -1,9 +1,11 @@
 #include "meshflow/ops/embedding.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
 
@@ -65,22 +67,39 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     const std::int64_t local_rows = rows.shape()[0];
     Shape out = ids.shape();
     out.push_back(d);
-    Tensor y(rows.dtype(), out);  // zeros where another device owns the row
+    Tensor y = Tensor::uninitialized(rows.dtype(), out);
     const T* t = rows.data<T>().data();
     T* py = y.data<T>().data();
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t r = checked(i) - first_row;
-      if (r >= 0 && r < local_rows) std::memcpy(py + i * d, t + r * d, sizeof(T) * d);
-    }
+    // Tokens split over the device's threads; zeros where another device owns the row.
+    parallel_for(n, row_grain(d), [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t i = first; i < last; ++i) {
+        const std::int64_t r = checked(i) - first_row;
+        if (r >= 0 && r < local_rows) {
+          std::memcpy(py + i * d, t + r * d, sizeof(T) * static_cast<std::size_t>(d));
+        } else {
+          std::fill(py + i * d, py + (i + 1) * d, T(0));
+        }
+      }
+    });
     return y;
   }
-  Tensor grad(rows.dtype(), {vocab, d});
+  for (std::int64_t i = 0; i < n; ++i) checked(i);
+  Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
-  for (std::int64_t i = 0; i < n; ++i) {
-    T* dst = pg + checked(i) * d;
-    for (std::int64_t j = 0; j < d; ++j) dst[j] += g[i * d + j];
-  }
+  // The table zeroed by rows, then each token's gradient added in token order with the
+  // columns split over the device's threads (a repeated id adds in the same order alone).
+  parallel_for(vocab, row_grain(d), [&](std::int64_t first, std::int64_t last) {
+    std::fill(pg + first * d, pg + last * d, T(0));
+  });
+  parallel_for(d, std::max<std::int64_t>(16, kElementGrain / std::max<std::int64_t>(1, n)),
+               [&](std::int64_t begin, std::int64_t end) {
+                 for (std::int64_t i = 0; i < n; ++i) {
+                   T* __restrict dst = pg + id_at<I>(ids, i) * d;
+                   const T* __restrict src = g + i * d;
+                   for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
+                 }
+               });
   return grad;
 }
 

@@ -395,6 +395,8 @@ TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
   const Tensor q = rnd({2, 4, 80, 16}, 8, f), k = rnd({2, 4, 80, 16}, 9, f);
   const Tensor v = rnd({2, 4, 80, 16}, 10, f), ga = rnd({2, 4, 80, 16}, 11, f);
   const Tensor bias3 = rnd({1, 1024}, 12, f), x3 = rnd({8, 32, 1024}, 13, f);
+  const Tensor tokens = ids({2048}, 1024), table = rnd({1024, 256}, 14, f);
+  const Tensor g_rows = rnd({2048, 256}, 15, f);
   struct Case {
     Op op;
     std::vector<const Tensor*> in;
@@ -415,6 +417,8 @@ TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
       {Op{.type = OpType::kSumTo, .shape = {1024}}, {&x}, true},  // rows added, columns split
       {Op{.type = OpType::kSum, .dims = {0, 1}}, {&x3}, true},
       {Op{.type = OpType::kTranspose, .dims = {1, 0}}, {&x}, true},
+      {Op{.type = OpType::kEmbedding}, {&tokens, &table}, true},
+      {Op{.type = OpType::kEmbeddingGrad, .shape = {1024, 256}}, {&tokens, &g_rows}, true},
       {Op{.type = OpType::kTranspose, .dims = {0, 2, 1, 3}}, {&q}, true},
       {Op{.type = OpType::kMatmul}, {&x, &wm}, false},
       {Op{.type = OpType::kMatmulGradB}, {&x, &g}, false},
