@@ -28,6 +28,20 @@ def model(layout):
     return os.path.join(gpt, f"gpt_{layout}.json")
 
 
+def train_checked(args, what):
+    """Runs `meshflow train ARGS --check --json` (4 ranks under mpirun); checks that it exits 0
+    and equals one device within TOLERANCE. Returns its JSON output, or None when it failed."""
+    r = run_meshflow(meshflow, ["train", *args, "--check", "--json"], mpirun,
+                     4 if mpirun else None, timeout=300)
+    check(r.returncode == 0, f"train {what}: {r.stderr}")
+    if r.returncode != 0:
+        return None
+    out = json.loads(r.stdout)
+    for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
+        check(out["check"][key] <= TOLERANCE, f"{what} {key} = {out['check'][key]}")
+    return out
+
+
 if not mpirun:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["/usr/bin/python3", os.path.join(gpt, "make_gpt.py"), tmp], check=True)
@@ -47,15 +61,10 @@ reference = {}  # per optimizer, each layout's losses in one micro-batch
 for (optimizer, options), micro in [(o, m) for o in OPTIMIZERS.items() for m in (1, 2)]:
     losses = {}
     for layout in (["tp", "dp_tp"] if mpirun else LAYOUTS):
-        r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--check", "--json",
-                                    "--micro-batches", str(micro), *options], mpirun,
-                         4 if mpirun else None, timeout=300)
-        check(r.returncode == 0, f"train {layout} {optimizer}: {r.stderr}")
-        if r.returncode != 0:
+        out = train_checked([model(layout), "--steps", "3", "--micro-batches", str(micro),
+                             *options], f"{layout} {optimizer}")
+        if out is None:
             continue
-        out = json.loads(r.stdout)
-        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
-            check(out["check"][key] <= TOLERANCE, f"{layout} {optimizer} {key} = {out['check'][key]}")
         losses[layout] = [s["loss"] for s in out["steps"]]
         check(losses[layout][2] < losses[layout][0],
               f"{layout} {optimizer}: the loss falls {losses[layout]}")
@@ -74,17 +83,11 @@ ZERO_OPTIMIZERS = {"adamw": OPTIMIZERS["adamw"], "momentum": ["--momentum", "0.9
 for zero, micro, optimizer in [(z, m, o) for z in ("1", "3") for m in ("1", "2")
                                for o in ZERO_OPTIMIZERS]:
     for layout in (["dp_tp"] if mpirun else ["dp", "sp", "dp_tp"]):
-        r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--check", "--json",
-                                    "--zero", zero, "--micro-batches", micro,
-                                    *ZERO_OPTIMIZERS[optimizer]], mpirun,
-                         4 if mpirun else None, timeout=300)
         what = f"{layout} --zero {zero} {optimizer} M={micro}"
-        check(r.returncode == 0, f"train {what}: {r.stderr}")
-        if r.returncode != 0:
+        out = train_checked([model(layout), "--steps", "3", "--zero", zero, "--micro-batches",
+                             micro, *ZERO_OPTIMIZERS[optimizer]], what)
+        if out is None:
             continue
-        out = json.loads(r.stdout)
-        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
-            check(out["check"][key] <= TOLERANCE, f"{what} {key} = {out['check'][key]}")
         if optimizer in reference and layout in reference[optimizer]:
             want = reference[optimizer][layout]
             got = [s["loss"] for s in out["steps"]]
@@ -166,13 +169,7 @@ with tempfile.TemporaryDirectory() as tmp:
         check(moves == [("forward", "loss:max", ["P(max)"], ["R"]),
                         ("forward", "loss:stats", ["P(sum)"], ["R"])],
               f"vocabulary-parallel loss moves {moves}")
-    r = run_meshflow(meshflow, ["train", wide, "--steps", "2", "--check", "--json"], mpirun,
-                     4 if mpirun else None, timeout=300)
-    check(r.returncode == 0, f"train wide tp_vocab: {r.stderr}")
-    if r.returncode == 0:
-        out = json.loads(r.stdout)["check"]
-        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
-            check(out[key] <= TOLERANCE, f"wide tp_vocab {key} = {out[key]}")
+    train_checked([wide, "--steps", "2"], "wide tp_vocab")
 
     # Bad data is one line naming the node that read it, on every device (no device left
     # waiting in the loss's all-reduces): a token id outside the vocabulary, then a label.
@@ -215,13 +212,7 @@ with tempfile.TemporaryDirectory() as tmp:
                                     "--threads-per-device", "0"], None, None, timeout=60)
         check(r.returncode == 2 and "--threads-per-device" in r.stderr,
               f"--threads-per-device 0: {r.returncode} {r.stderr}")
-    r = run_meshflow(meshflow, ["train", os.path.join(tmp, "gpt_dp.json"), "--steps", "2",
-                                "--threads-per-device", "2", "--check", "--json"], mpirun,
-                     4 if mpirun else None, timeout=300)
-    check(r.returncode == 0, f"train gpt_dp --threads-per-device 2: {r.stderr}")
-    if r.returncode == 0:
-        out = json.loads(r.stdout)["check"]
-        for key in ["max_loss_diff", "max_weight_diff", "max_grad_diff"]:
-            check(out[key] <= TOLERANCE, f"threads per device 2: {key} = {out[key]}")
+    train_checked([os.path.join(tmp, "gpt_dp.json"), "--steps", "2", "--threads-per-device",
+                   "2"], "gpt_dp --threads-per-device 2")
 
 finish()
