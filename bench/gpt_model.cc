@@ -35,11 +35,10 @@ GptFiles::GptFiles(const GptConfig& c, int devices) {
        std::to_string(c.width), "--heads", std::to_string(c.heads), "--blocks",
        std::to_string(c.blocks), "--devices", std::to_string(devices)},
       {}, /*with_errors=*/true);
-  std::string& out = run.out;
-  const int status = run.status;
-  if (status != 0) {
+  if (run.status != 0) {
     std::error_code ignored;
     fs::remove_all(folder_, ignored);
+    std::string& out = run.out;
     while (!out.empty() && out.back() == '\n') out.pop_back();
     const auto last_line = out.rfind('\n');
     fail(
