@@ -130,12 +130,13 @@ int device_threads(const TrainBenchOptions& o, int devices) {
 
 // Returns explain's estimate of the step train_model runs for `m` (threads, no overlap).
 StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
-                        int micro_batches, int zero) {
+                        int micro_batches, int zero, int threads_per_device) {
   const Explanation e = explain_compiled(m.pcg, {.plan = {.machine = o.machine},
                                                  .decompose = {.shared_memory = true},
                                                  .update = optimizer.rule,
                                                  .micro_batches = micro_batches,
-                                                 .zero = zero});
+                                                 .zero = zero,
+                                                 .threads_per_device = threads_per_device});
   MESHFLOW_CHECK(e.step_time.has_value(), "a training model without a step estimate");
   return *e.step_time;
 }
@@ -271,7 +272,8 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   r.extra["optimizer_vs_floor"] = median(floors) > 0 ? median(update) / median(floors) : 0.0;
   r.extra["measured_peak_bytes"] = t.measured.peak;
   r.extra["measured_memory"] = to_json(t.measured.at_peak);
-  const StepTime est = estimated_step(m, o, optimizer, micro_batches, zero);
+  const StepTime est =
+      estimated_step(m, o, optimizer, micro_batches, zero, options.run.threads_per_device);
   r.extra["est_step_s"] = est.total();
   r.extra["est_vs_measured"] = step_s > 0 ? est.total() / step_s : 0.0;
   r.extra["est_kernel_s"] = est.compute_s + est.update_s;  // as kernel_s counts them

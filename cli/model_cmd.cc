@@ -34,11 +34,13 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
   if (runs) {
     cmd->add_option("--trace", a.trace,
                     "write a Chrome/Perfetto trace JSON (a process per device: tasks, transfers)");
-    cmd->add_option("--threads-per-device", a.threads_per_device,
-                    "threads each device computes with, >= 1 (default: this machine's cores "
-                    "divided by the devices, at least 1)")
-        ->check(CLI::PositiveNumber);
   }
+  cmd->add_option("--threads-per-device", a.threads_per_device,
+                  runs ? "threads each device computes with, >= 1 (default: this machine's cores "
+                         "divided by the devices, at least 1)"
+                       : "estimate the step with this many threads per device (default: this "
+                         "machine's cores divided by the devices, at least 1)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--machine", a.machine, "machine description JSON for the cost model");
   cmd->add_flag("--overlap", a.overlap,
                 "run all-gathers into and reduce-scatters out of matrix products as loops that "
@@ -382,7 +384,8 @@ void add_explain(CLI::App& app) {
          .update = optimizer.rule,
          .micro_batches = every_device(
              backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
-         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); })});
+         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
+         .threads_per_device = args->threads_per_device});
     if (args->json) {
       fmt::print("{}\n", to_json(e).dump(2));
       return;

@@ -431,9 +431,11 @@ PYBIND11_MODULE(_meshflow, module) {
         return py::module_::import("json").attr("loads")(report);
       });
   module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
-                                 std::optional<int> micro_batches, std::optional<int> zero) {
+                                 std::optional<int> micro_batches, std::optional<int> zero,
+                                 std::optional<int> threads_per_device) {
     if (micro_batches && *micro_batches < 1)
       fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+    const int threads = model_options(overlap, threads_per_device).threads_per_device;
     const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
     const Optimizer o =
         resolve_optimizer(optimizer_options(optimizer), defaults.optimizer, OptionStyle::kKeyword);
@@ -442,7 +444,8 @@ PYBIND11_MODULE(_meshflow, module) {
                       .decompose = {.shared_memory = session().backend() == Backend::kThreads},
                       .update = o.rule,
                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-                      .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword)});
+                      .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+                      .threads_per_device = threads});
     return json_to_python(to_json(e));
   });
   module.def("list_checkpoints", [](const std::string& dir, bool verify) {

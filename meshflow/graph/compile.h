@@ -19,6 +19,8 @@ struct CompileOptions {
   UpdateRule update;           // kTrain: the optimizer every weight's update applies
   int micro_batches = 1;       // kTrain: split_micro_batches' M
   int zero = 0;                // kTrain: the ZeRO level (add_update; 3: shard_weights)
+  // explain's step estimate: the threads each device computes with (0: the default).
+  int threads_per_device = 0;
 };
 
 // Returns the compiled graph of `pcg` (Stage::kBuilt). kTrain needs a loss.

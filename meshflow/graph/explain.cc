@@ -98,7 +98,8 @@ Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options) {
   for (const DeviceMemory& d : estimate_memory(g, tasks, options.micro_batches)) {
     if (!e.memory || d.peak > e.memory->peak) e.memory = d;
   }
-  for (const StepTime& t : estimate_step_time(g, tasks, options.micro_batches, options.plan)) {
+  for (const StepTime& t : estimate_step_time(g, tasks, options.micro_batches, options.plan,
+                                              options.threads_per_device)) {
     if (!e.step_time || t.total() > e.step_time->total()) e.step_time = t;
   }
   return e;

@@ -75,13 +75,14 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
 }
 
 std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int micro_batches,
-                                         const PlanOptions& options) {
+                                         const PlanOptions& options, int threads_per_device) {
   MESHFLOW_CHECK(micro_batches >= 1);
   const MachineModel& machine = options.machine ? *options.machine : default_machine();
   PlanCache plans(options);
   // Devices that take turns on the cores compute that much slower (moves are priced by links
   // measured with every device running).
-  const double sharing = core_sharing(machine, static_cast<std::int64_t>(g.devices.size()));
+  const double sharing =
+      core_sharing(machine, static_cast<std::int64_t>(g.devices.size()), threads_per_device);
   std::vector<StepTime> out;
   for (const DeviceTasks& dt : g.devices) {
     StepTime step{.device = dt.device};

@@ -30,11 +30,11 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
                    const MachineModel& machine, PlanCache& plans);
 
 // Returns each device's estimated seconds of one step of `micro_batches` micro-batches, in g's
-// device order; with more devices than the machine's cores, compute and updates take
-// core_sharing times longer. The step's time is the slowest device's: the collectives make every
-// device wait for the others.
+// device order, each device computing with `threads_per_device` threads (0: the default):
+// compute and updates take core_sharing times as long as on one core of their own. The step's time
+// is the slowest device's: the collectives make every device wait for the others.
 std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int micro_batches,
-                                         const PlanOptions& options);
+                                         const PlanOptions& options, int threads_per_device = 0);
 
 // Returns the largest total of `times` (0 for none).
 double slowest(const std::vector<StepTime>& times);

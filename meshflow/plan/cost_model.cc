@@ -166,10 +166,13 @@ std::string_view to_string(GatherForm form) {
   return "?";
 }
 
-double core_sharing(const MachineModel& machine, std::int64_t devices) {
+double core_sharing(const MachineModel& machine, std::int64_t devices, int threads_per_device) {
   if (machine.cores <= 0 || devices <= 0) return 1;
-  if (devices > machine.cores) return static_cast<double>(devices) / machine.cores;
-  return 1.0 / static_cast<double>(machine.cores / devices);  // the device's threads
+  const std::int64_t threads = threads_per_device > 0
+                                   ? threads_per_device
+                                   : std::max<std::int64_t>(1, machine.cores / devices);
+  // Devices taking turns on the cores, or each splitting its kernels over its threads.
+  return std::max(static_cast<double>(devices) / machine.cores, 1.0 / static_cast<double>(threads));
 }
 
 double product_seconds(const MachineModel& machine, double flops) {

@@ -133,11 +133,11 @@ LoopChoice choose_loop(const MachineModel& machine, const OverlapCostInput& inpu
                        bool shared_memory, std::optional<GatherForm> gather_form = std::nullopt);
 
 // Returns how many times longer each device computes than on one core of its own when `devices`
-// devices share the machine's cores: devices / cores where there are more devices than cores
-// (they take turns), else 1 / (cores / devices), the threads each device computes with by
-// default (train --threads-per-device, kernels/parallel.h), taken to split every kernel evenly;
-// 1 where the machine gives no cores.
-double core_sharing(const MachineModel& machine, std::int64_t devices);
+// devices share the machine's cores, each computing with `threads_per_device` threads (train
+// --threads-per-device, kernels/parallel.h; 0: its default, cores / devices, at least 1), taken
+// to split every kernel evenly: the larger of devices / cores (more threads than cores take
+// turns) and 1 / threads. 1 where the machine gives no cores.
+double core_sharing(const MachineModel& machine, std::int64_t devices, int threads_per_device = 0);
 
 // Returns the seconds of `flops` of matrix product on one device.
 double product_seconds(const MachineModel& machine, double flops);

@@ -169,7 +169,10 @@ TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
   m = machine_from_json(j, "m.json");
   EXPECT_EQ(core_sharing(m, 1), 0.5);  // one device computes with both cores
   EXPECT_EQ(core_sharing(m, 2), 1);
-  EXPECT_EQ(core_sharing(m, 8), 4);  // 8 devices take turns on 2 cores
+  EXPECT_EQ(core_sharing(m, 8), 4);       // 8 devices take turns on 2 cores
+  EXPECT_EQ(core_sharing(m, 1, 1), 1);    // one device told to use one thread
+  EXPECT_EQ(core_sharing(m, 2, 2), 1);    // 4 threads on 2 cores gain nothing
+  EXPECT_EQ(core_sharing(m, 1, 4), 0.5);  // nor do 4 threads on 2 cores
   m.cores = 0;
   EXPECT_EQ(core_sharing(m, 8), 1);  // every device has its own
   j.erase("cores");

@@ -60,7 +60,7 @@ class Model:
 
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
-                decay_steps=None, micro_batches=None, zero=None):
+                decay_steps=None, micro_batches=None, zero=None, threads_per_device=None):
         """Returns the dict ``meshflow explain --json`` prints for the step ``train`` with the
         same options would run: every value's layout (optimizer state included), every move,
         and for a model with a loss ``est_step_s`` and ``memory_per_device_bytes``."""
@@ -69,4 +69,6 @@ class Model:
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
         return _meshflow.explain_model(self._h, overlap, options,
                                        None if micro_batches is None else int(micro_batches),
-                                       None if zero is None else int(zero))
+                                       None if zero is None else int(zero),
+                                       None if threads_per_device is None
+                                       else int(threads_per_device))
