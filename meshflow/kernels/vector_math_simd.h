@@ -71,12 +71,14 @@ struct SimdLoops {
   static void gelu(const float* x, float* y, std::int64_t n) { map(x, y, n, gelu_of); }
 
   static void gelu_grad(const float* g, const float* x, float* y, std::int64_t n) {
-    // Φ(x) + x φ(x): the normal CDF through erf, the density exp(-x²/2) / √(2π).
+    // Φ(x) + x φ(x): the normal CDF through erf, the density exp(-x²/2) / √(2π), whose
+    // exponential is the one erf computes for x / √2 (one exp per element, not two).
     auto f = [](R gv, R xv) {
       const R half = V::set1(0.5f), one = V::set1(1.0f);
-      const R cdf = V::mul(half, V::add(one, erf(V::mul(xv, V::set1(0.70710678118654752f)))));
-      const R pdf =
-          V::mul(V::exp(V::mul(V::set1(-0.5f), V::mul(xv, xv))), V::set1(0.39894228040143268f));
+      R gauss;
+      const R cdf =
+          V::mul(half, V::add(one, erf(V::mul(xv, V::set1(0.70710678118654752f)), &gauss)));
+      const R pdf = V::mul(gauss, V::set1(0.39894228040143268f));
       return V::mul(gv, V::fmadd(xv, pdf, cdf));
     };
     std::int64_t i = 0;
