@@ -8,7 +8,6 @@
 #include "bench/make_gpt_script.h"
 #include "bench/report.h"
 #include "meshflow/core/error.h"
-#include "meshflow/core/file.h"
 
 namespace meshflow::bench {
 
@@ -27,10 +26,8 @@ GptFiles::GptFiles(const GptConfig& c, int devices) {
   static std::atomic<int> count{0};
   folder_ = fs::temp_directory_path() / fmt::format("meshflow_gpt_{}_{}", ::getpid(), count++);
   fs::create_directories(folder_);
-  const fs::path script = folder_ / "make_gpt.py";
-  write_file_atomic(script, kMakeGptPy);
   CommandOutput run = run_command(
-      {"/usr/bin/python3", script.string(), folder_.string(), "--batch", std::to_string(c.batch),
+      {"/usr/bin/python3", "-c", kMakeGptPy, folder_.string(), "--batch", std::to_string(c.batch),
        "--seq", std::to_string(c.seq), "--vocab", std::to_string(c.vocab), "--dim",
        std::to_string(c.width), "--heads", std::to_string(c.heads), "--blocks",
        std::to_string(c.blocks), "--devices", std::to_string(devices)},

@@ -1,16 +1,13 @@
 #include "bench/kernels_bench.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include "bench/collectives_bench.h"
 #include "meshflow/core/error.h"
-#include "meshflow/core/file.h"
 #include "meshflow/core/random.h"
 #include "meshflow/kernels/float_mode.h"
 #include "meshflow/kernels/gemm.h"
@@ -20,8 +17,6 @@
 namespace meshflow::bench {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 // The bench GPT's sizes (bench/gpt_model.h's GptConfig defaults).
 constexpr std::int64_t kBatch = 8, kSeq = 256, kWidth = 512, kHeads = 8, kVocab = 8192;
@@ -270,15 +265,11 @@ print(json.dumps(res))
 std::map<std::string, std::vector<double>> pytorch_times(const KernelsBenchOptions& o,
                                                          int threads) {
   if (!o.pytorch) return {};
-  const fs::path file =
-      fs::temp_directory_path() / fmt::format("meshflow_kernels_{}.py", ::getpid());
-  write_file_atomic(file, pytorch_script(threads, o.reps, o.warmup));
-  std::vector<std::string> words{"/usr/bin/python3", file.string()};
+  std::vector<std::string> words{"/usr/bin/python3", "-c",
+                                 pytorch_script(threads, o.reps, o.warmup)};
   words.insert(words.end(), o.cases.begin(), o.cases.end());
   const std::optional<nlohmann::json> j =
       run_command(words, {fmt::format("OMP_NUM_THREADS={}", threads)}).json();
-  std::error_code ignored;
-  fs::remove(file, ignored);
   if (!j || !j->is_object()) return {};
   return j->get<std::map<std::string, std::vector<double>>>();
 }

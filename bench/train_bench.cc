@@ -4,8 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -82,17 +80,9 @@ std::vector<double> pytorch_steps(const TrainBenchOptions& o, const std::string&
       "print(json.dumps(times[{warmup}:]))\n",
       fmt::arg("threads", threads), fmt::arg("model", model), fmt::arg("steps", steps + o.warmup),
       fmt::arg("warmup", o.warmup));
-  const fs::path file = fs::temp_directory_path() / fmt::format("meshflow_torch_{}.py", ::getpid());
-  {
-    std::FILE* f = std::fopen(file.c_str(), "w");
-    if (!f) return {};
-    std::fputs(script.c_str(), f);
-    std::fclose(f);
-  }
   const std::optional<nlohmann::json> j =
-      run_command({"/usr/bin/python3", file.string()}, {fmt::format("OMP_NUM_THREADS={}", threads)})
+      run_command({"/usr/bin/python3", "-c", script}, {fmt::format("OMP_NUM_THREADS={}", threads)})
           .json();
-  fs::remove(file);
   if (!j || !j->is_array()) return {};
   return j->get<std::vector<double>>();
 }
