@@ -54,6 +54,15 @@ void row_major_strides(const Shape& shape, std::span<std::int64_t> out) {
   for (std::size_t i = shape.size(); i-- > 1;) out[i - 1] = out[i] * shape[i];
 }
 
+std::vector<std::int64_t> row_start_index(const Shape& shape, std::int64_t row) {
+  std::vector<std::int64_t> index(shape.size(), 0);
+  for (std::size_t d = shape.size() - (shape.empty() ? 0 : 1); d-- > 0;) {
+    index[d] = row % shape[d];
+    row /= shape[d];
+  }
+  return index;
+}
+
 std::vector<std::int64_t> row_major_strides(const Shape& shape) {
   std::vector<std::int64_t> strides(shape.size());
   row_major_strides(shape, strides);

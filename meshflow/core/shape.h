@@ -27,4 +27,8 @@ std::vector<std::int64_t> row_major_strides(const Shape& shape);
 // Writes them to out[0, shape.size()) instead, for callers that keep them off the heap.
 void row_major_strides(const Shape& shape, std::span<std::int64_t> out);
 
+// Returns the index of the first element of row `row` of `shape` (its rows: every dim but the
+// last, row-major; the last entry 0): where an odometer over the rows starts at that row.
+std::vector<std::int64_t> row_start_index(const Shape& shape, std::int64_t row);
+
 }  // namespace meshflow

@@ -34,6 +34,14 @@ TEST(Shape, RowMajorStrides) {
   EXPECT_EQ(row_major_strides(Shape{2, 3, 4}), (std::vector<std::int64_t>{12, 4, 1}));
 }
 
+TEST(Shape, RowStartIndexCountsRowsOverEveryDimButTheLast) {
+  // Shape [2, 3, 4] has 6 rows of 4; row 4 starts at [1, 1, 0].
+  EXPECT_EQ(row_start_index(Shape{2, 3, 4}, 0), (std::vector<std::int64_t>{0, 0, 0}));
+  EXPECT_EQ(row_start_index(Shape{2, 3, 4}, 4), (std::vector<std::int64_t>{1, 1, 0}));
+  EXPECT_EQ(row_start_index(Shape{5}, 0), (std::vector<std::int64_t>{0}));
+  EXPECT_TRUE(row_start_index(Shape{}, 0).empty());
+}
+
 TEST(DType, NamesRoundTripAndUnknownIsRejected) {
   for (DType d : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
     EXPECT_EQ(parse_dtype(to_string(d)), d);

@@ -49,10 +49,7 @@ void scale_in_place(Tensor& t, double s) {
 
 template <typename T>
 void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
-  // Columns per part at least: each part streams its columns of every row.
-  const std::int64_t grain =
-      std::max<std::int64_t>(16, kElementGrain / std::max<std::int64_t>(1, rows));
-  parallel_for(cols, grain, [&](std::int64_t begin, std::int64_t end) {
+  parallel_for(cols, column_grain(rows), [&](std::int64_t begin, std::int64_t end) {
     T* __restrict o = out + begin;
     const std::int64_t n = end - begin;
     for (std::int64_t j = 0; j < n; ++j) o[j] = T(0);

@@ -28,6 +28,12 @@ inline std::int64_t row_grain(std::int64_t width) {
   return std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(1, width));
 }
 
+// Returns the columns of `rows` rows a part takes at least, when parts split the columns and
+// each streams its columns of every row: kElementGrain elements' worth, and whole vectors.
+inline std::int64_t column_grain(std::int64_t rows) {
+  return std::max<std::int64_t>(16, row_grain(rows));
+}
+
 // A device's threads: the thread that calls run plus size() - 1 helpers it owns.
 class ThreadTeam {
  public:

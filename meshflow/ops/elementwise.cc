@@ -92,42 +92,38 @@ void broadcast_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const std::int64_t ia = sa[rank - 1], ib = sb[rank - 1];
   // Rows split over the device's threads; each part starts its odometer at its first row.
   const std::int64_t rows = n / inner;
-  parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / inner),
-               [&](std::int64_t first, std::int64_t last) {
-                 std::vector<std::int64_t> index(rank, 0);
-                 std::int64_t oa = 0, ob = 0;
-                 std::int64_t rest = first;
-                 for (std::size_t d = rank - 1; d-- > 0;) {
-                   index[d] = rest % shape[d];
-                   rest /= shape[d];
-                   oa += index[d] * sa[d];
-                   ob += index[d] * sb[d];
-                 }
-                 for (std::int64_t row = first; row < last; ++row) {
-                   T* o = po + row * inner;
-                   const T* x = pa + oa;
-                   const T* y = pb + ob;
-                   if (ia == 1 && ib == 1) {
-                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], y[i]);
-                   } else if (ia == 1 && ib == 0) {
-                     const T yv = *y;
-                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], yv);
-                   } else if (ia == 0 && ib == 1) {
-                     const T xv = *x;
-                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(xv, y[i]);
-                   } else {
-                     for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i * ia], y[i * ib]);
-                   }
-                   for (std::size_t d = rank - 1; d-- > 0;) {
-                     oa += sa[d];
-                     ob += sb[d];
-                     if (++index[d] < shape[d]) break;
-                     oa -= sa[d] * shape[d];
-                     ob -= sb[d] * shape[d];
-                     index[d] = 0;
-                   }
-                 }
-               });
+  parallel_for(rows, row_grain(inner), [&](std::int64_t first, std::int64_t last) {
+    std::vector<std::int64_t> index = row_start_index(shape, first);
+    std::int64_t oa = 0, ob = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      oa += index[d] * sa[d];
+      ob += index[d] * sb[d];
+    }
+    for (std::int64_t row = first; row < last; ++row) {
+      T* o = po + row * inner;
+      const T* x = pa + oa;
+      const T* y = pb + ob;
+      if (ia == 1 && ib == 1) {
+        for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], y[i]);
+      } else if (ia == 1 && ib == 0) {
+        const T yv = *y;
+        for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i], yv);
+      } else if (ia == 0 && ib == 1) {
+        const T xv = *x;
+        for (std::int64_t i = 0; i < inner; ++i) o[i] = f(xv, y[i]);
+      } else {
+        for (std::int64_t i = 0; i < inner; ++i) o[i] = f(x[i * ia], y[i * ib]);
+      }
+      for (std::size_t d = rank - 1; d-- > 0;) {
+        oa += sa[d];
+        ob += sb[d];
+        if (++index[d] < shape[d]) break;
+        oa -= sa[d] * shape[d];
+        ob -= sb[d] * shape[d];
+        index[d] = 0;
+      }
+    }
+  });
 }
 
 template <typename T, typename F>

@@ -92,14 +92,13 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
   parallel_for(vocab, row_grain(d), [&](std::int64_t first, std::int64_t last) {
     std::fill(pg + first * d, pg + last * d, T(0));
   });
-  parallel_for(d, std::max<std::int64_t>(16, kElementGrain / std::max<std::int64_t>(1, n)),
-               [&](std::int64_t begin, std::int64_t end) {
-                 for (std::int64_t i = 0; i < n; ++i) {
-                   T* __restrict dst = pg + id_at<I>(ids, i) * d;
-                   const T* __restrict src = g + i * d;
-                   for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
-                 }
-               });
+  parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      T* __restrict dst = pg + id_at<I>(ids, i) * d;
+      const T* __restrict src = g + i * d;
+      for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
+    }
+  });
   return grad;
 }
 

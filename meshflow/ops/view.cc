@@ -96,14 +96,9 @@ void transpose_into(const T* in, const Shape& in_shape, const std::vector<int>& 
   const std::int64_t inner = extent[rank - 1], step = stride[rank - 1];
   parallel_for(n / inner, row_grain(inner), [&](std::int64_t first, std::int64_t last) {
     // The odometer at row `first`.
-    std::vector<std::int64_t> index(rank, 0);
+    std::vector<std::int64_t> index = row_start_index(extent, first);
     std::int64_t base = 0;
-    for (std::int64_t d = static_cast<std::int64_t>(rank) - 2, rest = first; d >= 0; --d) {
-      const auto u = static_cast<std::size_t>(d);
-      index[u] = rest % extent[u];
-      rest /= extent[u];
-      base += index[u] * stride[u];
-    }
+    for (std::size_t d = 0; d < rank; ++d) base += index[d] * stride[d];
     T* o = out + first * inner;
     for (std::int64_t row = first; row < last; ++row, o += inner) {
       const T* src = in + base;
