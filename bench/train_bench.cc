@@ -333,7 +333,8 @@ BenchResult zero_case(const TrainBenchOptions& o, const std::string& name, const
   return r;
 }
 
-// Sets r's baseline to PyTorch's step times for `model` (1 thread for one device, 2 otherwise).
+// Sets r's baseline to PyTorch's step times for `model`, on as many threads as r's devices
+// compute with together (pytorch_threads).
 void add_pytorch_baseline(const TrainBenchOptions& o, const std::string& model, BenchResult& r) {
   if (!o.pytorch) return;
   const int devices = static_cast<int>(r.devices);

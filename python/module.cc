@@ -173,14 +173,19 @@ OptimizerOptions optimizer_options(const py::dict& kw) {
   return o;
 }
 
-ModelRunOptions model_options(bool overlap, std::optional<int> threads_per_device) {
+// Returns threads_per_device= checked (0 when not given: the default).
+int threads_option(std::optional<int> threads_per_device) {
   if (threads_per_device && *threads_per_device < 1) {
     fail(ErrorKind::kInvalidArgument, "threads_per_device= {}: must be >= 1", *threads_per_device);
   }
+  return threads_per_device.value_or(0);
+}
+
+ModelRunOptions model_options(bool overlap, std::optional<int> threads_per_device) {
   ModelRunOptions o;
   o.backend = session().backend();
   o.overlap = overlap;
-  o.threads_per_device = threads_per_device.value_or(0);
+  o.threads_per_device = threads_option(threads_per_device);
   return o;
 }
 
@@ -435,7 +440,6 @@ PYBIND11_MODULE(_meshflow, module) {
                                  std::optional<int> threads_per_device) {
     if (micro_batches && *micro_batches < 1)
       fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
-    const int threads = model_options(overlap, threads_per_device).threads_per_device;
     const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
     const Optimizer o =
         resolve_optimizer(optimizer_options(optimizer), defaults.optimizer, OptionStyle::kKeyword);
@@ -445,7 +449,7 @@ PYBIND11_MODULE(_meshflow, module) {
                       .update = o.rule,
                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
                       .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
-                      .threads_per_device = threads});
+                      .threads_per_device = threads_option(threads_per_device)});
     return json_to_python(to_json(e));
   });
   module.def("list_checkpoints", [](const std::string& dir, bool verify) {
