@@ -20,7 +20,21 @@ struct Avx2 {
   static Reg div(Reg a, Reg b) { return _mm256_div_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static Reg exp(Reg a) { return Sleef_expf8_u10avx2(a); }
+  static Reg min(Reg a, Reg b) { return _mm256_min_ps(a, b); }
+  static Reg round(Reg a) {
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // Returns p 2^n for integral n in [-150, 128]: two factors 2^(n/2) whose exponents are
+  // always normal, so the product overflows to inf and underflows to 0 as p 2^n would.
+  static Reg scale2(Reg p, Reg n) {
+    const __m256i k = _mm256_cvtps_epi32(n), k1 = _mm256_srai_epi32(k, 1),
+                  k2 = _mm256_sub_epi32(k, k1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    return _mm256_mul_ps(
+        _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23))),
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
+  }
+  static Reg recip_estimate(Reg a) { return _mm256_rcp_ps(a); }
   static Reg abs(Reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
   // Returns magnitude m (>= 0) with the sign of s.
   static Reg with_sign(Reg m, Reg s) {

@@ -24,7 +24,13 @@ struct Avx512 {
   static Reg div(Reg a, Reg b) { return _mm512_div_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static Reg exp(Reg a) { return Sleef_expf16_u10avx512f(a); }
+  static Reg min(Reg a, Reg b) { return _mm512_min_ps(a, b); }
+  static Reg round(Reg a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // Returns p 2^n for integral n.
+  static Reg scale2(Reg p, Reg n) { return _mm512_scalef_ps(p, n); }
+  static Reg recip_estimate(Reg a) { return _mm512_rcp14_ps(a); }
   static Reg abs(Reg a) { return _mm512_abs_ps(a); }
   // Returns magnitude m (>= 0) with the sign of s.
   static Reg with_sign(Reg m, Reg s) {

@@ -20,7 +20,18 @@ struct Sse2 {
   static Reg div(Reg a, Reg b) { return _mm_div_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
-  static Reg exp(Reg a) { return Sleef_expf4_u10sse2(a); }
+  static Reg min(Reg a, Reg b) { return _mm_min_ps(a, b); }
+  // Rounds to nearest (the default rounding mode) through int32: exp's |a| stays below 2^31.
+  static Reg round(Reg a) { return _mm_cvtepi32_ps(_mm_cvtps_epi32(a)); }
+  // Returns p 2^n for integral n in [-150, 128]: two factors 2^(n/2) whose exponents are
+  // always normal, so the product overflows to inf and underflows to 0 as p 2^n would.
+  static Reg scale2(Reg p, Reg n) {
+    const __m128i k = _mm_cvtps_epi32(n), k1 = _mm_srai_epi32(k, 1), k2 = _mm_sub_epi32(k, k1);
+    const __m128i bias = _mm_set1_epi32(127);
+    return _mm_mul_ps(_mm_mul_ps(p, _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k1, bias), 23))),
+                      _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k2, bias), 23)));
+  }
+  static Reg recip_estimate(Reg a) { return _mm_rcp_ps(a); }
   static Reg abs(Reg a) { return _mm_andnot_ps(_mm_set1_ps(-0.0f), a); }
   // Returns magnitude m (>= 0) with the sign of s.
   static Reg with_sign(Reg m, Reg s) { return _mm_or_ps(m, _mm_and_ps(s, _mm_set1_ps(-0.0f))); }

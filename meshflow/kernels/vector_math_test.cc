@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
@@ -116,6 +118,31 @@ TEST(VectorMath, SumsDotsAndSquaredDeviationsAsFloat64) {
       EXPECT_NEAR(m->dot(a.data(), b.data(), len), dot, tol * abs_dot + 1e-30) << m->isa;
       EXPECT_NEAR(m->sum_sq_dev(a.data(), 0.25f, len), dev, tol * dev + 1e-30) << m->isa;
     }
+  }
+}
+
+// exp is meshflow's own polynomial (not the C library's): every 997th float32 over the whole
+// range where its result is a normal float, within 2 ULP of float64's exp.
+TEST(VectorMath, ExpWithinTwoUlpWhereverItsResultIsNormal) {
+  std::vector<float> x;
+  for (std::uint32_t bits = 0; bits < 0x42b17000u; bits += 997) {  // 88.72 and below
+    const float v = std::bit_cast<float>(bits);
+    x.push_back(v);
+    if (v < 87.33f) x.push_back(-v);
+  }
+  ASSERT_GT(x.size(), 1000000u);
+  for (const VectorMath* m : vector_math_all()) {
+    std::vector<float> y(x.size());
+    m->exp(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+    double worst = 0;
+    float worst_x = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(double{x[i]});
+      const double ulp = std::nextafter(static_cast<float>(want), kInf) - static_cast<float>(want);
+      const double err = std::abs(y[i] - want) / ulp;
+      if (err > worst) worst = err, worst_x = x[i];
+    }
+    EXPECT_LE(worst, 2.0) << m->isa << " at x=" << worst_x;
   }
 }
 
