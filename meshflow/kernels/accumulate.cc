@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/vectorize.h"
 
 namespace meshflow {
 
@@ -19,10 +21,14 @@ void add_into(Tensor& sum, const Tensor& x) {
       T* __restrict s = sum.data<T>().data();
       const T* __restrict v = x.data<T>().data();
       parallel_for(sum.numel(), kElementGrain, [=](std::int64_t begin, std::int64_t end) {
-        T* __restrict sl = s;  // locals: the loop reads no pointer through the closure
-        const T* __restrict vl = v;
-        for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i)
-          sl[i] += vl[i];
+        if constexpr (std::is_same_v<T, float>) {
+          add_to(s + begin, v + begin, end - begin);
+        } else {
+          T* __restrict sl = s;  // locals: the loop reads no pointer through the closure
+          const T* __restrict vl = v;
+          for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i)
+            sl[i] += vl[i];
+        }
       });
     } else {
       MESHFLOW_CHECK(false, "add_into on {}", to_string(sum.dtype()));
@@ -47,15 +53,46 @@ void scale_in_place(Tensor& t, double s) {
   });
 }
 
+namespace {
+
+// out[0, n) = Σ over the rows of x's columns [0, n) (rows `stride` apart): a block of columns
+// at a time, the block's sums staying in the first-level cache while every row's stretch of it
+// is added (written out once, not once per row).
+template <typename T>
+void sum_columns(const T* x, std::int64_t rows, std::int64_t stride, std::int64_t n, T* out) {
+  constexpr std::int64_t kBlock = 2048;
+  for (std::int64_t b = 0; b < n; b += kBlock) {
+    T* __restrict o = out + b;
+    const std::int64_t w = std::min(kBlock, n - b);
+    for (std::int64_t j = 0; j < w; ++j) o[j] = T(0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* __restrict xr = x + r * stride + b;
+      for (std::int64_t j = 0; j < w; ++j) o[j] += xr[j];
+    }
+  }
+}
+
+// The float loops built per vector unit (kernels/vectorize.h).
+MESHFLOW_VECTOR_CLONES
+void sum_columns_f32(const float* x, std::int64_t rows, std::int64_t stride, std::int64_t n,
+                     float* out) {
+  sum_columns(x, rows, stride, n, out);
+}
+
+}  // namespace
+
+MESHFLOW_VECTOR_CLONES
+void add_to(float* __restrict sum, const float* __restrict x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) sum[i] += x[i];
+}
+
 template <typename T>
 void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
   parallel_for(cols, column_grain(rows), [&](std::int64_t begin, std::int64_t end) {
-    T* __restrict o = out + begin;
-    const std::int64_t n = end - begin;
-    for (std::int64_t j = 0; j < n; ++j) o[j] = T(0);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* __restrict xr = x + r * cols + begin;
-      for (std::int64_t j = 0; j < n; ++j) o[j] += xr[j];
+    if constexpr (std::is_same_v<T, float>) {
+      sum_columns_f32(x + begin, rows, cols, end - begin, out + begin);
+    } else {
+      sum_columns(x + begin, rows, cols, end - begin, out + begin);
     }
   });
 }

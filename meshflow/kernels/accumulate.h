@@ -9,6 +9,9 @@ namespace meshflow {
 // sum += x, elementwise (the same shape and floating-point dtype).
 void add_into(Tensor& sum, const Tensor& x);
 
+// sum[i] += x[i] for i < n (float32, built per vector unit).
+void add_to(float* sum, const float* x, std::int64_t n);
+
 // t *= s, elementwise (floating point).
 void scale_in_place(Tensor& t, double s);
 

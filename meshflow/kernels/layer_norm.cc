@@ -1,4 +1,5 @@
-// The row loops: statistics by vector reductions, then one fused pass over the row.
+// The row loops: statistics by vector reductions, then one fused pass over the row, each range
+// of rows built per vector unit (kernels/vectorize.h).
 #include "meshflow/kernels/layer_norm.h"
 
 #include <cmath>
@@ -6,6 +7,7 @@
 
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/kernels/vector_math.h"
+#include "meshflow/kernels/vectorize.h"
 
 namespace meshflow {
 
@@ -21,57 +23,78 @@ RowStats row_stats(const VectorMath& m, const float* x, std::int64_t d, float ep
   return {mean, 1.0f / std::sqrt(m.sum_sq_dev(x, mean, d) / n + eps)};
 }
 
+MESHFLOW_VECTOR_CLONES
+void forward_range(const float* x, const float* __restrict w, const float* __restrict b,
+                   float* __restrict y, std::int64_t first, std::int64_t last, std::int64_t d,
+                   float eps) {
+  const VectorMath& m = vector_math();
+  for (std::int64_t r = first; r < last; ++r) {
+    const float* __restrict xr = x + r * d;
+    float* __restrict yr = y + r * d;
+    const RowStats s = row_stats(m, xr, d, eps);
+    for (std::int64_t j = 0; j < d; ++j) yr[j] = (xr[j] - s.mean) * s.rstd * w[j] + b[j];
+  }
+}
+
+// gw: d floats of scratch.
+MESHFLOW_VECTOR_CLONES
+void grad_x_range(const float* g, const float* x, const float* __restrict w, float* gx,
+                  float* __restrict gw, std::int64_t first, std::int64_t last, std::int64_t d,
+                  float eps) {
+  const VectorMath& m = vector_math();
+  const float n = static_cast<float>(d);
+  for (std::int64_t r = first; r < last; ++r) {
+    const float* __restrict xr = x + r * d;
+    const float* __restrict gr = g + r * d;
+    float* __restrict out = gx + r * d;
+    const RowStats s = row_stats(m, xr, d, eps);
+    for (std::int64_t j = 0; j < d; ++j) gw[j] = gr[j] * w[j];
+    const float sum_gw = m.sum(gw, d);
+    const float m1 = sum_gw / n;
+    // mean(g w x̂) = rstd (Σ g w x - mean Σ g w) / d
+    const float m2 = s.rstd * (m.dot(gw, xr, d) - s.mean * sum_gw) / n;
+    const float c = s.rstd * m2;
+    for (std::int64_t j = 0; j < d; ++j) out[j] = s.rstd * (gw[j] - m1 - (xr[j] - s.mean) * c);
+  }
+}
+
+// sum[j] += Σ over the rows of g x̂.
+MESHFLOW_VECTOR_CLONES
+void grad_w_range(const float* g, const float* x, float* __restrict sum, std::int64_t first,
+                  std::int64_t last, std::int64_t d, float eps) {
+  const VectorMath& m = vector_math();
+  for (std::int64_t r = first; r < last; ++r) {
+    const float* __restrict xr = x + r * d;
+    const float* __restrict gr = g + r * d;
+    const RowStats s = row_stats(m, xr, d, eps);
+    for (std::int64_t j = 0; j < d; ++j) sum[j] += gr[j] * ((xr[j] - s.mean) * s.rstd);
+  }
+}
+
 }  // namespace
 
 void layer_norm_rows(const float* x, const float* w, const float* b, float* y, std::int64_t rows,
                      std::int64_t d, float eps) {
-  const VectorMath& m = vector_math();
   parallel_for(rows, row_grain(d), [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t r = first; r < last; ++r) {
-      const float* xr = x + r * d;
-      float* yr = y + r * d;
-      const RowStats s = row_stats(m, xr, d, eps);
-      for (std::int64_t j = 0; j < d; ++j) yr[j] = (xr[j] - s.mean) * s.rstd * w[j] + b[j];
-    }
+    forward_range(x, w, b, y, first, last, d, eps);
   });
 }
 
 void layer_norm_grad_x_rows(const float* g, const float* x, const float* w, float* gx,
                             std::int64_t rows, std::int64_t d, float eps) {
-  const VectorMath& m = vector_math();
-  const float n = static_cast<float>(d);
   parallel_for(rows, row_grain(d), [&](std::int64_t first, std::int64_t last) {
     std::vector<float> gw(static_cast<std::size_t>(d));
-    for (std::int64_t r = first; r < last; ++r) {
-      const float* xr = x + r * d;
-      const float* gr = g + r * d;
-      float* out = gx + r * d;
-      const RowStats s = row_stats(m, xr, d, eps);
-      for (std::int64_t j = 0; j < d; ++j) gw[static_cast<std::size_t>(j)] = gr[j] * w[j];
-      const float sum_gw = m.sum(gw.data(), d);
-      const float m1 = sum_gw / n;
-      // mean(g w x̂) = rstd (Σ g w x - mean Σ g w) / d
-      const float m2 = s.rstd * (m.dot(gw.data(), xr, d) - s.mean * sum_gw) / n;
-      for (std::int64_t j = 0; j < d; ++j)
-        out[j] = s.rstd * (gw[static_cast<std::size_t>(j)] - m1 - (xr[j] - s.mean) * s.rstd * m2);
-    }
+    grad_x_range(g, x, w, gx, gw.data(), first, last, d, eps);
   });
 }
 
 void layer_norm_grad_w_rows(const float* g, const float* x, float* gw, std::int64_t rows,
                             std::int64_t d, float eps) {
   // Each part sums its rows into its own row of `partial`; the parts are added in order.
-  const VectorMath& m = vector_math();
   const int parts = parallel_parts(rows, row_grain(d));
   std::vector<float> partial(static_cast<std::size_t>(parts * d), 0.0f);
   parallel_parts_for(rows, parts, [&](int part, std::int64_t first, std::int64_t last) {
-    float* sum = partial.data() + part * d;
-    for (std::int64_t r = first; r < last; ++r) {
-      const float* xr = x + r * d;
-      const float* gr = g + r * d;
-      const RowStats s = row_stats(m, xr, d, eps);
-      for (std::int64_t j = 0; j < d; ++j) sum[j] += gr[j] * (xr[j] - s.mean) * s.rstd;
-    }
+    grad_w_range(g, x, partial.data() + part * d, first, last, d, eps);
   });
   for (std::int64_t j = 0; j < d; ++j) gw[j] = partial[static_cast<std::size_t>(j)];
   for (int part = 1; part < parts; ++part)

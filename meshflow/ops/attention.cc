@@ -109,7 +109,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
           const std::int64_t last =
               op.causal ? std::clamp<std::int64_t>(q_off + r0 + i - k_off + 1, 0, keys) : keys;
           if constexpr (std::is_same_v<T, float>) {
-            softmax_row(row, last, keys, scale);
+            softmax_row(row, row, last, keys, scale);
           } else {
             T mx = -std::numeric_limits<T>::infinity();
             for (std::int64_t j = 0; j < last; ++j) mx = std::max(mx, row[j] * scale);

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/accumulate.h"
 #include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
@@ -83,20 +85,40 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     });
     return y;
   }
-  for (std::int64_t i = 0; i < n; ++i) checked(i);
+  // first[v]: the first token whose id is v, or -1 where no token has it.
+  std::vector<std::int64_t> first(static_cast<std::size_t>(vocab), -1);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t& f = first[static_cast<std::size_t>(checked(i))];
+    if (f < 0) f = i;
+  }
   Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
-  // The table zeroed by rows, then each token's gradient added in token order with the
-  // columns split over the device's threads (a repeated id adds in the same order alone).
-  parallel_for(vocab, row_grain(d), [&](std::int64_t first, std::int64_t last) {
-    std::fill(pg + first * d, pg + last * d, T(0));
+  // Every row of the table written once: zeros where no token has its id, else the gradient of
+  // its first token copied, and each later token's added in token order (the sum 0 + g1 + g2
+  // ... would give, without a pass that zeroes the whole table first). Rows split over the
+  // device's threads, then the columns for the additions (a repeated id adds in order alone).
+  parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t v = begin; v < end; ++v) {
+      const std::int64_t f = first[static_cast<std::size_t>(v)];
+      if (f < 0) {
+        std::fill(pg + v * d, pg + (v + 1) * d, T(0));
+      } else {
+        std::memcpy(pg + v * d, g + f * d, sizeof(T) * static_cast<std::size_t>(d));
+      }
+    }
   });
   parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = 0; i < n; ++i) {
-      T* __restrict dst = pg + id_at<I>(ids, i) * d;
+      const std::int64_t id = id_at<I>(ids, i);
+      if (first[static_cast<std::size_t>(id)] == i) continue;
+      T* __restrict dst = pg + id * d;
       const T* __restrict src = g + i * d;
-      for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
+      if constexpr (std::is_same_v<T, float>) {
+        add_to(dst + begin, src + begin, end - begin);
+      } else {
+        for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
+      }
     }
   });
   return grad;

@@ -6,6 +6,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/softmax.h"
 #include "meshflow/kernels/vector_math.h"
 
 namespace meshflow {
@@ -51,14 +52,9 @@ template <typename T>
 void softmax_rows(const T* x, T* y, Around a) {
   if constexpr (std::is_same_v<T, float>) {
     if (a.inner == 1) {
-      const VectorMath& m = vector_math();
       parallel_for(a.outer, row_grain(a.d), [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t o = first; o < last; ++o) {
-          const float* xr = x + o * a.d;
-          float* yr = y + o * a.d;
-          const float inv = 1.0f / m.exp_sum(xr, m.max(xr, a.d), yr, a.d);
-          for (std::int64_t j = 0; j < a.d; ++j) yr[j] *= inv;
-        }
+        for (std::int64_t o = first; o < last; ++o)
+          softmax_row(x + o * a.d, y + o * a.d, a.d, a.d, 1.0f);
       });
       return;
     }
@@ -159,18 +155,16 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
           const T* xr = px + r * classes;
           T* pr = pp + r * classes;
           const std::int64_t label = class_label(*in[1], r, classes);
-          T scale;
           if constexpr (std::is_same_v<T, float>) {
-            const VectorMath& m = vector_math();
-            scale = g / m.exp_sum(xr, m.max(xr, classes), pr, classes);
+            cross_entropy_grad_row(xr, classes, label, g, pr);
           } else {
             const T mx = *std::max_element(xr, xr + classes);
             T sum = 0;
             for (std::int64_t j = 0; j < classes; ++j) sum += pr[j] = std::exp(xr[j] - mx);
-            scale = g / sum;
+            const T scale = g / sum;
+            for (std::int64_t j = 0; j < classes; ++j) pr[j] *= scale;
+            pr[label] -= g;
           }
-          for (std::int64_t j = 0; j < classes; ++j) pr[j] *= scale;
-          pr[label] -= g;
         }
       });
       return p;

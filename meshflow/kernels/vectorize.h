@@ -1,0 +1,13 @@
+// MESHFLOW_VECTOR_CLONES, written before a function's declaration, builds the function once per
+// x86-64 vector unit (AVX-512F, AVX2, and the SSE2 every x86-64 has) and has the loader pick the
+// widest this CPU runs, once, when the program starts (GCC's and Clang's target_clones): the
+// compiler's vectorised loops then use 16 floats a register where the CPU has them, and the
+// same binary runs on any x86-64. Not for templates (Clang cannot clone them): a template
+// calls a cloned float loop. Elsewhere (no x86-64, no ELF loader) it is empty.
+#pragma once
+
+#if defined(__x86_64__) && defined(__ELF__) && defined(__linux__)
+#define MESHFLOW_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MESHFLOW_VECTOR_CLONES
+#endif
