@@ -1,10 +1,10 @@
 // Float32 math over arrays, vectorised: the transcendental functions of the elementwise
 // operators, softmax and attention, and the reductions of softmax and layer norm, on the widest
 // vector unit this CPU has, chosen once at run time: AVX-512F, AVX2 with FMA, SSE2 (every
-// x86-64); elsewhere the C library's scalar functions. exp and tanh are SLEEF's 1-ULP vector
-// functions (the library PyTorch's CPU kernels use), within a few ULP of the scalar std::
-// functions; GELU's erf is Abramowitz and Stegun's 7.1.26 as PyTorch's vectorised kernel
-// computes it (absolute error below 1.5e-7); sums accumulate in float lanes.
+// x86-64); elsewhere the C library's scalar functions. exp is inline (within 2 ULP of the
+// scalar std::exp), tanh SLEEF's 1-ULP vector function (the library PyTorch's CPU kernels use);
+// GELU's normal CDF is Abramowitz and Stegun's 26.2.17, the erf formula PyTorch's vectorised
+// kernel computes (absolute error below 7.5e-8); sums accumulate in float lanes.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,8 @@ struct VectorMath {
   float (*sum)(const float* x, std::int64_t n);  // Σ x
   float (*dot)(const float* a, const float* b, std::int64_t n);  // Σ a b
   float (*sum_sq_dev)(const float* x, float c, std::int64_t n);  // Σ (x - c)²
-  // Returns Σ exp(x - shift); writes the terms to y unless y is null. A term below the smallest
+  // Returns Σ exp(x - shift), shift at least every x (their max, so no term exceeds 1); writes
+  // the terms to y unless y is null. A term below the smallest
   // normal float (x - shift < -87.3) is 0: a denormal softmax probability weighs nothing
   // against the largest term (1), and every product it entered would run 10-100x slower.
   float (*exp_sum)(const float* x, float shift, float* y, std::int64_t n);

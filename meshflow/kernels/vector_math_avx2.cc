@@ -35,11 +35,11 @@ struct Avx2 {
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
   }
   static Reg recip_estimate(Reg a) { return _mm256_rcp_ps(a); }
-  static Reg abs(Reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
-  // Returns magnitude m (>= 0) with the sign of s.
-  static Reg with_sign(Reg m, Reg s) {
-    return _mm256_or_ps(m, _mm256_and_ps(s, _mm256_set1_ps(-0.0f)));
+  // Returns neg where s < 0, else pos.
+  static Reg select_negative(Reg s, Reg neg, Reg pos) {
+    return _mm256_blendv_ps(pos, neg, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_LT_OQ));
   }
+  static Reg abs(Reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
   // Lanes below the smallest normal float become 0 (NaN stays).
   static Reg flush_tiny(Reg a) {
     return _mm256_andnot_ps(_mm256_cmp_ps(a, _mm256_set1_ps(kSmallestNormal), _CMP_LT_OQ), a);

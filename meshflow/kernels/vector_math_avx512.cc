@@ -31,12 +31,11 @@ struct Avx512 {
   // Returns p 2^n for integral n.
   static Reg scale2(Reg p, Reg n) { return _mm512_scalef_ps(p, n); }
   static Reg recip_estimate(Reg a) { return _mm512_rcp14_ps(a); }
-  static Reg abs(Reg a) { return _mm512_abs_ps(a); }
-  // Returns magnitude m (>= 0) with the sign of s.
-  static Reg with_sign(Reg m, Reg s) {
-    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(s), _mm512_set1_epi32(INT32_MIN));
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(m), sign));
+  // Returns neg where s < 0, else pos.
+  static Reg select_negative(Reg s, Reg neg, Reg pos) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_LT_OQ), pos, neg);
   }
+  static Reg abs(Reg a) { return _mm512_abs_ps(a); }
   // Lanes below the smallest normal float become 0 (NaN stays).
   static Reg flush_tiny(Reg a) {
     const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(kSmallestNormal), _CMP_LT_OQ);

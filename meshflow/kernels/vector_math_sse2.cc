@@ -32,9 +32,12 @@ struct Sse2 {
                       _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k2, bias), 23)));
   }
   static Reg recip_estimate(Reg a) { return _mm_rcp_ps(a); }
+  // Returns neg where s < 0, else pos.
+  static Reg select_negative(Reg s, Reg neg, Reg pos) {
+    const Reg m = _mm_cmplt_ps(s, _mm_setzero_ps());
+    return _mm_or_ps(_mm_and_ps(m, neg), _mm_andnot_ps(m, pos));
+  }
   static Reg abs(Reg a) { return _mm_andnot_ps(_mm_set1_ps(-0.0f), a); }
-  // Returns magnitude m (>= 0) with the sign of s.
-  static Reg with_sign(Reg m, Reg s) { return _mm_or_ps(m, _mm_and_ps(s, _mm_set1_ps(-0.0f))); }
   // Lanes below the smallest normal float become 0 (NaN stays).
   static Reg flush_tiny(Reg a) {
     return _mm_andnot_ps(_mm_cmplt_ps(a, _mm_set1_ps(kSmallestNormal)), a);
