@@ -59,7 +59,8 @@ namespace {
 // at a time, the block's sums staying in the first-level cache while every row's stretch of it
 // is added (written out once, not once per row).
 template <typename T>
-void sum_columns(const T* x, std::int64_t rows, std::int64_t stride, std::int64_t n, T* out) {
+[[gnu::always_inline]] inline void sum_columns(const T* x, std::int64_t rows, std::int64_t stride,
+                                               std::int64_t n, T* out) {
   constexpr std::int64_t kBlock = 2048;
   for (std::int64_t b = 0; b < n; b += kBlock) {
     T* __restrict o = out + b;

@@ -10,6 +10,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/vectorize.h"
 
 namespace meshflow {
 
@@ -23,33 +24,125 @@ void for_parts(std::size_t n, const F& body) {
   });
 }
 
+// The loops over one part, written once for float and double; the float ones run through
+// their copies built per vector unit (kernels/vectorize.h), each with the loop inlined.
+template <typename T>
+[[gnu::always_inline]] inline void sgd_loop(T* __restrict w, const T* __restrict g, std::size_t n,
+                                            T lr, T scale) {
+  for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] * scale);
+}
+
+template <typename T>
+[[gnu::always_inline]] inline void momentum_loop(T* __restrict w, T* __restrict buf,
+                                                 const T* __restrict g, std::size_t n, T lr,
+                                                 T scale, T momentum) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const T b = momentum * buf[i] + g[i] * scale;
+    buf[i] = b;
+    w[i] -= lr * b;
+  }
+}
+
+template <typename T>
+struct AdamCoefficients {
+  T decay, b1, one_minus_b1, b2, one_minus_b2, step_size, inv_bc2_sqrt, eps, scale;
+};
+
+template <typename T>
+[[gnu::always_inline]] inline void adamw_loop(T* __restrict w, T* __restrict m, T* __restrict v,
+                                              const T* __restrict g, std::size_t n,
+                                              const AdamCoefficients<T>& c) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const T gi = g[i] * c.scale;
+    const T mi = c.b1 * m[i] + c.one_minus_b1 * gi;
+    const T vi = c.b2 * v[i] + c.one_minus_b2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = w[i] * c.decay - c.step_size * mi / (std::sqrt(vi) * c.inv_bc2_sqrt + c.eps);
+  }
+}
+
+// Returns Σ x² in float64 with independent partial sums: the adds pipeline (and vectorise)
+// without reassociating.
+template <typename T>
+[[gnu::always_inline]] inline double squares_loop(const T* x, std::size_t n) {
+  constexpr std::size_t kLanes = 8;
+  std::array<double, kLanes> acc{};
+  const std::size_t body = n / kLanes * kLanes;
+  for (std::size_t i = 0; i < body; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      const double v = static_cast<double>(x[i + l]);
+      acc[l] += v * v;
+    }
+  }
+  for (std::size_t i = body; i < n; ++i) {
+    const double v = static_cast<double>(x[i]);
+    acc[0] += v * v;
+  }
+  double sum = 0;
+  for (double a : acc) sum += a;
+  return sum;
+}
+
+MESHFLOW_VECTOR_CLONES
+void sgd_f32(float* w, const float* g, std::size_t n, float lr, float scale) {
+  sgd_loop(w, g, n, lr, scale);
+}
+MESHFLOW_VECTOR_CLONES
+void momentum_f32(float* w, float* buf, const float* g, std::size_t n, float lr, float scale,
+                  float momentum) {
+  momentum_loop(w, buf, g, n, lr, scale, momentum);
+}
+MESHFLOW_VECTOR_CLONES
+void adamw_f32(float* w, float* m, float* v, const float* g, std::size_t n,
+               const AdamCoefficients<float>& c) {
+  adamw_loop(w, m, v, g, n, c);
+}
+MESHFLOW_VECTOR_CLONES
+double squares_f32(const float* x, std::size_t n) { return squares_loop(x, n); }
+
+void sgd_part(float* w, const float* g, std::size_t n, float lr, float scale) {
+  sgd_f32(w, g, n, lr, scale);
+}
+void sgd_part(double* w, const double* g, std::size_t n, double lr, double scale) {
+  sgd_loop(w, g, n, lr, scale);
+}
+void momentum_part(float* w, float* buf, const float* g, std::size_t n, float lr, float scale,
+                   float momentum) {
+  momentum_f32(w, buf, g, n, lr, scale, momentum);
+}
+void momentum_part(double* w, double* buf, const double* g, std::size_t n, double lr, double scale,
+                   double momentum) {
+  momentum_loop(w, buf, g, n, lr, scale, momentum);
+}
+void adamw_part(float* w, float* m, float* v, const float* g, std::size_t n,
+                const AdamCoefficients<float>& c) {
+  adamw_f32(w, m, v, g, n, c);
+}
+void adamw_part(double* w, double* m, double* v, const double* g, std::size_t n,
+                const AdamCoefficients<double>& c) {
+  adamw_loop(w, m, v, g, n, c);
+}
+double squares_part(const float* x, std::size_t n) { return squares_f32(x, n); }
+double squares_part(const double* x, std::size_t n) { return squares_loop(x, n); }
+
 template <typename T>
 void sgd(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::span<const T> g,
          std::span<Tensor* const> state) {
   const T lr = static_cast<T>(s.lr);
   const T scale = static_cast<T>(s.grad_scale);
-  const std::size_t n = w.size();
-  T* __restrict wp = w.data();
-  const T* __restrict gp = g.data();
+  T* wp = w.data();
+  const T* gp = g.data();
   if (state.empty()) {
-    for_parts(n, [=](std::size_t begin, std::size_t end) {
-      T* __restrict wl = wp;  // locals: the loop reads no pointer through the closure
-      const T* __restrict gl = gp;
-      for (std::size_t i = begin; i < end; ++i) wl[i] -= lr * (gl[i] * scale);
+    for_parts(w.size(), [=](std::size_t begin, std::size_t end) {
+      sgd_part(wp + begin, gp + begin, end - begin, lr, scale);
     });
     return;
   }
   const T momentum = static_cast<T>(rule.momentum);
-  T* __restrict bp = state[0]->data<T>().data();
-  for_parts(n, [=](std::size_t begin, std::size_t end) {
-    T* __restrict wl = wp;
-    T* __restrict bl = bp;
-    const T* __restrict gl = gp;
-    for (std::size_t i = begin; i < end; ++i) {
-      const T b = momentum * bl[i] + gl[i] * scale;
-      bl[i] = b;
-      wl[i] -= lr * b;
-    }
+  T* bp = state[0]->data<T>().data();
+  for_parts(w.size(), [=](std::size_t begin, std::size_t end) {
+    momentum_part(wp + begin, bp + begin, gp + begin, end - begin, lr, scale, momentum);
   });
 }
 
@@ -57,54 +150,23 @@ template <typename T>
 void adamw(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::span<const T> g,
            std::span<Tensor* const> state) {
   const double t = s.step;
-  const T decay = static_cast<T>(1 - s.lr * rule.weight_decay);
-  const T b1 = static_cast<T>(rule.beta1), one_minus_b1 = static_cast<T>(1 - rule.beta1);
-  const T b2 = static_cast<T>(rule.beta2), one_minus_b2 = static_cast<T>(1 - rule.beta2);
-  const T step_size = static_cast<T>(s.lr / (1 - std::pow(rule.beta1, t)));
-  const T inv_bc2_sqrt = static_cast<T>(1 / std::sqrt(1 - std::pow(rule.beta2, t)));
-  const T eps = static_cast<T>(rule.eps);
-  const T scale = static_cast<T>(s.grad_scale);
-  const std::size_t n = w.size();
-  T* __restrict wp = w.data();
-  const T* __restrict gp = g.data();
-  T* __restrict mp = state[0]->data<T>().data();
-  T* __restrict vp = state[1]->data<T>().data();
-  for_parts(n, [=](std::size_t begin, std::size_t end) {
-    T* __restrict wl = wp;
-    T* __restrict ml = mp;
-    T* __restrict vl = vp;
-    const T* __restrict gl = gp;
-    for (std::size_t i = begin; i < end; ++i) {
-      const T gi = gl[i] * scale;
-      const T m = b1 * ml[i] + one_minus_b1 * gi;
-      const T v = b2 * vl[i] + one_minus_b2 * gi * gi;
-      ml[i] = m;
-      vl[i] = v;
-      wl[i] = wl[i] * decay - step_size * m / (std::sqrt(v) * inv_bc2_sqrt + eps);
-    }
+  const AdamCoefficients<T> c{
+      .decay = static_cast<T>(1 - s.lr * rule.weight_decay),
+      .b1 = static_cast<T>(rule.beta1),
+      .one_minus_b1 = static_cast<T>(1 - rule.beta1),
+      .b2 = static_cast<T>(rule.beta2),
+      .one_minus_b2 = static_cast<T>(1 - rule.beta2),
+      .step_size = static_cast<T>(s.lr / (1 - std::pow(rule.beta1, t))),
+      .inv_bc2_sqrt = static_cast<T>(1 / std::sqrt(1 - std::pow(rule.beta2, t))),
+      .eps = static_cast<T>(rule.eps),
+      .scale = static_cast<T>(s.grad_scale)};
+  T* wp = w.data();
+  const T* gp = g.data();
+  T* mp = state[0]->data<T>().data();
+  T* vp = state[1]->data<T>().data();
+  for_parts(w.size(), [=, &c](std::size_t begin, std::size_t end) {
+    adamw_part(wp + begin, mp + begin, vp + begin, gp + begin, end - begin, c);
   });
-}
-
-// Returns Σ x² in float64 with independent partial sums: the adds pipeline (and vectorise)
-// without reassociating.
-template <typename T>
-double squares(std::span<const T> x) {
-  constexpr std::size_t kLanes = 8;
-  std::array<double, kLanes> acc{};
-  const std::size_t body = x.size() / kLanes * kLanes;
-  for (std::size_t i = 0; i < body; i += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) {
-      const double v = static_cast<double>(x[i + l]);
-      acc[l] += v * v;
-    }
-  }
-  for (std::size_t i = body; i < x.size(); ++i) {
-    const double v = static_cast<double>(x[i]);
-    acc[0] += v * v;
-  }
-  double sum = 0;
-  for (double a : acc) sum += a;
-  return sum;
 }
 
 }  // namespace
@@ -168,8 +230,8 @@ double sum_of_squares(const Tensor& t) {
       const int parts = parallel_parts(n, kElementGrain);
       std::vector<double> part_sums(static_cast<std::size_t>(parts), 0.0);
       parallel_parts_for(n, parts, [&](int part, std::int64_t begin, std::int64_t end) {
-        part_sums[static_cast<std::size_t>(part)] = squares(
-            all.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin)));
+        part_sums[static_cast<std::size_t>(part)] =
+            squares_part(all.data() + begin, static_cast<std::size_t>(end - begin));
       });
       for (double s : part_sums) total += s;
     } else {
