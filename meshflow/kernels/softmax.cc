@@ -3,6 +3,9 @@
 #include "meshflow/kernels/softmax.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
 
 #include "meshflow/kernels/vector_math.h"
 #include "meshflow/kernels/vectorize.h"
@@ -36,10 +39,51 @@ void softmax_grad_row(const float* __restrict p, float* __restrict dp, std::int6
   for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - dot) * scale;
 }
 
+// Floats per chunk of a row: 16 KiB, with dx's chunk 32 KiB, within a 48 KiB first-level cache.
+constexpr std::int64_t kChunk = 4096;
+
+float log_sum_exp_row(const float* x, std::int64_t n) {
+  const VectorMath& m = vector_math();
+  float max = -std::numeric_limits<float>::infinity(), sum = 0;
+  for (std::int64_t c = 0; c < n; c += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - c);
+    const float chunk_max = m.max(x + c, len);
+    if (chunk_max > max) {
+      sum *= std::exp(max - chunk_max);  // 0 while max is -inf
+      max = chunk_max;
+    }
+    sum += m.exp_sum(x + c, max, nullptr, len);
+  }
+  return std::log(sum) + max;
+}
+
 void cross_entropy_grad_row(const float* x, std::int64_t n, std::int64_t label, float g,
                             float* dx) {
   const VectorMath& m = vector_math();
-  scale_into(dx, dx, n, g / m.exp_sum(x, m.max(x, n), dx, n));
+  constexpr std::size_t kMaxChunks = 64;  // rows up to 256 Ki classes chunk by chunk
+  if (n > kChunk * static_cast<std::int64_t>(kMaxChunks)) {
+    scale_into(dx, dx, n, g / m.exp_sum(x, m.max(x, n), dx, n));
+    dx[label] -= g;
+    return;
+  }
+  std::array<float, kMaxChunks> shift{};  // the max each chunk's exponentials were taken from
+  float max = -std::numeric_limits<float>::infinity(), sum = 0;
+  for (std::int64_t c = 0; c < n; c += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - c);
+    const float chunk_max = m.max(x + c, len);
+    if (chunk_max > max) {
+      sum *= std::exp(max - chunk_max);
+      max = chunk_max;
+    }
+    shift[static_cast<std::size_t>(c / kChunk)] = max;
+    sum += m.exp_sum(x + c, max, dx + c, len);
+  }
+  const float scale = g / sum;
+  for (std::int64_t c = 0; c < n; c += kChunk) {
+    const float s = shift[static_cast<std::size_t>(c / kChunk)];
+    scale_into(dx + c, dx + c, std::min(kChunk, n - c),
+               s == max ? scale : scale * std::exp(s - max));
+  }
   dx[label] -= g;
 }
 

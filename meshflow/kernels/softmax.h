@@ -15,9 +15,16 @@ void softmax_row(const float* x, float* y, std::int64_t last, std::int64_t n, fl
 // dp = p ⊙ (dp - Σ p dp) · scale: the gradient of the scores from that of the probabilities.
 void softmax_grad_row(const float* p, float* dp, std::int64_t n, float scale);
 
-// dx = g (softmax(x) - onehot(label)): the gradient of g times x's cross-entropy against label,
-// from the logits in two passes (the max, then the exponentials and their sum written to dx,
-// scaled in cache).
+// A long row (a token's logits) is read from memory once: chunk by chunk, each chunk's max and
+// then its exponentials against the running max while the chunk is in the first-level cache,
+// the sum so far rescaled by exp(old max - new max) where a chunk raises the max.
+
+// Returns log Σ exp(x[0, n)), n >= 1 (NaN if any x is NaN).
+float log_sum_exp_row(const float* x, std::int64_t n);
+
+// dx = g (softmax(x) - onehot(label)): the gradient of g times x's cross-entropy against label.
+// The exponentials are written to dx in the same pass, then scaled (each chunk by its own
+// factor) while the row is in cache.
 void cross_entropy_grad_row(const float* x, std::int64_t n, std::int64_t label, float g, float* dx);
 
 }  // namespace meshflow

@@ -80,9 +80,7 @@ void softmax_rows(const T* x, T* y, Around a) {
 template <typename T>
 T log_sum_exp(const T* x, std::int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    const VectorMath& m = vector_math();
-    const float mx = m.max(x, n);
-    return std::log(m.exp_sum(x, mx, nullptr, n)) + mx;
+    return log_sum_exp_row(x, n);
   } else {
     const T mx = *std::max_element(x, x + n);
     T sum = 0;
