@@ -31,11 +31,6 @@ BenchReport run_collectives_bench(const CollectivesBenchOptions& options, bool* 
 // Returns bytes parsed from "4K", "16M", "1G" or a plain number; throws Error naming `text`.
 std::int64_t parse_bytes(std::string_view text);
 
-// Runs fn() on every device of `comm` after a barrier and returns the span from the first
-// device's start to the last device's end (the same on every device), as both distributed
-// benchmarks time a case and its floor.
-double time_between_barriers(Communicator& comm, const std::function<void()>& fn);
-
 // Returns the seconds one memcpy of `bytes` takes here (median of a few).
 double measure_memcpy_seconds(std::int64_t bytes);
 

@@ -104,6 +104,31 @@ if r.returncode == 0:
     values = json.loads(r.stdout)["values"]
     check(values.get("w1.exp_avg") == values["w1"] and values.get("w2.exp_avg_sq") == values["w2"],
           f"adamw's state has its weight's layout: {values}")
+# calibrate writes a description that explain --machine reads, and its estimates are its own.
+with tempfile.TemporaryDirectory() as tmp:
+    out = f"{tmp}/machine.json"
+    r = run("calibrate", "--reps", "1", "--out", out, *(() if mpirun else ("--devices", "2")),
+            ranks=2 if mpirun else None)
+    progress = [l for l in r.stderr.splitlines() if l.startswith("calibrate: ")]
+    check(r.returncode == 0 and r.stdout.count("wrote ") == 1, f"calibrate: {r.returncode} {r.stdout!r} {r.stderr[-300:]!r}")
+    check(len(progress) >= 20 and all("calibrate: " in l for l in r.stderr.splitlines()),
+          f"calibrate: a progress line per measurement: {r.stderr[-300:]!r}")
+    if r.returncode == 0:
+        machine = json.load(open(out))
+        link = machine["links"][machine["default_link"]]
+        check(machine["default_link"] == ("mpi" if mpirun else "shared_memory") and link["bandwidth_gbps"] > 0
+              and machine["gemm_gflops"] > 0 and machine["elementwise_gbps"] > 0, f"calibrated: {machine}")
+        given = json.loads(run("explain", model("dp_tp_mlp"), "--json").stdout)["est_step_s"]
+        own = run("explain", model("dp_tp_mlp"), "--json", "--machine", out)
+        check(own.returncode == 0 and json.loads(own.stdout)["est_step_s"] != given,
+              f"explain --machine prices with the calibrated description: {given} {own.stdout[:200]}")
+        del machine["gemm_gflops"], machine["memcpy_gbps"]
+        with open(out, "w") as f:
+            json.dump(machine, f)
+        bad = run("explain", model("dp_tp_mlp"), "--machine", out)
+        check(bad.returncode == 1 and bad.stderr.count("\n") == 1 and '"memcpy_gbps"' in bad.stderr,
+              f"an incomplete description: one line naming the field: {bad.stderr!r}")
+
 if mpirun:
     b = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "-n", "2", meshflow,
                         "bench", "copy", "--mib", "1", "--reps", "1", "--json"],

@@ -2,6 +2,7 @@
 #include "meshflow/comm/communicator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "meshflow/core/error.h"
@@ -179,5 +180,30 @@ MESHFLOW_COLLECTIVE(barrier, BarrierOptions)
 MESHFLOW_COLLECTIVE(exchange_boxes, ExchangeBoxesOptions)
 
 #undef MESHFLOW_COLLECTIVE
+
+double time_between_barriers(Communicator& comm, const std::function<void()>& fn) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
+  barrier(comm);
+  const double start = seconds(Clock::now());
+  fn();
+  const double end = seconds(Clock::now());
+  // The span from the first device's start to the last device's end (steady_clock is one clock
+  // for every thread, and for every process of one machine).
+  const double mine[2] = {start, end};
+  std::vector<double> all(2 * static_cast<std::size_t>(comm.size()));
+  all_gather(comm, {.send = reinterpret_cast<const std::byte*>(mine),
+                    .recv = reinterpret_cast<std::byte*>(all.data()),
+                    .recv_counts = std::vector<std::int64_t>(comm.size(), 2),
+                    .dtype = DType::kFloat64});
+  double first = all[0], last = all[1];
+  for (int r = 1; r < comm.size(); ++r) {
+    first = std::min(first, all[2 * r]);
+    last = std::max(last, all[2 * r + 1]);
+  }
+  return last - first;
+}
 
 }  // namespace meshflow

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -214,6 +215,12 @@ Timeout resolve_timeout(const Communicator& comm, Timeout requested);
 
 // Returns "all_reduce on devices [0,1,2,3]" for messages.
 std::string describe(std::string_view collective, const std::vector<DeviceId>& devices);
+
+// Runs fn() on every device of `comm` after a barrier and returns the span from the first
+// device's start to the last device's end, the same on every device (steady_clock is one clock
+// for every thread, and for every process of one machine): how the benchmarks and calibrate time
+// what all devices do at once.
+double time_between_barriers(Communicator& comm, const std::function<void()>& fn);
 
 // Returns the prefix sums of `counts` (displacements), with one extra final entry (the total).
 std::vector<std::int64_t> displacements(const std::vector<std::int64_t>& counts);

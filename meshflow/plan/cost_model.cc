@@ -102,6 +102,26 @@ MachineModel load_machine(const std::filesystem::path& path) {
   return machine_from_json(parse_json(read_file(path), path.string()), path.string());
 }
 
+nlohmann::json machine_to_json(const MachineModel& machine) {
+  nlohmann::json links = nlohmann::json::object();
+  for (const auto& [name, l] : machine.links) {
+    links[name] = {{"bandwidth_gbps", l.bandwidth_gbps},
+                   {"latency_us", l.latency_us},
+                   {"copies_on_cores", l.copies_on_cores}};
+  }
+  nlohmann::json out = {{"links", links},
+                        {"default_link", machine.default_link},
+                        {"memcpy_gbps", machine.memcpy_gbps},
+                        {"collective_overhead_us", machine.collective_overhead_us},
+                        {"local_step_us", machine.local_step_us},
+                        {"gemm_gflops", machine.gemm_gflops},
+                        {"elementwise_gbps", machine.elementwise_gbps},
+                        {"cores", machine.cores},
+                        {"device_handoff_us", machine.device_handoff_us}};
+  if (!machine.dim_links.empty()) out["dim_links"] = machine.dim_links;
+  return out;
+}
+
 namespace {
 
 double seconds_from_us(double us) { return us * 1e-6; }

@@ -60,6 +60,8 @@ const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 // (optional)}; throws Error naming the file and the bad field.
 MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
 MachineModel load_machine(const std::filesystem::path& path);
+// Returns the JSON machine_from_json reads back as `machine` (every field written).
+nlohmann::json machine_to_json(const MachineModel& machine);
 
 enum class StepKind;
 

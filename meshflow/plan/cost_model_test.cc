@@ -188,5 +188,16 @@ TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
   }
 }
 
+// What calibrate writes: every field, read back equal; the built-in description too.
+TEST(MachineJson, WrittenDescriptionsReadBackEqual) {
+  MachineModel m = unit_machine();
+  m.links["net"] = LinkClass{.bandwidth_gbps = 12.5, .latency_us = 3.25, .copies_on_cores = true};
+  m.dim_links = {"net", "l"};
+  m.cores = 3;
+  m.device_handoff_us = 17;
+  EXPECT_EQ(machine_from_json(machine_to_json(m), "m.json"), m);
+  EXPECT_EQ(machine_from_json(machine_to_json(default_machine()), "m.json"), default_machine());
+}
+
 }  // namespace
 }  // namespace meshflow
