@@ -11,6 +11,7 @@
 #include "bench/kernels_bench.h"
 #include "bench/ops_bench.h"
 #include "bench/overlap_bench.h"
+#include "bench/plan_bench.h"
 #include "bench/redistribute_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
@@ -140,6 +141,20 @@ void add_bench(CLI::App& app) {
     if (!runs_here()) return;
     io->bytes = *io_mib << 20;
     print_report(bench::run_io_bench(*io), *io_json);
+  });
+
+  auto pl = std::make_shared<bench::PlanBenchOptions>();
+  auto pl_json = std::make_shared<bool>(false);
+  CLI::App* p = bench->add_subcommand(
+      "plan",
+      "the planner's cold time for fixed layout pairs on meshes of 16, 4,096 and 65,536 devices, "
+      "against the same pair on 16");
+  p->add_option("--reps", pl->reps, "timed repetitions")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  add_output_flags(p, *pl_json, pl->progress);
+  p->callback([pl, pl_json] {
+    if (runs_here()) print_report(bench::run_plan_bench(*pl), *pl_json);
   });
 
   auto ck = std::make_shared<bench::CheckpointBenchOptions>();
