@@ -195,5 +195,78 @@ TEST(Golden, DeviceProgramsMatchTheGoldenFile) {
   EXPECT_EQ(got, read_text(dir + "/program_golden.txt")) << "got:\n" << got;
 }
 
+// The totals over devices are summed by classes of devices (transitions.cc, sizes_histogram);
+// device by device, from every device's shard boxes, they are the same: random layouts on
+// meshes whose dims do not divide the shapes (uneven and empty shards), every candidate's steps.
+TEST(PlanTotals, SummedByClassesOfDevicesAsDeviceByDevice) {
+  std::mt19937 rng(7);
+  const std::vector<std::string> meshes = {"3x2", "2x3x2", "4x1x3", "5"};
+  const std::vector<Shape> shapes = {{5, 7, 3}, {2, 9, 4}, {6, 1, 11}};
+  auto random_placements = [&](std::size_t k) {
+    std::vector<Placement> p;
+    for (std::size_t m = 0; m < k; ++m) {
+      const int pick = static_cast<int>(rng() % 5);
+      p.push_back(pick == 0   ? Placement::replicate()
+                  : pick == 1 ? Placement::partial()
+                              : Placement::shard(pick - 2));
+    }
+    return p;
+  };
+  int plans = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const DeviceMesh mesh = parse_mesh(meshes[static_cast<std::size_t>(trial) % meshes.size()]);
+    const Shape& shape = shapes[static_cast<std::size_t>(trial) % shapes.size()];
+    const std::size_t k = mesh.shape.size();
+    const Layout from = make_layout(mesh, random_placements(k), shape, DType::kFloat32);
+    std::vector<Placement> to_p = random_placements(k);
+    for (Placement& p : to_p)
+      if (p.is_partial()) p = Placement::replicate();  // a Partial target needs a Partial source
+    const Layout to = make_layout(mesh, to_p, shape, DType::kFloat32);
+    const Plan plan = plan_redistribute(from, to, {.max_point_to_point_pairs = 0});
+    ++plans;
+    std::int64_t total = 0;
+    for (const Step& s : plan.steps) {
+      const Layout before = with_placements(from, s.before), after = with_placements(from, s.after);
+      std::int64_t n = 1;
+      for (MeshDim m : s.mesh_dims) n *= mesh.shape[m];
+      std::int64_t want = 0;
+      for (int i = 0; i < size(mesh); ++i) {
+        const std::vector<std::int64_t> c = coordinates_at(mesh, i);
+        const Box b = shard_box_at(before, c), a = shard_box_at(after, c);
+        switch (s.kind) {
+          case StepKind::kAllGather:
+            want += (numel(a) - numel(b)) * 4;
+            break;
+          case StepKind::kReduceScatter:
+            want += (n - 1) * numel(a) * 4;
+            break;
+          case StepKind::kAllReduce:
+            want += 2 * (n - 1) * numel(b) / n * 4;
+            break;
+          case StepKind::kAllToAll:
+            want += (numel(a) - numel(intersect(a, b))) * 4;
+            break;
+          default:
+            break;
+        }
+      }
+      EXPECT_EQ(s.total_bytes, want) << to_text(plan);
+      total += want;
+    }
+    EXPECT_EQ(plan.total_bytes, total) << to_text(plan);
+    std::int64_t terms = 1;
+    for (MeshDim m : reduced_partial_dims(from, to)) terms *= mesh.shape[m];
+    std::int64_t least = 0;
+    for (int i = 0; i < size(mesh); ++i) {
+      const std::vector<std::int64_t> c = coordinates_at(mesh, i);
+      const Box want = shard_box_at(to, c);
+      least += terms > 1 ? numel(want) * (terms - 1) / terms * 4
+                         : (numel(want) - numel(intersect(want, shard_box_at(from, c)))) * 4;
+    }
+    EXPECT_EQ(plan.min_bytes, least) << to_text(plan);
+  }
+  EXPECT_EQ(plans, 60);
+}
+
 }  // namespace
 }  // namespace meshflow

@@ -2,6 +2,7 @@
 #include "meshflow/plan/transitions.h"
 
 #include <algorithm>
+#include <map>
 
 #include "meshflow/core/error.h"
 
@@ -231,25 +232,100 @@ std::int64_t group_size(const Layout& l, const std::vector<MeshDim>& dims) {
   return n;
 }
 
-// Returns the bytes the device at `coords` receives in the step.
-std::int64_t received(const Layout& before, const Layout& after, StepKind kind,
-                      const std::vector<MeshDim>& dims, const std::vector<std::int64_t>& coords) {
-  const std::int64_t es = static_cast<std::int64_t>(size_of(before.dtype));
+// The sizes a device's part of a step depends on: the elements of its shard before and after,
+// and of their intersection.
+struct ShardSizes {
+  std::int64_t before = 0, after = 0, common = 0;
+  auto operator<=>(const ShardSizes&) const = default;
+};
+
+ShardSizes sizes_at(const Layout& before, const Layout& after,
+                    const std::vector<std::int64_t>& coords) {
   const Box b = shard_box_at(before, coords);
   const Box a = shard_box_at(after, coords);
-  const std::int64_t n = group_size(before, dims);
+  return {numel(b), numel(a), numel(intersect(a, b))};
+}
+
+// Returns the bytes a device whose shards have `sizes` receives in a step of `kind` over groups
+// of n devices.
+std::int64_t received(StepKind kind, std::int64_t n, std::int64_t es, const ShardSizes& sizes) {
   switch (kind) {
     case StepKind::kAllGather:
-      return (numel(a) - numel(b)) * es;
+      return (sizes.after - sizes.before) * es;
     case StepKind::kReduceScatter:
-      return (n - 1) * numel(a) * es;
+      return (n - 1) * sizes.after * es;
     case StepKind::kAllReduce:
-      return 2 * (n - 1) * numel(b) / n * es;
+      return 2 * (n - 1) * sizes.before / n * es;
     case StepKind::kAllToAll:
-      return (numel(a) - numel(intersect(a, b))) * es;
+      return (sizes.after - sizes.common) * es;
     default:
       return 0;
   }
+}
+
+// Returns how many devices of the mesh have each ShardSizes, without visiting every device: a
+// shard's extent on a tensor dim depends only on the coordinates of the mesh dims that shard
+// that dim, so the tensor dims fall into groups (tied where one mesh dim shards two of them,
+// before and after) whose mesh dims' coordinates are enumerated alone, and the groups' sizes
+// multiply. Mesh dims that shard nothing multiply the counts. The work is the largest group's
+// coordinates, not the mesh's devices.
+std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const Layout& after) {
+  const std::size_t k = before.mesh.shape.size(), r = before.shape.size();
+  // group[t]: tensor dim t's group (union-find over tensor dims).
+  std::vector<std::size_t> group(r);
+  for (std::size_t t = 0; t < r; ++t) group[t] = t;
+  auto find = [&](std::size_t t) {
+    while (group[t] != t) t = group[t] = group[group[t]];
+    return t;
+  };
+  std::vector<std::vector<std::size_t>> sharded(k);  // tensor dims mesh dim m shards
+  for (std::size_t m = 0; m < k; ++m) {
+    for (const Layout* l : {&before, &after}) {
+      if (l->placements[m].is_shard())
+        sharded[m].push_back(static_cast<std::size_t>(l->placements[m].dim));
+    }
+    for (std::size_t t : sharded[m]) group[find(t)] = find(sharded[m].front());
+  }
+  std::map<ShardSizes, std::int64_t> all{{ShardSizes{1, 1, 1}, 1}};
+  std::vector<bool> used_tensor(r, false);
+  for (std::size_t m = 0; m < k; ++m) {
+    if (sharded[m].empty()) all.begin()->second *= before.mesh.shape[m];
+  }
+  for (std::size_t root = 0; root < r; ++root) {
+    if (find(root) != root) continue;
+    std::vector<std::size_t> tensor_dims, mesh_dims;
+    for (std::size_t t = 0; t < r; ++t)
+      if (find(t) == root) tensor_dims.push_back(t);
+    for (std::size_t m = 0; m < k; ++m)
+      if (!sharded[m].empty() && find(sharded[m].front()) == root) mesh_dims.push_back(m);
+    std::map<ShardSizes, std::int64_t> part;
+    std::vector<std::int64_t> coords(k, 0);
+    while (true) {
+      const Box b = shard_box_at(before, coords), a = shard_box_at(after, coords);
+      const Box common = intersect(a, b);
+      ShardSizes s{1, 1, 1};
+      for (std::size_t t : tensor_dims) {
+        s.before *= b.extent[t];
+        s.after *= a.extent[t];
+        s.common *= common.extent[t];
+      }
+      ++part[s];
+      std::size_t i = 0;  // the odometer over this group's mesh dims
+      for (; i < mesh_dims.size(); ++i) {
+        if (++coords[mesh_dims[i]] < before.mesh.shape[mesh_dims[i]]) break;
+        coords[mesh_dims[i]] = 0;
+      }
+      if (i == mesh_dims.size()) break;
+    }
+    std::map<ShardSizes, std::int64_t> next;
+    for (const auto& [x, cx] : all) {
+      for (const auto& [y, cy] : part) {
+        next[{x.before * y.before, x.after * y.after, x.common * y.common}] += cx * cy;
+      }
+    }
+    all = std::move(next);
+  }
+  return all;
 }
 
 }  // namespace
@@ -259,7 +335,9 @@ Step make_step(const Layout& before, const Move& move, const MachineModel& machi
   Step step{
       .kind = move.kind, .mesh_dims = move.dims, .before = before.placements, .after = move.after};
   const auto origin = zero_coords(before);  // the device with the largest shard
-  step.bytes_per_device = received(before, after, move.kind, move.dims, origin);
+  step.bytes_per_device =
+      received(move.kind, group_size(before, move.dims),
+               static_cast<std::int64_t>(size_of(before.dtype)), sizes_at(before, after, origin));
   if (move.kind == StepKind::kAllReduce || move.kind == StepKind::kReduceScatter) {
     step.reduced_dims = move.dims;
     const FlatReduction flat = reduction_of(before, move.dims);
@@ -292,10 +370,11 @@ std::int64_t fill_totals(const Layout& from, std::vector<Step>& steps) {
       continue;
     }
     const Layout before = with_placements(from, s.before), after = with_placements(from, s.after);
+    const std::int64_t n = group_size(before, s.mesh_dims);
+    const auto es = static_cast<std::int64_t>(size_of(before.dtype));
     s.total_bytes = 0;
-    for (int i = 0; i < size(from.mesh); ++i) {
-      s.total_bytes += received(before, after, s.kind, s.mesh_dims, coordinates_at(from.mesh, i));
-    }
+    for (const auto& [sizes, devices] : sizes_histogram(before, after))
+      s.total_bytes += devices * received(s.kind, n, es, sizes);
     total += s.total_bytes;
   }
   return total;
@@ -336,6 +415,13 @@ std::int64_t min_bytes(const Layout& from, const Layout& to) {
   for (MeshDim m : reduced_partial_dims(from, to)) terms *= from.mesh.shape[m];
   const bool same_mesh = from.mesh == to.mesh;
   std::int64_t total = 0;
+  if (same_mesh) {  // by classes of devices (sizes_histogram), not device by device
+    for (const auto& [sizes, devices] : sizes_histogram(from, to)) {
+      total += devices * (terms > 1 ? sizes.after * (terms - 1) / terms * es
+                                    : (sizes.after - sizes.common) * es);
+    }
+    return total;
+  }
   for (int i = 0; i < size(to.mesh); ++i) {
     const auto coords = coordinates_at(to.mesh, i);
     const Box want = shard_box_at(to, coords);
