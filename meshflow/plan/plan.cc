@@ -127,10 +127,16 @@ std::string to_text(const Plan& plan) {
 
 nlohmann::json to_json(const Plan& plan) {
   nlohmann::json steps = nlohmann::json::array();
+  const bool list_devices = size(plan.from.mesh) <= kPlanJsonMaxDevices &&
+                            size(plan.to.mesh) <= kPlanJsonMaxDevices;
   for (const Step& s : plan.steps) {
+    std::vector<std::int64_t> group_shape;
+    for (MeshDim m : s.mesh_dims) group_shape.push_back(plan.from.mesh.shape[m]);
     steps.push_back({{"kind", to_string(s.kind)},
                      {"mesh_dims", s.mesh_dims},
-                     {"devices", step_devices(plan, s)},
+                     {"group_shape", group_shape},
+                     {"devices", list_devices ? nlohmann::json(step_devices(plan, s))
+                                              : nlohmann::json(nullptr)},
                      {"before", to_string(s.before)},
                      {"after", to_string(s.after)},
                      {"reduced_dims", s.reduced_dims},

@@ -100,6 +100,10 @@ struct Plan {
 // Returns the canonical multi-line text form (stable; golden files depend on it).
 std::string to_text(const Plan& plan);
 
+// Meshes of more devices than this get "devices": null in the plan JSON (a step's groups are
+// its mesh dims, "group_shape"; listing 65,536 devices per step made megabytes of JSON).
+inline constexpr std::int64_t kPlanJsonMaxDevices = 4096;
+
 // Returns DESIGN.md's plan JSON: {"planner", "est_s", "min_bytes", "steps": [{"kind",
 // "mesh_dims", "devices", "bytes_per_device", "est_s"}], ...} plus "total_bytes" and
 // "alternatives".

@@ -268,5 +268,29 @@ TEST(PlanTotals, SummedByClassesOfDevicesAsDeviceByDevice) {
   EXPECT_EQ(plans, 60);
 }
 
+// plan --json lists every step's devices up to 4,096 of them; above, "devices" is null and the
+// groups are the step's mesh dims ("group_shape").
+TEST(PlanJson, DevicesListedUpTo4096AndGroupShapesAlways) {
+  for (const char* text : {"8x8x8x8", "16x16x16x16"}) {
+    const DeviceMesh mesh = parse_mesh(text);
+    const Shape shape{4096, 4096};
+    const Plan plan = plan_redistribute(
+        make_layout(mesh, parse_placements("S(0),S(1),R,R"), shape, DType::kFloat32),
+        make_layout(mesh, parse_placements("R,R,S(1),S(0)"), shape, DType::kFloat32));
+    const nlohmann::json j = to_json(plan);
+    ASSERT_FALSE(j["steps"].empty());
+    for (const nlohmann::json& s : j["steps"]) {
+      std::vector<std::int64_t> group;
+      for (int m : s["mesh_dims"]) group.push_back(mesh.shape[static_cast<std::size_t>(m)]);
+      EXPECT_EQ(s["group_shape"], group);
+      if (size(mesh) <= kPlanJsonMaxDevices) {
+        EXPECT_EQ(s["devices"].size(), static_cast<std::size_t>(size(mesh)));
+      } else {
+        EXPECT_TRUE(s["devices"].is_null());
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshflow
