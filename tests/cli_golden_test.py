@@ -66,6 +66,19 @@ ERRORS = [
     ("a non-finite loss", ["train", "{models}/tp_mlp.json", "--lr", "1e30", "--steps", "4", "--save", "{tmp}/never"]),
 ]
 
+# Plans on 65,536 devices, step for step (the totals over devices are summed by classes of
+# devices, not device by device: these files were written device by device).
+PLANS = [
+    ("partial_and_shards", ["plan", "--mesh", "16x16x16x16", "--shape", "4096x4096x64",
+                            "--from", "S(0),P(sum),R,S(1)", "--to", "R,S(1),S(0),R"]),
+    ("shards_trade_dims", ["plan", "--mesh", "16x16x16x16", "--shape", "4096x4096",
+                           "--from", "S(0),S(1),R,R", "--to", "R,R,S(1),S(0)"]),
+    ("partial_to_shards", ["plan", "--mesh", "16x16x16x16", "--shape", "4096x4096",
+                           "--from", "P(sum),R,R,S(0)", "--to", "S(0),S(1),P(sum),R"]),
+    ("uneven_on_6x5x7", ["plan", "--mesh", "6x5x7", "--shape", "13x11x9",
+                         "--from", "S(0),S(2),P(sum)", "--to", "S(2),R,S(0)"]),
+]
+
 
 def run(args, tmp):
     args = [a.replace("{tmp}", tmp).replace("{models}", models) for a in args]
@@ -103,6 +116,9 @@ with tempfile.TemporaryDirectory() as tmp:
         compare("help_" + ("_".join(args) or "meshflow") + ".txt", f"exit {code}\n{out}{err}")
     code, out, err = run(["--version"], tmp)
     compare("version.txt", f"exit {code}\n{out}{err}")
+    for name, args in PLANS:
+        code, out, err = run(args, tmp)
+        compare(f"plan_{name}.txt", f"exit {code}\n{out}{err}")
     lines = ""
     for what, args in ERRORS:
         code, out, err = run(args, tmp)
