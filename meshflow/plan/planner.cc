@@ -271,14 +271,20 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
   };
   std::vector<Candidate> candidates;
   const bool same_mesh = from.mesh == to.mesh;
+  // The collective candidates price shards by the mesh's shape alone: they work on copies of
+  // the layouts without the device list, which every intermediate state would copy again (on
+  // 65,536 devices, a quarter of a megabyte per state).
+  Layout from_shape = from, to_shape = to;
+  from_shape.mesh.devices.clear();
+  to_shape.mesh.devices.clear();
   if (same_mesh) {
-    std::vector<Step> per_dim = plan_per_dim(from, to, machine);
+    std::vector<Step> per_dim = plan_per_dim(from_shape, to_shape, machine);
     candidates.push_back({"per_dim", per_dim});
-    candidates.push_back({"per_dim_merged", merge_steps(from, per_dim, machine)});
+    candidates.push_back({"per_dim_merged", merge_steps(from_shape, per_dim, machine)});
     int movable = 0;
     for (std::int64_t e : from.mesh.shape) movable += e > 1 ? 1 : 0;
     if (movable <= options.max_search_mesh_dims)
-      candidates.push_back({"search", plan_search(from, to, machine)});
+      candidates.push_back({"search", plan_search(from_shape, to_shape, machine)});
   }
   const std::int64_t pairs = static_cast<std::int64_t>(size(from.mesh)) * size(to.mesh);
   if (!same_mesh || pairs <= options.max_point_to_point_pairs) {
@@ -288,7 +294,7 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
   std::size_t winner = 0;
   std::vector<std::int64_t> totals;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    totals.push_back(fill_totals(from, candidates[i].steps));
+    totals.push_back(fill_totals(from_shape, candidates[i].steps));
     // A later candidate wins only if strictly cheaper (by more than rounding).
     if (total_est(candidates[i].steps) < total_est(candidates[winner].steps) * (1 - kTieTolerance))
       winner = i;

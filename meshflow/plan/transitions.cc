@@ -263,6 +263,19 @@ std::int64_t received(StepKind kind, std::int64_t n, std::int64_t es, const Shar
   }
 }
 
+// Returns tensor dim t of the shard at `coords` (shard_box_at's, without building the box).
+Chunk shard_interval(const Layout& l, std::size_t t, const std::vector<std::int64_t>& coords) {
+  Chunk out{.offset = 0, .extent = l.shape[t]};
+  for (std::size_t m = 0; m < l.placements.size(); ++m) {
+    const Placement& p = l.placements[m];
+    if (!p.is_shard() || static_cast<std::size_t>(p.dim) != t) continue;
+    const Chunk c = chunk(out.extent, l.mesh.shape[m], coords[m]);
+    out.offset += c.offset;
+    out.extent = c.extent;
+  }
+  return out;
+}
+
 // Returns how many devices of the mesh have each ShardSizes, without visiting every device: a
 // shard's extent on a tensor dim depends only on the coordinates of the mesh dims that shard
 // that dim, so the tensor dims fall into groups (tied where one mesh dim shards two of them,
@@ -301,13 +314,13 @@ std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const L
     std::map<ShardSizes, std::int64_t> part;
     std::vector<std::int64_t> coords(k, 0);
     while (true) {
-      const Box b = shard_box_at(before, coords), a = shard_box_at(after, coords);
-      const Box common = intersect(a, b);
       ShardSizes s{1, 1, 1};
       for (std::size_t t : tensor_dims) {
-        s.before *= b.extent[t];
-        s.after *= a.extent[t];
-        s.common *= common.extent[t];
+        const Chunk b = shard_interval(before, t, coords), a = shard_interval(after, t, coords);
+        s.before *= b.extent;
+        s.after *= a.extent;
+        s.common *= std::max<std::int64_t>(
+            0, std::min(a.offset + a.extent, b.offset + b.extent) - std::max(a.offset, b.offset));
       }
       ++part[s];
       std::size_t i = 0;  // the odometer over this group's mesh dims
