@@ -2,7 +2,9 @@
 #include "meshflow/plan/transitions.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <optional>
 
 #include "meshflow/core/error.h"
 
@@ -276,6 +278,39 @@ Chunk shard_interval(const Layout& l, std::size_t t, const std::vector<std::int6
   return out;
 }
 
+// Returns the one ShardSizes every device has over `tensor_dims` when it needs no enumeration:
+// on each of those dims, one layout's sharding mesh dims (in mesh order) begin with the other's,
+// and every level divides its extent evenly. Then every shard of the finer layout lies inside
+// one of the coarser's (their intersection is the finer shard), and all shards of a layout are
+// equal. Otherwise nullopt.
+std::optional<ShardSizes> uniform_sizes(const Layout& before, const Layout& after,
+                                        const std::vector<std::size_t>& tensor_dims) {
+  ShardSizes s{1, 1, 1};
+  for (std::size_t t : tensor_dims) {
+    std::array<std::vector<std::int64_t>, 2> parts;  // the nesting of dim t: each level's parts
+    std::array<std::vector<std::size_t>, 2> dims;
+    std::array<std::int64_t, 2> extent{before.shape[t], before.shape[t]};
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Layout& l = i == 0 ? before : after;
+      for (std::size_t m = 0; m < l.placements.size(); ++m) {
+        if (!l.placements[m].is_shard() || static_cast<std::size_t>(l.placements[m].dim) != t)
+          continue;
+        if (extent[i] % l.mesh.shape[m] != 0) return std::nullopt;
+        extent[i] /= l.mesh.shape[m];
+        dims[i].push_back(m);
+      }
+    }
+    const std::size_t common = std::min(dims[0].size(), dims[1].size());
+    if (!std::equal(dims[0].begin(), dims[0].begin() + static_cast<std::ptrdiff_t>(common),
+                    dims[1].begin()))
+      return std::nullopt;
+    s.before *= extent[0];
+    s.after *= extent[1];
+    s.common *= std::min(extent[0], extent[1]);
+  }
+  return s;
+}
+
 // Returns how many devices of the mesh have each ShardSizes, without visiting every device: a
 // shard's extent on a tensor dim depends only on the coordinates of the mesh dims that shard
 // that dim, so the tensor dims fall into groups (tied where one mesh dim shards two of them,
@@ -312,8 +347,14 @@ std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const L
     for (std::size_t m = 0; m < k; ++m)
       if (!sharded[m].empty() && find(sharded[m].front()) == root) mesh_dims.push_back(m);
     std::map<ShardSizes, std::int64_t> part;
+    const std::optional<ShardSizes> same = uniform_sizes(before, after, tensor_dims);
+    if (same) {
+      std::int64_t devices = 1;
+      for (std::size_t m : mesh_dims) devices *= before.mesh.shape[m];
+      part[*same] = devices;
+    }
     std::vector<std::int64_t> coords(k, 0);
-    while (true) {
+    while (!same) {
       ShardSizes s{1, 1, 1};
       for (std::size_t t : tensor_dims) {
         const Chunk b = shard_interval(before, t, coords), a = shard_interval(after, t, coords);
