@@ -287,7 +287,6 @@ std::optional<ShardSizes> uniform_sizes(const Layout& before, const Layout& afte
                                         const std::vector<std::size_t>& tensor_dims) {
   ShardSizes s{1, 1, 1};
   for (std::size_t t : tensor_dims) {
-    std::array<std::vector<std::int64_t>, 2> parts;  // the nesting of dim t: each level's parts
     std::array<std::vector<std::size_t>, 2> dims;
     std::array<std::int64_t, 2> extent{before.shape[t], before.shape[t]};
     for (std::size_t i = 0; i < 2; ++i) {
