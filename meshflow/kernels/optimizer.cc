@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "meshflow/core/error.h"
@@ -101,30 +102,8 @@ void adamw_f32(float* w, float* m, float* v, const float* g, std::size_t n,
 MESHFLOW_VECTOR_CLONES
 double squares_f32(const float* x, std::size_t n) { return squares_loop(x, n); }
 
-void sgd_part(float* w, const float* g, std::size_t n, float lr, float scale) {
-  sgd_f32(w, g, n, lr, scale);
-}
-void sgd_part(double* w, const double* g, std::size_t n, double lr, double scale) {
-  sgd_loop(w, g, n, lr, scale);
-}
-void momentum_part(float* w, float* buf, const float* g, std::size_t n, float lr, float scale,
-                   float momentum) {
-  momentum_f32(w, buf, g, n, lr, scale, momentum);
-}
-void momentum_part(double* w, double* buf, const double* g, std::size_t n, double lr, double scale,
-                   double momentum) {
-  momentum_loop(w, buf, g, n, lr, scale, momentum);
-}
-void adamw_part(float* w, float* m, float* v, const float* g, std::size_t n,
-                const AdamCoefficients<float>& c) {
-  adamw_f32(w, m, v, g, n, c);
-}
-void adamw_part(double* w, double* m, double* v, const double* g, std::size_t n,
-                const AdamCoefficients<double>& c) {
-  adamw_loop(w, m, v, g, n, c);
-}
-double squares_part(const float* x, std::size_t n) { return squares_f32(x, n); }
-double squares_part(const double* x, std::size_t n) { return squares_loop(x, n); }
+template <typename T>
+constexpr bool kFloat = std::is_same_v<T, float>;
 
 template <typename T>
 void sgd(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::span<const T> g,
@@ -135,14 +114,22 @@ void sgd(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::span
   const T* gp = g.data();
   if (state.empty()) {
     for_parts(w.size(), [=](std::size_t begin, std::size_t end) {
-      sgd_part(wp + begin, gp + begin, end - begin, lr, scale);
+      if constexpr (kFloat<T>) {
+        sgd_f32(wp + begin, gp + begin, end - begin, lr, scale);
+      } else {
+        sgd_loop(wp + begin, gp + begin, end - begin, lr, scale);
+      }
     });
     return;
   }
   const T momentum = static_cast<T>(rule.momentum);
   T* bp = state[0]->data<T>().data();
   for_parts(w.size(), [=](std::size_t begin, std::size_t end) {
-    momentum_part(wp + begin, bp + begin, gp + begin, end - begin, lr, scale, momentum);
+    if constexpr (kFloat<T>) {
+      momentum_f32(wp + begin, bp + begin, gp + begin, end - begin, lr, scale, momentum);
+    } else {
+      momentum_loop(wp + begin, bp + begin, gp + begin, end - begin, lr, scale, momentum);
+    }
   });
 }
 
@@ -165,7 +152,11 @@ void adamw(const UpdateRule& rule, const StepScalars& s, std::span<T> w, std::sp
   T* mp = state[0]->data<T>().data();
   T* vp = state[1]->data<T>().data();
   for_parts(w.size(), [=, &c](std::size_t begin, std::size_t end) {
-    adamw_part(wp + begin, mp + begin, vp + begin, gp + begin, end - begin, c);
+    if constexpr (kFloat<T>) {
+      adamw_f32(wp + begin, mp + begin, vp + begin, gp + begin, end - begin, c);
+    } else {
+      adamw_loop(wp + begin, mp + begin, vp + begin, gp + begin, end - begin, c);
+    }
   });
 }
 
@@ -230,8 +221,13 @@ double sum_of_squares(const Tensor& t) {
       const int parts = parallel_parts(n, kElementGrain);
       std::vector<double> part_sums(static_cast<std::size_t>(parts), 0.0);
       parallel_parts_for(n, parts, [&](int part, std::int64_t begin, std::int64_t end) {
-        part_sums[static_cast<std::size_t>(part)] =
-            squares_part(all.data() + begin, static_cast<std::size_t>(end - begin));
+        const T* x = all.data() + begin;
+        const auto len = static_cast<std::size_t>(end - begin);
+        if constexpr (kFloat<T>) {
+          part_sums[static_cast<std::size_t>(part)] = squares_f32(x, len);
+        } else {
+          part_sums[static_cast<std::size_t>(part)] = squares_loop(x, len);
+        }
       });
       for (double s : part_sums) total += s;
     } else {
