@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "meshflow/core/error.h"
+#include "meshflow/plan/point_to_point.h"
 #include "meshflow/plan/transitions.h"
 
 namespace meshflow {
@@ -147,7 +148,7 @@ DeviceStep lower_point_to_point(const Plan& plan, const Step& s, DeviceId me) {
   call.exchange.dst_shape = in_to ? with_lead(s.terms, dst_box.extent) : Shape{};
   call.exchange.send.resize(members.size());
   call.exchange.recv.resize(members.size());
-  for (const Transfer& t : s.transfers) {
+  for (const Transfer& t : device_transfers(plan.from, plan.to, me)) {
     if (t.src == me)
       call.exchange.send[rank_of(t.dst)].push_back(with_lead(0, 1, relative(t.box, src_box)));
     if (t.dst == me)

@@ -50,14 +50,8 @@ std::vector<DeviceId> plan_devices(const Plan& plan) {
 }
 
 std::vector<DeviceId> step_devices(const Plan& plan, const Step& step) {
-  if (step.kind != StepKind::kPointToPoint) return plan.from.mesh.devices;
-  std::set<DeviceId> ids;
-  for (const Transfer& t : step.transfers) {
-    ids.insert(t.src);
-    ids.insert(t.dst);
-  }
-  for (DeviceId d : plan.to.mesh.devices) ids.insert(d);
-  return {ids.begin(), ids.end()};
+  // A point-to-point exchange is one call over both meshes' devices (plan/lower.cc).
+  return step.kind == StepKind::kPointToPoint ? plan_devices(plan) : plan.from.mesh.devices;
 }
 
 namespace {
@@ -105,7 +99,7 @@ std::string to_text(const Plan& plan) {
     const Step& s = plan.steps[i];
     out += fmt::format("  {}. {}", i + 1, to_string(s.kind));
     if (s.kind == StepKind::kPointToPoint) {
-      out += fmt::format(" {} transfers, {} terms", s.transfers.size(), s.terms);
+      out += fmt::format(" {} transfers, {} terms", s.transfers, s.terms);
     } else {
       std::int64_t group = 1;
       for (MeshDim m : s.mesh_dims) group *= plan.from.mesh.shape[m];
@@ -127,8 +121,8 @@ std::string to_text(const Plan& plan) {
 
 nlohmann::json to_json(const Plan& plan) {
   nlohmann::json steps = nlohmann::json::array();
-  const bool list_devices = size(plan.from.mesh) <= kPlanJsonMaxDevices &&
-                            size(plan.to.mesh) <= kPlanJsonMaxDevices;
+  const bool list_devices =
+      size(plan.from.mesh) <= kPlanJsonMaxDevices && size(plan.to.mesh) <= kPlanJsonMaxDevices;
   for (const Step& s : plan.steps) {
     std::vector<std::int64_t> group_shape;
     for (MeshDim m : s.mesh_dims) group_shape.push_back(plan.from.mesh.shape[m]);

@@ -54,8 +54,9 @@ std::string_view to_string(PartialSplit split);
 // Invariants: collective and local steps run on the source mesh and turn placements `before`
 // into `after`, changing exactly the mesh dims in `mesh_dims` (ascending); a point-to-point
 // step turns the source layout into the destination layout (its `before`/`after` are those
-// layouts' placements) and lists every transfer. Every decision the executor needs is here or
-// follows mechanically from it (plan/lower.h): nothing is decided while running.
+// layouts' placements) and counts its transfers, which follow from the two layouts
+// (plan/point_to_point.h builds them for the devices that run them). Every decision the executor
+// needs is here or follows mechanically from it (plan/lower.h): nothing is decided while running.
 struct Step {
   StepKind kind = StepKind::kLocal;
   std::vector<MeshDim> mesh_dims;
@@ -74,8 +75,8 @@ struct Step {
   // and how (local and point_to_point steps).
   std::vector<MeshDim> split_dims;
   PartialSplit split = PartialSplit::kNone;
-  std::vector<Transfer> transfers;  // point_to_point only
-  int terms = 1;                    // point_to_point: partial terms each device reduces
+  std::int64_t transfers = 0;  // point_to_point: pieces moved, each device's own included
+  int terms = 1;               // point_to_point: partial terms each device reduces
   bool operator==(const Step&) const = default;
 };
 
@@ -112,8 +113,8 @@ nlohmann::json to_json(const Plan& plan);
 // Returns every device of the source and destination meshes, ascending.
 std::vector<DeviceId> plan_devices(const Plan& plan);
 
-// Returns the devices a step involves (the source mesh's devices for collectives; senders and
-// receivers for point_to_point).
+// Returns the devices a step involves: the source mesh's for collectives and local steps, both
+// meshes' for point_to_point (one exchange among all of them, some sending nothing).
 std::vector<DeviceId> step_devices(const Plan& plan, const Step& step);
 
 }  // namespace meshflow

@@ -286,10 +286,7 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
     if (movable <= options.max_search_mesh_dims)
       candidates.push_back({"search", plan_search(from_shape, to_shape, machine)});
   }
-  const std::int64_t pairs = static_cast<std::int64_t>(size(from.mesh)) * size(to.mesh);
-  if (!same_mesh || pairs <= options.max_point_to_point_pairs) {
-    candidates.push_back({"point_to_point", {plan_point_to_point(from, to, machine)}});
-  }
+  candidates.push_back({"point_to_point", {plan_point_to_point(from, to, machine)}});
   Plan plan{.from = from, .to = to};
   std::size_t winner = 0;
   std::vector<std::int64_t> totals;

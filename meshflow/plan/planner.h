@@ -14,9 +14,6 @@ namespace meshflow {
 
 struct PlanOptions {
   const MachineModel* machine = nullptr;  // default_machine() when null
-  // Point-to-point candidates list every transfer; above this many (source devices x
-  // destination devices) they are not considered for same-mesh plans.
-  std::int64_t max_point_to_point_pairs = 1 << 16;
   // The search explores every subset of mesh dims at every state, exponential in their number:
   // it is a candidate only for meshes with at most this many dims of size > 1.
   int max_search_mesh_dims = 4;

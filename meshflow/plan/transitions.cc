@@ -234,13 +234,6 @@ std::int64_t group_size(const Layout& l, const std::vector<MeshDim>& dims) {
   return n;
 }
 
-// The sizes a device's part of a step depends on: the elements of its shard before and after,
-// and of their intersection.
-struct ShardSizes {
-  std::int64_t before = 0, after = 0, common = 0;
-  auto operator<=>(const ShardSizes&) const = default;
-};
-
 ShardSizes sizes_at(const Layout& before, const Layout& after,
                     const std::vector<std::int64_t>& coords) {
   const Box b = shard_box_at(before, coords);
@@ -285,7 +278,7 @@ Chunk shard_interval(const Layout& l, std::size_t t, const std::vector<std::int6
 // equal. Otherwise nullopt.
 std::optional<ShardSizes> uniform_sizes(const Layout& before, const Layout& after,
                                         const std::vector<std::size_t>& tensor_dims) {
-  ShardSizes s{1, 1, 1};
+  ShardSizes s{1, 1, 1, 1};
   for (std::size_t t : tensor_dims) {
     std::array<std::vector<std::size_t>, 2> dims;
     std::array<std::int64_t, 2> extent{before.shape[t], before.shape[t]};
@@ -306,16 +299,45 @@ std::optional<ShardSizes> uniform_sizes(const Layout& before, const Layout& afte
     s.before *= extent[0];
     s.after *= extent[1];
     s.common *= std::min(extent[0], extent[1]);
+    // The finer layout's shard lies in one of the coarser's; a coarser after-shard covers
+    // extent[1] / extent[0] before-shards.
+    s.sources *=
+        extent[0] == 0 || extent[1] == 0 ? 0 : std::max<std::int64_t>(1, extent[1] / extent[0]);
   }
   return s;
 }
 
-// Returns how many devices of the mesh have each ShardSizes, without visiting every device: a
-// shard's extent on a tensor dim depends only on the coordinates of the mesh dims that shard
-// that dim, so the tensor dims fall into groups (tied where one mesh dim shards two of them,
-// before and after) whose mesh dims' coordinates are enumerated alone, and the groups' sizes
-// multiply. Mesh dims that shard nothing multiply the counts. The work is the largest group's
-// coordinates, not the mesh's devices.
+}  // namespace
+
+std::vector<Chunk> shard_intervals(const Layout& l, std::size_t t) {
+  std::vector<Chunk> out{{.offset = 0, .extent = l.shape[t]}};
+  for (std::size_t m = 0; m < l.placements.size(); ++m) {
+    const Placement& p = l.placements[m];
+    if (!p.is_shard() || static_cast<std::size_t>(p.dim) != t) continue;
+    std::vector<Chunk> finer;  // outer mesh dims first: each interval splits in place
+    for (const Chunk& c : out) {
+      for (std::int64_t i = 0; i < l.mesh.shape[m]; ++i) {
+        const Chunk part = chunk(c.extent, l.mesh.shape[m], i);
+        finer.push_back({.offset = c.offset + part.offset, .extent = part.extent});
+      }
+    }
+    out = std::move(finer);
+  }
+  std::erase_if(out, [](const Chunk& c) { return c.extent == 0; });
+  return out;
+}
+
+std::int64_t count_meeting(const std::vector<Chunk>& intervals, Chunk c) {
+  if (c.extent == 0) return 0;
+  // Disjoint and ascending: both starts and ends ascend.
+  const auto first = std::partition_point(intervals.begin(), intervals.end(), [&](const Chunk& i) {
+    return i.offset + i.extent <= c.offset;
+  });
+  const auto last = std::partition_point(
+      first, intervals.end(), [&](const Chunk& i) { return i.offset < c.offset + c.extent; });
+  return last - first;
+}
+
 std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const Layout& after) {
   const std::size_t k = before.mesh.shape.size(), r = before.shape.size();
   // group[t]: tensor dim t's group (union-find over tensor dims).
@@ -333,7 +355,7 @@ std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const L
     }
     for (std::size_t t : sharded[m]) group[find(t)] = find(sharded[m].front());
   }
-  std::map<ShardSizes, std::int64_t> all{{ShardSizes{1, 1, 1}, 1}};
+  std::map<ShardSizes, std::int64_t> all{{ShardSizes{1, 1, 1, 1}, 1}};
   std::vector<bool> used_tensor(r, false);
   for (std::size_t m = 0; m < k; ++m) {
     if (sharded[m].empty()) all.begin()->second *= before.mesh.shape[m];
@@ -352,15 +374,21 @@ std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const L
       for (std::size_t m : mesh_dims) devices *= before.mesh.shape[m];
       part[*same] = devices;
     }
+    std::vector<std::vector<Chunk>> before_intervals;
+    if (!same) {
+      for (std::size_t t : tensor_dims) before_intervals.push_back(shard_intervals(before, t));
+    }
     std::vector<std::int64_t> coords(k, 0);
     while (!same) {
-      ShardSizes s{1, 1, 1};
-      for (std::size_t t : tensor_dims) {
+      ShardSizes s{1, 1, 1, 1};
+      for (std::size_t i = 0; i < tensor_dims.size(); ++i) {
+        const std::size_t t = tensor_dims[i];
         const Chunk b = shard_interval(before, t, coords), a = shard_interval(after, t, coords);
         s.before *= b.extent;
         s.after *= a.extent;
         s.common *= std::max<std::int64_t>(
             0, std::min(a.offset + a.extent, b.offset + b.extent) - std::max(a.offset, b.offset));
+        s.sources *= count_meeting(before_intervals[i], a);
       }
       ++part[s];
       std::size_t i = 0;  // the odometer over this group's mesh dims
@@ -373,15 +401,14 @@ std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const L
     std::map<ShardSizes, std::int64_t> next;
     for (const auto& [x, cx] : all) {
       for (const auto& [y, cy] : part) {
-        next[{x.before * y.before, x.after * y.after, x.common * y.common}] += cx * cy;
+        next[{x.before * y.before, x.after * y.after, x.common * y.common,
+              x.sources * y.sources}] += cx * cy;
       }
     }
     all = std::move(next);
   }
   return all;
 }
-
-}  // namespace
 
 Step make_step(const Layout& before, const Move& move, const MachineModel& machine) {
   const Layout after = with_placements(before, move.after);

@@ -25,6 +25,7 @@
 // up front, with no step.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -64,6 +65,29 @@ std::int64_t fill_totals(const Layout& from, std::vector<Step>& steps);
 // ascending order: all of them across meshes; on one mesh, those not Partial with the same op
 // in `to`, and those whose terms cannot survive an outer reduced dim (invariant 4).
 std::vector<MeshDim> reduced_partial_dims(const Layout& from, const Layout& to);
+
+// The sizes a device's part of a move between two layouts of one mesh depends on: the
+// elements of its shard before and after and of their intersection, and how many distinct
+// `before` shards (by their Shard coordinates) meet its `after` shard.
+struct ShardSizes {
+  std::int64_t before = 0, after = 0, common = 0, sources = 0;
+  auto operator<=>(const ShardSizes&) const = default;
+};
+
+// Returns how many devices of the (shared) mesh have each ShardSizes, without visiting every
+// device: a shard's extent on a tensor dim depends only on the coordinates of the mesh dims that
+// shard that dim, so the tensor dims fall into groups (tied where one mesh dim shards two of
+// them, before and after) whose mesh dims' coordinates are enumerated alone, and the groups'
+// sizes multiply. Mesh dims that shard nothing multiply the counts. The work is the largest
+// group's coordinates, not the mesh's devices, and none where every level divides evenly and
+// one layout's sharding refines the other's.
+std::map<ShardSizes, std::int64_t> sizes_histogram(const Layout& before, const Layout& after);
+
+// Returns the nonempty intervals the shards of `l` cut tensor dim t into, ascending.
+std::vector<Chunk> shard_intervals(const Layout& l, std::size_t t);
+
+// Returns how many of `intervals` (disjoint, ascending) share an element with `c`.
+std::int64_t count_meeting(const std::vector<Chunk>& intervals, Chunk c);
 
 // Returns the bytes a device must receive under any plan, summed over devices (a lower bound).
 std::int64_t min_bytes(const Layout& from, const Layout& to);
