@@ -123,4 +123,17 @@ std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const S
   return pairs;
 }
 
+std::vector<std::pair<Layout, Layout>> large_mesh_pairs() {
+  auto L = [](const char* placements, Shape shape) {
+    return make_layout(parse_mesh("2x2x2x2"), parse_placements(placements), std::move(shape),
+                       DType::kFloat32);
+  };
+  return {
+      {L("S(0),P(sum),R,S(1)", {8, 8, 4}), L("R,S(1),S(0),R", {8, 8, 4})},
+      {L("S(0),S(1),R,R", {8, 8}), L("R,R,S(1),S(0)", {8, 8})},
+      {L("P(sum),R,R,S(0)", {8, 8}), L("S(0),S(1),P(sum),R", {8, 8})},
+      {L("S(0),P(sum),R,S(1)", {7, 5, 3}), L("R,S(1),S(0),R", {7, 5, 3})},
+  };
+}
+
 }  // namespace meshflow::testing

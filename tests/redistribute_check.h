@@ -17,7 +17,8 @@ namespace meshflow::testing {
 // non-Replicate mesh coordinate hold identical data (replicas agree, Partial terms differ).
 Tensor source_shard(const Layout& layout, DeviceId device, std::uint64_t seed);
 
-// Returns true when the contract (docs/contract.md) forbids `from` -> `to` (Shard -> Partial, Partial(a) -> Partial(b)).
+// Returns true when the contract (docs/contract.md) forbids `from` -> `to` (Shard -> Partial,
+// Partial(a) -> Partial(b)).
 bool forbidden(const Layout& from, const Layout& to);
 
 // Runs and checks every pair on `world` (all devices of both meshes must be in it). Failures
@@ -29,5 +30,9 @@ int check_pairs(Communicator& world, const std::vector<std::pair<Layout, Layout>
 // on `mesh` for a tensor of `shape` (P(avg) only for floating-point dtypes).
 std::vector<std::pair<Layout, Layout>> all_pairs(const DeviceMesh& mesh, const Shape& shape,
                                                  DType dtype);
+
+// Returns `meshflow bench plan`'s pairs (planned there on 16x16x16x16) on a mesh of the same
+// rank, 2x2x2x2, with even and uneven shapes.
+std::vector<std::pair<Layout, Layout>> large_mesh_pairs();
 
 }  // namespace meshflow::testing

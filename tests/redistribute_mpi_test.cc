@@ -1,5 +1,5 @@
-// Redistribution on the mpi backend (run under mpirun -n 4): a representative subset of the
-// threads suite, checked the same way.
+// Redistribution on the mpi backend (run under mpirun -n 4, and MpiLargeMesh under -n 16): a
+// representative subset of the threads suite, checked the same way.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -38,6 +38,10 @@ TEST(MpiRedistribute, CrossMesh) {
              {L("2", "S(0)", {7, 3}), L("3@1,2,3", "S(0)", {7, 3})}},
             12);
 }
+
+// Run alone under mpirun -n 16 (ctest redistribute_mpi_16ranks): bench plan's pairs on
+// 2x2x2x2, one process per device.
+TEST(MpiLargeMesh, BenchPlanPairsOn2x2x2x2) { run_pairs(testing::large_mesh_pairs(), 13); }
 
 }  // namespace
 }  // namespace meshflow

@@ -118,16 +118,10 @@ TEST(CrossMesh, DifferentShapesDeviceSetsAndPartialSources) {
   run_pairs(8, pairs, 5);
 }
 
-// bench plan's pairs (planned there on 16x16x16x16) on a mesh of the same rank, 2x2x2x2: the
-// plans execute to what gathering and resharding gives, shapes even and uneven.
+// bench plan's pairs on their 16-device form: the plans execute to what gathering and
+// resharding gives (under mpirun -n 16 too: redistribute_mpi_test).
 TEST(LargeMeshPairs, ExecuteOnTheirSixteenDeviceForm) {
-  const std::vector<std::pair<Layout, Layout>> pairs = {
-      {L("2x2x2x2", "S(0),P(sum),R,S(1)", {8, 8, 4}), L("2x2x2x2", "R,S(1),S(0),R", {8, 8, 4})},
-      {L("2x2x2x2", "S(0),S(1),R,R", {8, 8}), L("2x2x2x2", "R,R,S(1),S(0)", {8, 8})},
-      {L("2x2x2x2", "P(sum),R,R,S(0)", {8, 8}), L("2x2x2x2", "S(0),S(1),P(sum),R", {8, 8})},
-      {L("2x2x2x2", "S(0),P(sum),R,S(1)", {7, 5, 3}), L("2x2x2x2", "R,S(1),S(0),R", {7, 5, 3})},
-  };
-  run_pairs(16, pairs, 11);
+  run_pairs(16, testing::large_mesh_pairs(), 11);
 }
 
 TEST(MergedAllReduce, AvgAvgSumOfTheSameValueGivesTwiceIt) {
