@@ -215,6 +215,16 @@ void print_progress(const StepReport& r, int first, int last, double elapsed_s) 
   std::fflush(stderr);
 }
 
+void add_schedule_option(CLI::App* cmd, std::string& schedule) {
+  cmd->add_option("--schedule", schedule,
+                  "where the model's layers lie on different meshes (stages): the order each "
+                  "stage runs its micro-batches in, all stages at once: gpipe (every forward, "
+                  "then every backward), 1f1b (PipeDream-flush) or zb (zero-bubble ZB-H1, weight "
+                  "gradients deferred into the waits)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}));
+}
+
 }  // namespace
 
 void add_run(CLI::App& app) {
@@ -255,6 +265,7 @@ void add_train(CLI::App& app) {
     bool check = false, allow_nonfinite = false;
     std::string checkpoint, resume;
     int checkpoint_every = 0, keep_last = 0;  // 0: not given
+    std::string schedule = "1f1b";
     OptimizerArgs optimizer;
   };
   auto args = std::make_shared<Args>();
@@ -271,6 +282,7 @@ void add_train(CLI::App& app) {
                   "else 1)")
       ->check(CLI::Range(1, 1 << 20));
   add_zero_option(cmd, args->zero);
+  add_schedule_option(cmd, args->schedule);
   cmd->add_flag("--allow-nonfinite", args->allow_nonfinite,
                 "train on through a step whose loss or gradient norm is not finite (by default "
                 "such a step stops training before its update, writing nothing)");
@@ -312,6 +324,7 @@ void add_train(CLI::App& app) {
             [&] { return optimizer_of(args->optimizer, model, resumed ? &*resumed : nullptr); }),
         .micro_batches = every_device(options.backend,
                                       [&] { return micro_batches_of(args->micro_batches, model); }),
+        .schedule = parse_schedule(args->schedule),
         .zero = every_device(options.backend, [&] { return zero_of(args->zero, model); }),
         .allow_nonfinite = args->allow_nonfinite,
         .check = args->check};

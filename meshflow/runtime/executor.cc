@@ -144,10 +144,9 @@ Tensor execute(const DeviceProgram& program, Communicator& world, const Tensor& 
 }
 
 StartedMove start(const DeviceProgram& program, Communicator& world, const Tensor& local) {
-  const bool one_gather =
-      program.in_from && program.in_to && program.steps.size() == 1 &&
-      (std::holds_alternative<GatherCall>(program.steps[0].call) ||
-       std::holds_alternative<ExchangeCall>(program.steps[0].call));
+  const bool one_gather = program.in_from && program.in_to && program.steps.size() == 1 &&
+                          (std::holds_alternative<GatherCall>(program.steps[0].call) ||
+                           std::holds_alternative<ExchangeCall>(program.steps[0].call));
   if (!one_gather) return {.out = execute(program, world, local), .done = Event()};
   if (local.shape() != program.in_shape || local.dtype() != program.dtype) {
     fail(ErrorKind::kShapeMismatch, "device {} holds a shard of {} {} but the plan expects {} {}",
@@ -173,6 +172,110 @@ StartedMove start(const DeviceProgram& program, Communicator& world, const Tenso
                                                         .recv = x.recv});
   }
   return {.out = std::move(out), .done = std::move(done)};
+}
+
+namespace {
+
+const PointToPointCall& only_point_to_point(const DeviceProgram& program) {
+  MESHFLOW_CHECK(
+      program.steps.size() == 1 && std::holds_alternative<PointToPointCall>(program.steps[0].call),
+      "device {}: a tagged move needs one point-to-point step", program.device);
+  return std::get<PointToPointCall>(program.steps[0].call);
+}
+
+// Copies `boxes` of the row-major `shape` at `base` back to back into `packed` (or, unpacking,
+// the other way).
+void pack_boxes(DType dtype, const Shape& shape, const std::byte* base,
+                const std::vector<Box>& boxes, std::byte* packed) {
+  const std::size_t es = size_of(dtype);
+  std::int64_t at = 0;
+  for (const Box& b : boxes) {
+    Shape ext = b.extent;
+    copy_box(ConstBuffer{base, &shape, es}, b.offset,
+             MutableBuffer{packed + at * static_cast<std::int64_t>(es), &ext, es},
+             std::vector<std::int64_t>(ext.size(), 0), b.extent);
+    at += numel(b);
+  }
+}
+
+void unpack_boxes(DType dtype, const Shape& shape, std::byte* base, const std::vector<Box>& boxes,
+                  const std::byte* packed) {
+  const std::size_t es = size_of(dtype);
+  std::int64_t at = 0;
+  for (const Box& b : boxes) {
+    Shape ext = b.extent;
+    copy_box(ConstBuffer{packed + at * static_cast<std::int64_t>(es), &ext, es},
+             std::vector<std::int64_t>(ext.size(), 0), MutableBuffer{base, &shape, es}, b.offset,
+             b.extent);
+    at += numel(b);
+  }
+}
+
+std::int64_t total_numel(const std::vector<Box>& boxes) {
+  std::int64_t n = 0;
+  for (const Box& b : boxes) n += numel(b);
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::pair<Tensor, Event>> send_tagged(const DeviceProgram& program, Communicator& world,
+                                                  const Tensor& local, int tag) {
+  std::vector<std::pair<Tensor, Event>> posted;
+  if (!program.in_from) return posted;
+  const PointToPointCall& call = only_point_to_point(program);
+  const ExchangeCall& x = call.exchange;
+  for (std::size_t k = 0; k < x.group.size(); ++k) {
+    if (x.send[k].empty() || x.group[k] == program.device) continue;
+    Tensor packed = Tensor::uninitialized(local.dtype(), {total_numel(x.send[k])});
+    pack_boxes(local.dtype(), x.src_shape, local.bytes(), x.send[k], packed.bytes());
+    Event done = send_async(world, {.data = packed.bytes(),
+                                    .count = packed.numel(),
+                                    .dtype = local.dtype(),
+                                    .peer = rank_of(world, x.group[k]),
+                                    .tag = tag});
+    posted.emplace_back(std::move(packed), std::move(done));
+  }
+  return posted;
+}
+
+Tensor receive_tagged(const DeviceProgram& program, Communicator& world, int tag) {
+  const PointToPointCall& call = only_point_to_point(program);
+  if (!program.in_to) return Tensor(program.dtype, {0});
+  MESHFLOW_CHECK(!program.in_from, "device {}: a tagged move between disjoint meshes only",
+                 program.device);
+  const ExchangeCall& x = call.exchange;
+  const DType dtype = program.dtype;
+  std::vector<Tensor> packed(x.group.size());
+  std::vector<Event> arriving;
+  for (std::size_t k = 0; k < x.group.size(); ++k) {
+    if (x.recv[k].empty()) continue;
+    packed[k] = Tensor::uninitialized(dtype, {total_numel(x.recv[k])});
+    arriving.push_back(recv_async(world, {.data = packed[k].bytes(),
+                                          .count = packed[k].numel(),
+                                          .dtype = dtype,
+                                          .peer = rank_of(world, x.group[k]),
+                                          .tag = tag}));
+  }
+  when_all(arriving).wait(world.default_timeout());
+  const Shape& out_shape = program.steps[0].out_shape;
+  Tensor out = Tensor::uninitialized(dtype, out_shape);
+  Tensor staging;
+  std::byte* dst = out.bytes();
+  if (call.terms > 1) {
+    staging = Tensor::uninitialized(dtype, x.dst_shape);
+    dst = staging.bytes();
+  }
+  for (std::size_t k = 0; k < x.group.size(); ++k)
+    if (!x.recv[k].empty()) unpack_boxes(dtype, x.dst_shape, dst, x.recv[k], packed[k].bytes());
+  if (call.terms > 1) {
+    std::vector<const std::byte*> terms;
+    for (std::int64_t t = 0; t < call.terms; ++t)
+      terms.push_back(staging.bytes() + t * static_cast<std::int64_t>(out.nbytes()));
+    reduce_partial_terms(call.term_ops, call.term_sizes, dtype, terms, out.bytes(), out.numel());
+  }
+  apply(call.scaling, out);
+  return out;
 }
 
 }  // namespace meshflow

@@ -34,4 +34,14 @@ struct StartedMove {
 // `done` is complete.
 StartedMove start(const DeviceProgram& program, Communicator& world, const Tensor& local);
 
+// A program of one point-to-point step between devices of disjoint meshes (pipeline stages),
+// run as two halves matched by `tag` instead of one exchange every device joins in order.
+// send_tagged posts this device's regions (packed, one message per receiving device) and
+// returns at once: each posted message's buffer and event, to be kept until the event
+// completes. receive_tagged waits for this device's regions and returns its shard (terms
+// reduced and scaled as execute does). Every message of a tag between two devices is one call.
+std::vector<std::pair<Tensor, Event>> send_tagged(const DeviceProgram& program, Communicator& world,
+                                                  const Tensor& local, int tag);
+Tensor receive_tagged(const DeviceProgram& program, Communicator& world, int tag);
+
 }  // namespace meshflow

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <mutex>
 
 #include "meshflow/core/clock.h"
@@ -47,13 +48,14 @@ ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
 
 // Returns every device's trace events on every device (one all-gather of counts, one of data).
 std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<TraceEvent>& mine) {
-  constexpr std::size_t kFields = 8;
+  constexpr std::size_t kFields = 10;
   std::vector<double> packed;
   for (const TraceEvent& e : mine) {
-    packed.insert(packed.end(),
-                  {static_cast<double>(e.device), static_cast<double>(e.value),
-                   static_cast<double>(e.kind), static_cast<double>(e.phase),
-                   static_cast<double>(e.step), static_cast<double>(e.block), e.start_s, e.end_s});
+    packed.insert(
+        packed.end(),
+        {static_cast<double>(e.device), static_cast<double>(e.value), static_cast<double>(e.kind),
+         static_cast<double>(e.phase), static_cast<double>(e.step), static_cast<double>(e.block),
+         e.start_s, e.end_s, static_cast<double>(e.group), static_cast<double>(e.micro_batch)});
   }
   const auto n = static_cast<std::size_t>(world.size());
   std::vector<std::int64_t> counts(n);
@@ -78,7 +80,9 @@ std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<Tra
                              .step = static_cast<int>(all[i + 4]),
                              .block = static_cast<int>(all[i + 5]),
                              .start_s = all[i + 6],
-                             .end_s = all[i + 7]});
+                             .end_s = all[i + 7],
+                             .group = static_cast<char>(all[i + 8]),
+                             .micro_batch = static_cast<int>(all[i + 9])});
   }
   return out;
 }
@@ -106,6 +110,33 @@ DeviceMemory highest_peak(Communicator& world, DeviceMemory mine) {
   return best;
 }
 
+// Returns every stage device's peaks, ascending by device (one all-gather).
+std::vector<LoopEnd::StageDevice> stage_devices(Communicator& world, const DevicePipeline* pipeline,
+                                                const PipelineStepStats& most) {
+  constexpr std::size_t kFields = 4;
+  const std::array<std::int64_t, kFields> mine = {pipeline ? world.device() : -1,
+                                                  pipeline ? pipeline->stage : -1, most.peak_sets,
+                                                  most.peak_set_bytes};
+  const auto n = static_cast<std::size_t>(world.size());
+  std::vector<std::int64_t> all(n * kFields);
+  all_gather(world, {.send = reinterpret_cast<const std::byte*>(mine.data()),
+                     .recv = reinterpret_cast<std::byte*>(all.data()),
+                     .recv_counts = std::vector<std::int64_t>(n, kFields),
+                     .dtype = DType::kInt64});
+  std::vector<LoopEnd::StageDevice> out;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::int64_t* f = &all[r * kFields];
+    if (f[0] < 0) continue;
+    out.push_back({.device = static_cast<DeviceId>(f[0]),
+                   .stage = static_cast<int>(f[1]),
+                   .peak_sets = static_cast<int>(f[2]),
+                   .peak_set_bytes = f[3]});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.device < b.device; });
+  return out;
+}
+
 // What one launch does on every device.
 struct Session {
   const PreparedModel* prepared = nullptr;  // null when preparing failed (the launch then fails)
@@ -120,8 +151,14 @@ struct Session {
     const TaskGraph& g = prepared->tasks;
     const Pcg& pcg = prepared->pcg;
     const DeviceTasks* mine = nullptr;
-    for (const DeviceTasks& dt : g.devices)
-      if (dt.device == me) mine = &dt;
+    const DevicePipeline* pipeline = nullptr;
+    for (std::size_t i = 0; i < g.devices.size(); ++i) {
+      if (g.devices[i].device != me) continue;
+      mine = &g.devices[i];
+      if (!prepared->pipelines.empty() && prepared->pipelines[i].stage >= 0)
+        pipeline = &prepared->pipelines[i];
+    }
+    PipelineStepStats most;  // the peaks over the steps
     std::vector<Tensor> values =
         mine ? load_sources(pcg, *mine) : std::vector<Tensor>(pcg.nodes.size());
     if (loop->after_load) loop->after_load(world, values);
@@ -152,7 +189,29 @@ struct Session {
         o.trace = options->trace ? &events : nullptr;
         o.times = &times;
         o.memory = &memory;
-        run_step(g, *mine, world, values, micro_inputs, prepared->micro_batches, o);
+        if (pipeline) {
+          PipelineStepStats stats;
+          run_pipeline_step(g, *pipeline, world, values, micro_inputs, prepared->micro_batches, o,
+                            &stats);
+          most.peak_sets = std::max(most.peak_sets, stats.peak_sets);
+          most.peak_set_bytes = std::max(most.peak_set_bytes, stats.peak_set_bytes);
+          most.window_s = stats.window_s;
+          most.busy_s = stats.busy_s;
+        } else {
+          run_step(g, *mine, world, values, micro_inputs, prepared->micro_batches, o);
+        }
+      }
+      if (prepared->stages) {
+        // The step's bubble: the mean idle fraction over the stages' devices.
+        std::array<double, 2> idle{0, 0};
+        if (pipeline && most.window_s > 0)
+          idle = {std::max(0.0, most.window_s - most.busy_s) / most.window_s, 1.0};
+        all_reduce(world, {.send = reinterpret_cast<const std::byte*>(idle.data()),
+                           .recv = reinterpret_cast<std::byte*>(idle.data()),
+                           .count = 2,
+                           .dtype = DType::kFloat64,
+                           .op = ReduceOp::kSum});
+        if (idle[1] > 0) times.bubble = idle[0] / idle[1];
       }
       // Every device's flag, reduced: also the step's end on every device.
       std::int32_t flag = loop->stop_flag ? loop->stop_flag(values, leader) : 0;
@@ -168,6 +227,7 @@ struct Session {
       if (loop->after_step) loop->after_step(step, world, values);
     }
     ended.measured = highest_peak(world, memory.result());
+    if (prepared->stages) ended.pipeline = stage_devices(world, pipeline, most);
     {
       // Every device reduced the same flags: under mpi each process learns how the loop ended.
       std::lock_guard lock(mu);
@@ -268,6 +328,25 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
     }
   }
   p.tasks = expand_shards(p.pcg, keep, options.plan);
+  if (mode == Mode::kTrain && training.schedule) {
+    p.stages = find_stages(p.tasks);
+    if (p.stages) {
+      const auto stages = static_cast<int>(p.stages->meshes.size());
+      p.schedule = training.schedule(stages, p.micro_batches);
+      MESHFLOW_CHECK(p.schedule.size() == static_cast<std::size_t>(stages));
+      for (const DeviceTasks& dt : p.tasks.devices) {
+        auto at = p.stages->stage_of.find(dt.device);
+        if (at == p.stages->stage_of.end()) {  // once-per-step work only
+          p.pipelines.push_back(DevicePipeline{.stage = -1});
+          continue;
+        }
+        const int s = at->second;
+        p.pipelines.push_back(device_pipeline(p.tasks, dt, *p.stages,
+                                              p.schedule[static_cast<std::size_t>(s)],
+                                              training.split_weights, p.micro_batches));
+      }
+    }
+  }
   return p;
 }
 

@@ -19,6 +19,7 @@
 #include "meshflow/graph/model_file.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/planner.h"
+#include "meshflow/runtime/pipeline.h"
 #include "meshflow/runtime/task_runtime.h"
 
 namespace meshflow {
@@ -75,6 +76,12 @@ struct PreparedModel {
   // where ZeRO-3 holds it in its ZeRO layout (redistributed once, when saving).
   std::vector<Layout> saved_as;
   int micro_batches = 1;  // kTrain: each step's micro-batches
+  // kTrain on stages (runtime/pipeline.h's find_stages) with a schedule: the stages, each
+  // stage's groups in order, and every device's pipeline (the graph's devices' order; stage -1
+  // for a device on no stage).
+  std::optional<PipelineStages> stages;
+  std::vector<std::vector<ScheduledGroup>> schedule;
+  std::vector<DevicePipeline> pipelines;
 };
 
 // What a training step compiles with (kTrain).
@@ -84,6 +91,11 @@ struct TrainingCompile {
   int zero = 0;  // the ZeRO level (graph/compile.h)
   // Fetch each weight's gradient and value to the leader (train --check).
   bool fetch_training_values = false;
+  // Where the step's work lies on two or more stages: each stage's groups for (stages,
+  // micro-batches) (train/schedule.h), W groups apart with `split_weights`. Unset: the stages
+  // run one micro-batch after another, in task order.
+  std::function<std::vector<std::vector<ScheduledGroup>>(int stages, int micro_batches)> schedule;
+  bool split_weights = false;
 };
 
 // Returns `model` compiled for `mode` (kTrain with `training`) and expanded into tasks.
@@ -118,6 +130,14 @@ struct LoopEnd {
   int step = 0;
   int stop_flag = 0;
   DeviceMemory measured;
+  // Pipelined: per device (ascending), its stage, the most activation sets it held at once and
+  // their peak bytes, over the steps.
+  struct StageDevice {
+    DeviceId device = 0;
+    int stage = 0, peak_sets = 0;
+    std::int64_t peak_set_bytes = 0;
+  };
+  std::vector<StageDevice> pipeline;
 };
 
 // Launches `prepared` (null when preparing failed with `error`, which then reaches every

@@ -131,19 +131,28 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
   std::vector<bool> accumulated(values.size(), false);
   if (options.part == TaskPart::kMicroBatch)
     for (ValueId v : tasks.accumulated) accumulated[static_cast<std::size_t>(v)] = true;
-  auto in_part = [&](const Task& task) {
-    return options.part == TaskPart::kAll ||
-           task.once_per_step == (options.part == TaskPart::kOncePerStep);
-  };
-  for (std::size_t t = 0; t < tasks.tasks.size(); ++t) {
+  // The tasks this call runs, in order.
+  std::vector<int> order;
+  std::vector<bool> selected(tasks.tasks.size(), false);
+  if (options.only) {
+    order = *options.only;
+  } else {
+    for (std::size_t t = 0; t < tasks.tasks.size(); ++t) {
+      const Task& task = tasks.tasks[t];
+      if (options.part == TaskPart::kAll ||
+          task.once_per_step == (options.part == TaskPart::kOncePerStep))
+        order.push_back(static_cast<int>(t));
+    }
+  }
+  for (int t : order) selected[static_cast<std::size_t>(t)] = true;
+  for (int ti : order) {
+    const auto t = static_cast<std::size_t>(ti);
     const Task& task = tasks.tasks[t];
-    if (!in_part(task)) continue;
     std::vector<Event> deps;
     for (int d : task.deps) {
-      // A dependency in the other part ran in an earlier call (micro-batches before the step's
-      // once-per-step tasks; no micro-batch task depends on one of those).
-      if (in_part(tasks.tasks[static_cast<std::size_t>(d)]))
-        deps.push_back(done[static_cast<std::size_t>(d)]);
+      // A dependency outside this call ran in an earlier one (micro-batches before the step's
+      // once-per-step tasks, a stage's forward group before its backward one).
+      if (selected[static_cast<std::size_t>(d)]) deps.push_back(done[static_cast<std::size_t>(d)]);
     }
     const bool timed = options.trace || options.times;
     // Waiting for a started move (a prefetched gather) is that move's time.
@@ -156,7 +165,25 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     TraceKind kind = TraceKind::kCompute;
     Event started;
     try {
-      kind = run_work(graph, task, world, values, options, timed ? &blocks : nullptr, started);
+      const TaggedMove* tagged = nullptr;
+      if (options.tagged) {
+        if (auto it = options.tagged->find(ti); it != options.tagged->end()) tagged = &it->second;
+      }
+      if (tagged) {
+        const auto& move = std::get<MoveTask>(task.work);
+        const int tag = tagged->tag + options.micro_batch;
+        if (tagged->sends) {
+          for (auto& [data, event] :
+               send_tagged(*move.program, world, values[static_cast<std::size_t>(move.input)], tag))
+            options.sending->push_back({std::move(data), std::move(event)});
+          values[static_cast<std::size_t>(task.out)] = Tensor(move.program->dtype, Shape{0});
+        } else {
+          values[static_cast<std::size_t>(task.out)] = receive_tagged(*move.program, world, tag);
+        }
+        kind = TraceKind::kMove;
+      } else {
+        kind = run_work(graph, task, world, values, options, timed ? &blocks : nullptr, started);
+      }
     } catch (...) {
       state->fail(std::current_exception());
       throw;
@@ -286,6 +313,8 @@ std::string_view to_string(TraceKind kind) {
       return "transfer";
     case TraceKind::kProduct:
       return "product";
+    case TraceKind::kGroup:
+      return "group";
   }
   return "?";
 }
@@ -309,7 +338,11 @@ std::string trace_json(const TaskGraph& graph, const std::vector<TraceEvent>& ev
   for (const TraceEvent& e : events) {
     nlohmann::json args = {{"phase", std::string(to_string(e.phase))}, {"step", e.step}};
     if (e.block >= 0) args["block"] = e.block;
-    out.push_back({{"name", graph.names[static_cast<std::size_t>(e.value)]},
+    const std::string name = e.kind == TraceKind::kGroup
+                                 ? fmt::format("{}{}", e.group, e.micro_batch)
+                                 : graph.names[static_cast<std::size_t>(e.value)];
+    if (e.kind == TraceKind::kGroup) args["micro_batch"] = e.micro_batch;
+    out.push_back({{"name", name},
                    {"cat", std::string(to_string(e.kind))},
                    {"ph", "X"},
                    {"pid", e.device},

@@ -6,6 +6,8 @@
 // and results are identical run to run.
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,11 +18,12 @@
 
 namespace meshflow {
 
-// What a trace event is: a task (a kernel, a move, an update, an overlapped loop), or inside an
-// overlapped loop one block's transfer or product.
-enum class TraceKind { kCompute, kMove, kUpdate, kOverlap, kTransfer, kProduct };
+// What a trace event is: a task (a kernel, a move, an update, an overlapped loop), inside an
+// overlapped loop one block's transfer or product, or
+// a pipeline stage's task group (runtime/pipeline.h: F3, B3, W3, spanning its tasks).
+enum class TraceKind { kCompute, kMove, kUpdate, kOverlap, kTransfer, kProduct, kGroup };
 
-// Returns "compute", "move", "update", "overlap", "transfer", "product".
+// Returns "compute", "move", "update", "overlap", "transfer", "product", "group".
 std::string_view to_string(TraceKind kind);
 
 // One task (or block of an overlapped loop) as it ran, for traces (steady-clock seconds).
@@ -32,6 +35,9 @@ struct TraceEvent {
   int step = 0;
   int block = -1;  // kTransfer, kProduct
   double start_s = 0, end_s = 0;
+  // kGroup: 'F', 'B' or 'W' and the micro-batch (named "F3" in traces).
+  char group = 0;
+  int micro_batch = -1;
 };
 
 // Where a device's run accounts its time (for the train benchmark): kernels and updates (and
@@ -40,12 +46,37 @@ struct TraceEvent {
 // updates).
 struct TaskTimes {
   double compute_s = 0, move_s = 0, total_s = 0, update_s = 0;
+  // A pipelined step's bubble (runtime/pipeline.h): over every device of the stages, the idle
+  // part of its window from its first forward group's start to its last backward group's end,
+  // the mean over those devices (set by the model runner for the reporting device).
+  std::optional<double> bubble;
+};
+
+// A move between pipeline stages (runtime/pipeline.h), run as point-to-point transfers matched
+// by `tag`: the sender posts them and goes on (its buffers wait in TaskRunOptions::sending),
+// the receiver waits for them.
+struct TaggedMove {
+  bool sends = false;
+  int tag = 0;
+};
+
+// A posted send's packed data, kept until its event completes.
+struct PendingSend {
+  Tensor data;
+  Event done;
 };
 
 struct TaskRunOptions {
   TaskPart part = TaskPart::kAll;
-  double lr = 0.1;  // updates: this step's learning rate
-  int step = 1;     // updates: the step number, 1-based (adamw's bias corrections); traces
+  // When set: run exactly these tasks (indices, in this order) instead of `part`'s; their
+  // dependencies outside the list ran in earlier calls.
+  const std::vector<int>* only = nullptr;
+  // Moves between pipeline stages by task index, and where their posted sends wait.
+  const std::map<int, TaggedMove>* tagged = nullptr;
+  std::vector<PendingSend>* sending = nullptr;
+  int micro_batch = 0;  // the micro-batch running (a tagged move's tag is its tag + this)
+  double lr = 0.1;      // updates: this step's learning rate
+  int step = 1;         // updates: the step number, 1-based (adamw's bias corrections); traces
   // Updates run when the squared gradient norm they read is not finite (a NaN or infinite
   // loss or gradient); by default they are skipped.
   bool allow_nonfinite = false;

@@ -78,13 +78,20 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
 
 }  // namespace
 
+std::function<std::vector<std::vector<ScheduledGroup>>(int, int)> schedule_of(Schedule s) {
+  return [s](int stages, int micro_batches) { return pipeline_orders(s, stages, micro_batches); };
+}
+
 TrainReport train_model(const Model& model, const TrainOptions& options) {
   std::string error;
-  std::optional<PreparedModel> p = try_prepare(model, Mode::kTrain, options.run, error,
-                                               {.update = options.optimizer.rule,
-                                                .micro_batches = options.micro_batches,
-                                                .zero = options.zero,
-                                                .fetch_training_values = options.check});
+  std::optional<PreparedModel> p =
+      try_prepare(model, Mode::kTrain, options.run, error,
+                  {.update = options.optimizer.rule,
+                   .micro_batches = options.micro_batches,
+                   .zero = options.zero,
+                   .fetch_training_values = options.check,
+                   .schedule = schedule_of(options.schedule),
+                   .split_weights = options.schedule == Schedule::kZb});
   // A resumed run loads every weight and state tensor from the checkpoint, in the model's own
   // layouts, after checking the checkpoint holds exactly them.
   std::optional<Checkpoint> resumed;
@@ -197,6 +204,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   const LoopEnd end = run_loop(p ? &*p : nullptr, error, options.run, loop);
   report.reporter = reports(options.run);
   report.measured = end.measured;
+  report.pipeline = end.pipeline;
   if (end.stop_flag != kGoOn) {
     throw Error(
         ErrorKind::kInvalidArgument,
@@ -216,9 +224,11 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
 nlohmann::json to_json(const TrainReport& report) {
   nlohmann::json steps = nlohmann::json::array();
   for (const StepReport& s : report.steps) {
-    steps.push_back({{"step", s.step},
-                     {"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nlohmann::json()},
-                     {"seconds", s.seconds}});
+    steps.push_back(
+        {{"step", s.step},
+         {"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nlohmann::json()},
+         {"seconds", s.seconds},
+         {"bubble", s.times.bubble ? nlohmann::json(*s.times.bubble) : nlohmann::json()}});
   }
   nlohmann::json check = nullptr;
   if (report.check) {

@@ -14,6 +14,7 @@
 #include "meshflow/runtime/model_runner.h"
 #include "meshflow/train/checkpoint.h"
 #include "meshflow/train/optimizer.h"
+#include "meshflow/train/schedule.h"
 
 namespace meshflow {
 
@@ -35,6 +36,9 @@ struct TrainOptions {
   // Each step's inputs split along dim 0 into this many micro-batches (graph/passes.h's
   // split_micro_batches), the gradients averaged over them, one update per step.
   int micro_batches = 1;
+  // Where consecutive nodes run on different meshes (stages): the pipeline schedule the stages
+  // run their micro-batches in, at once (train/schedule.h).
+  Schedule schedule = Schedule::k1f1b;
   // The ZeRO level (DESIGN's "ZeRO"): 0, 1 (optimizer state sharded over the weight's ZeRO
   // dims) or 3 (FSDP: weights and gradients too, gathered for each use).
   int zero = 0;
@@ -63,7 +67,12 @@ struct TrainReport {
   DeviceMemory measured;
   std::optional<CheckReport> check;
   bool reporter = false;
+  // Pipelined: every stage device's most activation sets held at once and their peak bytes.
+  std::vector<LoopEnd::StageDevice> pipeline;
 };
+
+// Returns schedule `s` as the runtime takes it (TrainingCompile::schedule).
+std::function<std::vector<std::vector<ScheduledGroup>>(int, int)> schedule_of(Schedule s);
 
 // Returns the report of training `model`. Throws Error (exit 1, printed once) naming the step
 // whose loss or global gradient norm is not finite, after every device stopped before that

@@ -1,0 +1,362 @@
+// Stages, their task groups and the pipelined step.
+#include "meshflow/runtime/pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "meshflow/core/clock.h"
+#include "meshflow/core/error.h"
+#include "meshflow/kernels/accumulate.h"
+#include "meshflow/kernels/float_mode.h"
+#include "meshflow/runtime/executor.h"
+
+namespace meshflow {
+
+std::string to_string(const ScheduledGroup& g) {
+  const char kind = g.kind == GroupKind::kForward    ? 'F'
+                    : g.kind == GroupKind::kBackward ? 'B'
+                                                     : 'W';
+  return fmt::format("{}{}", kind, g.micro_batch);
+}
+
+namespace {
+
+bool per_micro_batch(const Task& t) { return !t.once_per_step; }
+
+const DeviceMesh& mesh_of(const TaskGraph& g, ValueId v) {
+  return g.layouts[static_cast<std::size_t>(v)].mesh;
+}
+
+// Returns the stage all of `mesh`'s devices are in, or -1 when they are not in one stage.
+int stage_of_mesh(const PipelineStages& s, const DeviceMesh& mesh) {
+  int stage = -1;
+  for (DeviceId d : mesh.devices) {
+    auto it = s.stage_of.find(d);
+    if (it == s.stage_of.end() || (stage >= 0 && it->second != stage)) return -1;
+    stage = it->second;
+  }
+  return stage;
+}
+
+// The source and destination stages of a per-micro-batch move that crosses stages.
+std::optional<std::pair<int, int>> crossing(const TaskGraph& g, const PipelineStages& s,
+                                            const Task& t) {
+  const auto* m = std::get_if<MoveTask>(&t.work);
+  if (!m) return std::nullopt;
+  const int from = stage_of_mesh(s, mesh_of(g, m->input));
+  const int to = stage_of_mesh(s, mesh_of(g, t.out));
+  if (from < 0 || to < 0 || from == to) return std::nullopt;
+  return std::pair{from, to};
+}
+
+}  // namespace
+
+std::optional<PipelineStages> find_stages(const TaskGraph& graph) {
+  // The meshes of per-micro-batch forward kernels, by the first value computed on each.
+  std::map<ValueId, std::vector<DeviceId>> first_use;
+  std::set<std::vector<DeviceId>> seen;
+  for (const DeviceTasks& dt : graph.devices) {
+    for (const Task& t : dt.tasks) {
+      if (!per_micro_batch(t) || t.phase != Phase::kForward) continue;
+      if (!std::holds_alternative<ComputeTask>(t.work) &&
+          !std::holds_alternative<OverlapTask>(t.work))
+        continue;
+      std::vector<DeviceId> devices = mesh_of(graph, t.out).devices;
+      std::sort(devices.begin(), devices.end());
+      if (!seen.insert(devices).second) {
+        for (auto& [v, d] : first_use)
+          if (d == devices && t.out < v) {
+            first_use.erase(v);
+            first_use[t.out] = devices;
+            break;
+          }
+        continue;
+      }
+      first_use[t.out] = devices;
+    }
+  }
+  // Overlapping meshes are one stage.
+  PipelineStages stages;
+  std::vector<std::vector<DeviceId>> groups;
+  for (const auto& [v, devices] : first_use) {
+    std::optional<std::size_t> joined;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      for (DeviceId d : devices) {
+        if (std::find(groups[i].begin(), groups[i].end(), d) == groups[i].end()) continue;
+        if (joined && *joined != i) return std::nullopt;  // bridges two stages
+        joined = i;
+      }
+    }
+    if (!joined) {
+      groups.push_back(devices);
+      continue;
+    }
+    for (DeviceId d : devices)
+      if (std::find(groups[*joined].begin(), groups[*joined].end(), d) == groups[*joined].end())
+        groups[*joined].push_back(d);
+  }
+  if (groups.size() < 2) return std::nullopt;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    std::sort(groups[i].begin(), groups[i].end());
+    for (DeviceId d : groups[i]) stages.stage_of[d] = static_cast<int>(i);
+    stages.meshes.push_back(make_mesh({static_cast<std::int64_t>(groups[i].size())}, groups[i]));
+  }
+  // Every per-micro-batch task stays on its device's stage or moves between two stages.
+  for (const DeviceTasks& dt : graph.devices) {
+    for (const Task& t : dt.tasks) {
+      if (!per_micro_batch(t)) continue;
+      if (!stages.stage_of.contains(dt.device)) return std::nullopt;
+      if (crossing(graph, stages, t)) {
+        const auto& m = std::get<MoveTask>(t.work);
+        if (m.program->steps.size() != 1 ||
+            !std::holds_alternative<PointToPointCall>(m.program->steps[0].call))
+          return std::nullopt;
+        continue;
+      }
+      if (stage_of_mesh(stages, mesh_of(graph, t.out)) < 0) return std::nullopt;
+      if (const auto* m = std::get_if<MoveTask>(&t.work))
+        if (stage_of_mesh(stages, mesh_of(graph, m->input)) < 0) return std::nullopt;
+    }
+  }
+  return stages;
+}
+
+DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device,
+                               const PipelineStages& stages, std::vector<ScheduledGroup> order,
+                               bool split_weights, int micro_batches) {
+  DevicePipeline p;
+  p.stage = stages.stage_of.at(device.device);
+  p.tasks = device;
+  p.order = std::move(order);
+  // Tags: one block of micro_batches per crossing value, numbered alike on every device.
+  std::set<ValueId> crossing_values;
+  for (const DeviceTasks& dt : graph.devices)
+    for (const Task& t : dt.tasks)
+      if (per_micro_batch(t) && crossing(graph, stages, t)) crossing_values.insert(t.out);
+  const auto tag_of = [&](ValueId v) {
+    const auto k = std::distance(crossing_values.begin(), crossing_values.find(v));
+    MESHFLOW_CHECK(static_cast<std::int64_t>(k + 1) * micro_batches < (1 << 22),
+                   "too many pipeline transfers to tag");
+    return static_cast<int>(k) * micro_batches + 1;
+  };
+  const std::vector<Task>& tasks = device.tasks;
+  std::vector<bool> upstream(tasks.size(), false);  // needed by a transfer to an earlier stage
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const Task& t = tasks[i];
+    if (!per_micro_batch(t)) continue;
+    auto cross = crossing(graph, stages, t);
+    if (!cross) continue;
+    const bool sends =
+        find_device(mesh_of(graph, std::get<MoveTask>(t.work).input), device.device).has_value();
+    p.cross[static_cast<int>(i)] = {.sends = sends, .tag = tag_of(t.out)};
+    if (sends && cross->second < cross->first) upstream[i] = true;
+  }
+  for (std::size_t i = tasks.size(); i-- > 0;)
+    if (upstream[i])
+      for (int d : tasks[i].deps) upstream[static_cast<std::size_t>(d)] = true;
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const Task& t = tasks[i];
+    if (!per_micro_batch(t)) continue;
+    const int idx = static_cast<int>(i);
+    if (t.phase == Phase::kForward) {
+      p.forward.push_back(idx);
+    } else if (split_weights && !upstream[i]) {
+      p.weight.push_back(idx);
+    } else {
+      p.backward.push_back(idx);
+    }
+  }
+  // Releases move to each value's last reader in group order (F, B, W); a reshape whose input
+  // is read later no longer takes its buffer.
+  std::vector<int> sequence = p.forward;
+  sequence.insert(sequence.end(), p.backward.begin(), p.backward.end());
+  sequence.insert(sequence.end(), p.weight.begin(), p.weight.end());
+  std::map<ValueId, std::size_t> last_read;
+  for (std::size_t k = 0; k < sequence.size(); ++k)
+    for (ValueId v : task_reads(tasks[static_cast<std::size_t>(sequence[k])])) last_read[v] = k;
+  std::vector<std::vector<ValueId>> release(sequence.size());
+  for (std::size_t k = 0; k < sequence.size(); ++k) {
+    Task& t = p.tasks.tasks[static_cast<std::size_t>(sequence[k])];
+    for (ValueId v : t.release) {
+      auto it = last_read.find(v);
+      const std::size_t at = it == last_read.end() ? k : std::max(k, it->second);
+      release[at].push_back(v);
+      if (at != k && t.reuses_input) t.reuses_input = false;
+    }
+  }
+  for (std::size_t k = 0; k < sequence.size(); ++k)
+    p.tasks.tasks[static_cast<std::size_t>(sequence[k])].release = std::move(release[k]);
+  return p;
+}
+
+void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, Communicator& world,
+                       std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
+                       int micro_batches, TaskRunOptions options, PipelineStepStats* stats) {
+  const FlushDenormals flush;
+  const DeviceTasks& dt = pipeline.tasks;
+  const auto M = static_cast<std::size_t>(micro_batches);
+  // The values a micro-batch keeps apart from the others: its inputs and what its tasks make.
+  std::vector<bool> accumulated(values.size(), false);
+  for (ValueId v : dt.accumulated) accumulated[static_cast<std::size_t>(v)] = true;
+  std::vector<ValueId> own;
+  for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+    if (!micro_inputs[v].empty()) own.push_back(static_cast<ValueId>(v));
+  for (const Task& t : dt.tasks)
+    if (!t.once_per_step && !accumulated[static_cast<std::size_t>(t.out)]) own.push_back(t.out);
+  std::sort(own.begin(), own.end());
+  own.erase(std::unique(own.begin(), own.end()), own.end());
+  std::vector<std::vector<Tensor>> sets(M);
+  for (std::size_t m = 0; m < M; ++m) {
+    sets[m].resize(own.size());
+    for (std::size_t i = 0; i < own.size(); ++i) {
+      const auto v = static_cast<std::size_t>(own[i]);
+      if (v < micro_inputs.size() && !micro_inputs[v].empty())
+        sets[m][i] = std::move(micro_inputs[v][m]);
+    }
+  }
+  for (ValueId v : own) {
+    if (static_cast<std::size_t>(v) < micro_inputs.size() && !micro_inputs[v].empty())
+      values[static_cast<std::size_t>(v)] = Tensor();
+  }
+  // Sums over micro-batches, in micro-batch order, as run_step makes them.
+  const std::vector<bool> in_place = accumulated_in_place(dt);
+  std::vector<Tensor> sums(dt.accumulated.size());
+  std::vector<bool> summed(dt.accumulated.size(), false);
+  std::map<ValueId, int> producer;  // accumulated value -> its per-micro-batch task
+  for (std::size_t t = 0; t < dt.tasks.size(); ++t)
+    if (!dt.tasks[t].once_per_step) producer[dt.tasks[t].out] = static_cast<int>(t);
+  std::vector<std::size_t> last_group(M, 0);
+  for (std::size_t k = 0; k < pipeline.order.size(); ++k)
+    last_group[static_cast<std::size_t>(pipeline.order[k].micro_batch)] = k;
+  const std::vector<MemoryKind>* kinds = options.memory ? &options.memory->kinds() : nullptr;
+  auto set_bytes = [&](std::size_t m) {
+    std::int64_t b = 0;
+    for (const Tensor& t : sets[m]) b += static_cast<std::int64_t>(t.nbytes());
+    return b;
+  };
+  std::vector<PendingSend> sending;
+  std::vector<bool> open(M, false);
+  double first_start = -1, last_end = 0, busy = 0;
+  TaskTimes* caller_times = options.times;
+  for (std::size_t k = 0; k < pipeline.order.size(); ++k) {
+    const ScheduledGroup& g = pipeline.order[k];
+    const auto m = static_cast<std::size_t>(g.micro_batch);
+    const std::vector<int>& group = g.kind == GroupKind::kForward    ? pipeline.forward
+                                    : g.kind == GroupKind::kBackward ? pipeline.backward
+                                                                     : pipeline.weight;
+    if (g.kind == GroupKind::kForward) open[m] = true;
+    for (std::size_t i = 0; i < own.size(); ++i)
+      std::swap(values[static_cast<std::size_t>(own[i])], sets[m][i]);
+    for (std::size_t i = 0; i < sums.size(); ++i)
+      if (in_place[i] && summed[i])
+        values[static_cast<std::size_t>(dt.accumulated[i])] = std::exchange(sums[i], Tensor());
+    if (kinds) {
+      MemoryBreakdown beside;
+      for (std::size_t o = 0; o < M; ++o)
+        for (std::size_t i = 0; i < own.size(); ++i)
+          beside[(*kinds)[static_cast<std::size_t>(own[i])]] +=
+              static_cast<std::int64_t>(sets[o][i].nbytes());
+      for (std::size_t i = 0; i < sums.size(); ++i)
+        beside[(*kinds)[static_cast<std::size_t>(dt.accumulated[i])]] +=
+            static_cast<std::int64_t>(sums[i].nbytes());
+      options.beside = beside;
+    }
+    TaskTimes times;
+    options.times = &times;
+    options.part = TaskPart::kMicroBatch;
+    options.only = &group;
+    options.tagged = &pipeline.cross;
+    options.sending = &sending;
+    options.micro_batch = g.micro_batch;
+    options.accumulate = g.micro_batch > 0;
+    const double start = steady_seconds();
+    run_tasks(graph, dt, world, values, options);
+    const double end = steady_seconds();
+    if (first_start < 0) first_start = start;
+    last_end = end;
+    busy += times.compute_s;
+    if (caller_times) {
+      caller_times->compute_s += times.compute_s;
+      caller_times->move_s += times.move_s;
+      caller_times->update_s += times.update_s;
+    }
+    if (options.trace) {
+      options.trace->push_back(
+          TraceEvent{.device = dt.device,
+                     .kind = TraceKind::kGroup,
+                     .phase = g.kind == GroupKind::kForward ? Phase::kForward : Phase::kBackward,
+                     .step = options.step,
+                     .start_s = start,
+                     .end_s = end,
+                     .group = to_string(g)[0],
+                     .micro_batch = g.micro_batch});
+    }
+    // The sums this group made or added to.
+    for (std::size_t i = 0; i < sums.size(); ++i) {
+      const ValueId v = dt.accumulated[i];
+      Tensor& made = values[static_cast<std::size_t>(v)];
+      auto p = producer.find(v);
+      const bool made_here =
+          p != producer.end() && std::find(group.begin(), group.end(), p->second) != group.end();
+      if (in_place[i] && summed[i] && !made_here) {
+        sums[i] = std::exchange(made, Tensor());  // put back untouched
+        continue;
+      }
+      if (!made_here) continue;
+      if (!summed[i] || in_place[i]) {
+        sums[i] = std::exchange(made, Tensor());
+      } else {
+        add_into(sums[i], made);
+        made = Tensor();
+      }
+      summed[i] = true;
+    }
+    for (std::size_t i = 0; i < own.size(); ++i)
+      std::swap(values[static_cast<std::size_t>(own[i])], sets[m][i]);
+    if (stats) {
+      int held = 0;
+      std::int64_t bytes = 0;
+      for (std::size_t o = 0; o < M; ++o) {
+        held += open[o] ? 1 : 0;
+        bytes += set_bytes(o);
+      }
+      stats->peak_sets = std::max(stats->peak_sets, held);
+      stats->peak_set_bytes = std::max(stats->peak_set_bytes, bytes);
+      stats->ran.push_back(g);
+    }
+    if (k == last_group[m]) {  // the set is done: its inputs go back, the rest is dropped
+      open[m] = false;
+      for (std::size_t i = 0; i < own.size(); ++i) {
+        const auto v = static_cast<std::size_t>(own[i]);
+        if (v < micro_inputs.size() && !micro_inputs[v].empty()) {
+          micro_inputs[v][m] = std::move(sets[m][i]);
+        } else {
+          sets[m][i] = Tensor();
+        }
+      }
+    }
+  }
+  std::vector<Event> posted;
+  for (const PendingSend& s : sending) posted.push_back(s.done);
+  when_all(posted).wait(world.default_timeout());
+  if (stats) {
+    stats->window_s = first_start < 0 ? 0 : last_end - first_start;
+    stats->busy_s = busy;
+  }
+  options.times = caller_times;
+  options.only = nullptr;
+  options.tagged = nullptr;
+  options.sending = nullptr;
+  options.accumulate = false;
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    if (micro_batches > 1) scale_in_place(sums[i], 1.0 / micro_batches);
+    values[static_cast<std::size_t>(dt.accumulated[i])] = std::exchange(sums[i], Tensor());
+  }
+  options.part = TaskPart::kOncePerStep;
+  options.beside = MemoryBreakdown{};
+  run_tasks(graph, dt, world, values, options);
+}
+
+}  // namespace meshflow

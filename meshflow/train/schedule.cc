@@ -1,0 +1,164 @@
+// The schedules, and their bubble with unit-time groups.
+#include "meshflow/train/schedule.h"
+
+#include <algorithm>
+#include <map>
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+std::string_view to_string(Schedule s) {
+  switch (s) {
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1f1b:
+      return "1f1b";
+    case Schedule::kZb:
+      return "zb";
+  }
+  return "?";
+}
+
+Schedule parse_schedule(std::string_view text) {
+  for (Schedule s : {Schedule::kGpipe, Schedule::k1f1b, Schedule::kZb})
+    if (text == to_string(s)) return s;
+  fail(ErrorKind::kInvalidArgument, "unknown schedule \"{}\" (expected gpipe, 1f1b or zb)", text);
+}
+
+int activation_set_limit(Schedule s, int stages, int stage, int micro_batches) {
+  return s == Schedule::kGpipe ? micro_batches : std::min(stages - stage, micro_batches);
+}
+
+double theory_bubble(Schedule s, int stages, int micro_batches) {
+  const double p = stages, m = micro_batches;
+  return s == Schedule::kZb ? (p - 1) / (3 * m + p - 1) : (p - 1) / (m + p - 1);
+}
+
+namespace {
+
+ScheduledGroup F(int i) { return {GroupKind::kForward, i}; }
+ScheduledGroup B(int i) { return {GroupKind::kBackward, i}; }
+ScheduledGroup W(int i) { return {GroupKind::kWeight, i}; }
+
+// ZB-H1 by list scheduling over unit-time groups (see the header).
+std::vector<std::vector<ScheduledGroup>> zero_bubble(int p, int M) {
+  std::vector<std::vector<ScheduledGroup>> orders(static_cast<std::size_t>(p));
+  // done[kind][s][i]: the time group kind of micro-batch i finished on stage s (-1: not yet).
+  std::vector<std::vector<std::vector<int>>> done(
+      3, std::vector<std::vector<int>>(static_cast<std::size_t>(p),
+                                       std::vector<int>(static_cast<std::size_t>(M), -1)));
+  auto finished = [&](int kind, int s, int i, int t) {
+    const int at = done[static_cast<std::size_t>(kind)][static_cast<std::size_t>(s)]
+                       [static_cast<std::size_t>(i)];
+    return at >= 0 && at <= t;
+  };
+  std::vector<int> next_f(static_cast<std::size_t>(p), 0), next_b(static_cast<std::size_t>(p), 0),
+      next_w(static_cast<std::size_t>(p), 0);
+  const auto total = static_cast<std::size_t>(3 * M);
+  for (int t = 0;; ++t) {
+    bool all = true;
+    for (int s = 0; s < p; ++s) {
+      const auto su = static_cast<std::size_t>(s);
+      if (orders[su].size() == total) continue;
+      all = false;
+      const int b = next_b[su], f = next_f[su], w = next_w[su];
+      ScheduledGroup pick{};
+      bool picked = false;
+      if (b < M && b < f && finished(0, s, b, t) && (s == p - 1 || finished(1, s + 1, b, t))) {
+        pick = B(b);
+        picked = true;
+      } else if (f < M && f - w < std::min(p - s, M) && (s == 0 || finished(0, s - 1, f, t))) {
+        pick = F(f);
+        picked = true;
+      } else if (w < b) {
+        pick = W(w);
+        picked = true;
+      }
+      if (!picked) continue;
+      const int kind = static_cast<int>(pick.kind);
+      done[static_cast<std::size_t>(kind)][su][static_cast<std::size_t>(pick.micro_batch)] = t + 1;
+      (kind == 0 ? next_f : kind == 1 ? next_b : next_w)[su]++;
+      orders[su].push_back(pick);
+    }
+    if (all) break;
+    MESHFLOW_CHECK(t < 16 * (M + p) + 64, "zero-bubble schedule did not converge");
+  }
+  return orders;
+}
+
+}  // namespace
+
+std::vector<std::vector<ScheduledGroup>> pipeline_orders(Schedule s, int p, int M) {
+  MESHFLOW_CHECK(p >= 1 && M >= 1);
+  if (s == Schedule::kZb) return zero_bubble(p, M);
+  std::vector<std::vector<ScheduledGroup>> orders(static_cast<std::size_t>(p));
+  for (int stage = 0; stage < p; ++stage) {
+    auto& o = orders[static_cast<std::size_t>(stage)];
+    if (s == Schedule::kGpipe) {
+      for (int i = 0; i < M; ++i) o.push_back(F(i));
+      for (int i = 0; i < M; ++i) o.push_back(B(i));
+      continue;
+    }
+    const int w = std::min(p - 1 - stage, M);
+    for (int i = 0; i < w; ++i) o.push_back(F(i));
+    for (int k = w; k < M; ++k) {
+      o.push_back(F(k));
+      o.push_back(B(k - w));
+    }
+    for (int i = M - w; i < M; ++i) o.push_back(B(i));
+  }
+  return orders;
+}
+
+double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup>>& orders) {
+  const auto p = static_cast<int>(orders.size());
+  auto length = [&](const ScheduledGroup& g) {
+    return g.kind == GroupKind::kBackward && s != Schedule::kZb ? 2.0 : 1.0;
+  };
+  // finish[(stage, kind, i)]
+  std::map<std::tuple<int, int, int>, double> finish;
+  std::vector<std::size_t> next(orders.size(), 0);
+  std::vector<double> free_at(orders.size(), 0), first(orders.size(), -1), busy(orders.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int st = 0; st < p; ++st) {
+      const auto su = static_cast<std::size_t>(st);
+      while (next[su] < orders[su].size()) {
+        const ScheduledGroup& g = orders[su][next[su]];
+        double ready = free_at[su];
+        auto need = [&](int stage, GroupKind k) {
+          auto it = finish.find({stage, static_cast<int>(k), g.micro_batch});
+          if (it == finish.end()) return false;
+          ready = std::max(ready, it->second);
+          return true;
+        };
+        bool ok = true;
+        if (g.kind == GroupKind::kForward && st > 0) ok = need(st - 1, GroupKind::kForward);
+        if (g.kind == GroupKind::kBackward && st < p - 1) ok = need(st + 1, GroupKind::kBackward);
+        if (!ok) break;
+        if (first[su] < 0) first[su] = ready;
+        free_at[su] = ready + length(g);
+        busy[su] += length(g);
+        finish[{st, static_cast<int>(g.kind), g.micro_batch}] = free_at[su];
+        ++next[su];
+        progress = true;
+      }
+    }
+  }
+  double sum = 0;
+  for (std::size_t su = 0; su < orders.size(); ++su) {
+    MESHFLOW_CHECK(next[su] == orders[su].size(), "schedule deadlocks on stage {}", su);
+    const double window = free_at[su] - first[su];
+    sum += window > 0 ? (window - busy[su]) / window : 0;
+  }
+  return orders.empty() ? 0 : sum / static_cast<double>(orders.size());
+}
+
+std::string to_text(const std::vector<ScheduledGroup>& order) {
+  std::string out;
+  for (const ScheduledGroup& g : order) out += (out.empty() ? "" : " ") + to_string(g);
+  return out;
+}
+
+}  // namespace meshflow

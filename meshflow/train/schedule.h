@@ -1,0 +1,49 @@
+// Pipeline schedules (DESIGN's "Pipeline schedules"): the order of task groups each stage runs
+// (runtime/pipeline.h runs them). gpipe: every forward, then every backward, each in
+// micro-batch order. 1f1b (PipeDream-flush): stage s of p runs w = min(p - 1 - s, M) forwards,
+// then one forward and one backward in turn until the forwards are done, then the remaining
+// backwards. zb (ZB-H1): each backward split into B (the input gradient, sent upstream at once)
+// and W (the weight gradients), W deferred into the slots where 1F1B waits, as a list scheduler
+// over unit-time tasks finds them: a free stage runs the oldest B whose gradient has arrived,
+// else the next forward whose activation has arrived while it holds fewer than p - s activation
+// sets, else the oldest pending W. Every schedule runs each task once, F<i> before B<i> before
+// W<i>.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshflow/runtime/pipeline.h"
+
+namespace meshflow {
+
+enum class Schedule { kGpipe, k1f1b, kZb };
+
+// Returns "gpipe", "1f1b", "zb".
+std::string_view to_string(Schedule s);
+
+// Returns the schedule named `text`; throws Error naming it otherwise.
+Schedule parse_schedule(std::string_view text);
+
+// Returns each stage's groups (index: stage) for p stages and M micro-batches.
+std::vector<std::vector<ScheduledGroup>> pipeline_orders(Schedule s, int stages, int micro_batches);
+
+// Returns the most activation sets stage s may hold: M under gpipe, p - s under 1f1b and zb
+// (never more than M).
+int activation_set_limit(Schedule s, int stages, int stage, int micro_batches);
+
+// Returns the idle fraction of a step with forward, B and W of equal time: (p - 1) / (M + p - 1),
+// and under zb (p - 1) / (3M + p - 1).
+double theory_bubble(Schedule s, int stages, int micro_batches);
+
+// Returns the bubble of `orders` run with unit-time groups (a B under gpipe and 1f1b, which
+// holds W, takes two units) and transfers that take no time: the mean over stages of idle time
+// over each stage's window (its first group's start to its last group's end).
+double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup>>& orders);
+
+// Returns a stage's groups as one line: "F0 F1 B0 F2 B1 B2".
+std::string to_text(const std::vector<ScheduledGroup>& order);
+
+}  // namespace meshflow

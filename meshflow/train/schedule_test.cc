@@ -1,0 +1,82 @@
+#include "meshflow/train/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace meshflow {
+namespace {
+
+std::vector<std::string> texts(const std::vector<std::vector<ScheduledGroup>>& orders) {
+  std::vector<std::string> out;
+  for (const auto& o : orders) out.push_back(to_text(o));
+  return out;
+}
+
+TEST(Schedule, GpipeAndOneFOneBAreDesignsOrders) {
+  EXPECT_EQ(texts(pipeline_orders(Schedule::kGpipe, 2, 3)),
+            (std::vector<std::string>{"F0 F1 F2 B0 B1 B2", "F0 F1 F2 B0 B1 B2"}));
+  EXPECT_EQ(texts(pipeline_orders(Schedule::k1f1b, 4, 6)),
+            (std::vector<std::string>{
+                "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5", "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
+                "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5", "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"}));
+  // Fewer micro-batches than stages: the warm-up is cut at M.
+  EXPECT_EQ(texts(pipeline_orders(Schedule::k1f1b, 4, 2))[0], "F0 F1 B0 B1");
+  EXPECT_EQ(texts(pipeline_orders(Schedule::k1f1b, 2, 1)),
+            (std::vector<std::string>{"F0 B0", "F0 B0"}));
+}
+
+// Every task once, F<i> before B<i> before W<i> on a stage, B<i> of a stage after B<i> of the
+// next, F<i> after F<i> of the previous, and never more than p - s activation sets held.
+TEST(Schedule, ZeroBubbleKeepsDesignsRules) {
+  for (int p : {2, 3, 4}) {
+    for (int M : {1, 2, 4, 8}) {
+      const auto orders = pipeline_orders(Schedule::kZb, p, M);
+      ASSERT_EQ(orders.size(), static_cast<std::size_t>(p));
+      for (int s = 0; s < p; ++s) {
+        const auto& o = orders[static_cast<std::size_t>(s)];
+        SCOPED_TRACE(testing::Message()
+                     << "p " << p << " M " << M << " stage " << s << ": " << to_text(o));
+        ASSERT_EQ(o.size(), static_cast<std::size_t>(3 * M));
+        std::set<std::pair<int, int>> seen;
+        int held = 0, most = 0;
+        for (const ScheduledGroup& g : o) {
+          EXPECT_TRUE(seen.insert({static_cast<int>(g.kind), g.micro_batch}).second);
+          if (g.kind != GroupKind::kForward) {
+            EXPECT_TRUE(seen.contains({static_cast<int>(g.kind) - 1, g.micro_batch}));
+          }
+          held += g.kind == GroupKind::kForward ? 1 : g.kind == GroupKind::kWeight ? -1 : 0;
+          most = std::max(most, held);
+        }
+        EXPECT_LE(most, activation_set_limit(Schedule::kZb, p, s, M));
+      }
+      // Feasible (no deadlock), and at M >= p its bubble is below 1F1B's.
+      const double zb = simulated_bubble(Schedule::kZb, orders);
+      const double one = simulated_bubble(Schedule::k1f1b, pipeline_orders(Schedule::k1f1b, p, M));
+      if (M >= p) {
+        EXPECT_LT(zb, one) << "p " << p << " M " << M;
+      }
+    }
+  }
+}
+
+// Measured as DESIGN measures it (each stage over its own window, first forward to last
+// backward), unit-time schedules idle no more than the theory's (p - 1) / (M + p - 1), which
+// counts every stage over the whole step; on two stages with one micro-batch the first stage
+// idles half its window (F0, then B0 after the second stage's F0 and B0) and the second none.
+TEST(Schedule, UnitTimeBubbleIsWithinTheTheory) {
+  EXPECT_DOUBLE_EQ(simulated_bubble(Schedule::k1f1b, pipeline_orders(Schedule::k1f1b, 2, 1)), 0.25);
+  for (Schedule s : {Schedule::kGpipe, Schedule::k1f1b, Schedule::kZb}) {
+    for (int p : {2, 4}) {
+      for (int M : {1, 2, 4, 8}) {
+        const double sim = simulated_bubble(s, pipeline_orders(s, p, M));
+        EXPECT_LE(sim, theory_bubble(s, p, M) + 1e-12) << to_string(s) << " " << p << " " << M;
+        EXPECT_GT(sim, 0) << to_string(s) << " " << p << " " << M;
+      }
+    }
+  }
+  EXPECT_THROW(parse_schedule("interleaved"), Error);
+}
+
+}  // namespace
+}  // namespace meshflow
