@@ -78,4 +78,30 @@ Pcg sp_mlp(int dp, int tp, std::int64_t batch, std::int64_t in, std::int64_t hid
   return g;
 }
 
+Pcg stage_mlp(int stages, int tp, std::int64_t batch, std::int64_t width) {
+  Pcg g;
+  auto mesh_of = [&](int s) {
+    std::vector<DeviceId> ids;
+    for (int i = 0; i < tp; ++i) ids.push_back(s * tp + i);
+    return make_mesh({tp}, ids);
+  };
+  auto P = parse_placements;
+  const DeviceMesh last = mesh_of(stages - 1);
+  ValueId h = add_input(g, "x", {{batch, width}}, mesh_of(0), P("R"), Source::normal(1, 41));
+  const ValueId t = add_input(g, "t", {{batch, 3}}, last, P("R"), Source::normal(1, 42));
+  for (int s = 0; s < stages; ++s) {
+    const DeviceMesh m = mesh_of(s);
+    const ValueId w = add_weight(g, fmt::format("w{}", s), {{width, width}}, m, P("S(1)"),
+                                 Source::normal(0.5, static_cast<std::uint64_t>(43 + s)));
+    const ValueId l = add_compute(g, fmt::format("l{}", s), Op{.type = OpType::kLinear}, {h, w}, m);
+    h = add_compute(g, fmt::format("h{}", s), Op{.type = OpType::kTanh}, {l});
+  }
+  const ValueId w = add_weight(g, "w_out", {{width, 3}}, last, P("R"), Source::normal(0.5, 40));
+  const ValueId o = add_compute(g, "o", Op{.type = OpType::kLinear}, {h, w}, last);
+  const ValueId loss = add_compute(g, "loss", Op{.type = OpType::kMse}, {o, t});
+  set_loss(g, loss);
+  add_output(g, loss);
+  return g;
+}
+
 }  // namespace meshflow::testing

@@ -27,4 +27,10 @@ Pcg pipeline(std::int64_t batch = 6, std::int64_t in = 5, std::int64_t out = 3);
 Pcg sp_mlp(int dp, int tp, std::int64_t batch = 9, std::int64_t in = 5, std::int64_t hidden = 7,
            std::int64_t out = 3);
 
+// `stages` stages of `tp` devices each (stage s on devices s*tp ..): stage s computes
+// h_s = tanh(linear(h_{s-1}, w_s)) with w_s[width, width] column-parallel (S(1) over the
+// stage's devices; uneven when tp does not divide width), h_0 = x[batch, width] replicated;
+// the last stage's o = linear(h, w_out[width, 3]) (replicated) and loss = mse(o, t).
+Pcg stage_mlp(int stages, int tp, std::int64_t batch = 8, std::int64_t width = 5);
+
 }  // namespace meshflow::testing

@@ -231,9 +231,14 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   for (std::size_t k = 0; k < pipeline.order.size(); ++k)
     last_group[static_cast<std::size_t>(pipeline.order[k].micro_batch)] = k;
   const std::vector<MemoryKind>* kinds = options.memory ? &options.memory->kinds() : nullptr;
+  // A set's activations: what its tasks made and keep (its inputs wait there from the start).
   auto set_bytes = [&](std::size_t m) {
     std::int64_t b = 0;
-    for (const Tensor& t : sets[m]) b += static_cast<std::int64_t>(t.nbytes());
+    for (std::size_t i = 0; i < own.size(); ++i) {
+      const auto v = static_cast<std::size_t>(own[i]);
+      if (v >= micro_inputs.size() || micro_inputs[v].empty())
+        b += static_cast<std::int64_t>(sets[m][i].nbytes());
+    }
     return b;
   };
   std::vector<PendingSend> sending;

@@ -63,8 +63,9 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
 
 // What a pipelined step measured on one device: the window from its first forward group's
 // start to its last backward group's end, the time its groups spent in tasks other than
-// waiting for transfers (compute), the most activation sets it held at once and their peak
-// bytes, and the groups in the order it ran them.
+// waiting for transfers (compute), the most activation sets it held at once and the peak bytes
+// of the values they kept (the micro-batches' inputs not counted), and the groups in the order
+// it ran them.
 struct PipelineStepStats {
   double window_s = 0, busy_s = 0;
   int peak_sets = 0;
