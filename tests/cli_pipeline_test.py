@@ -1,0 +1,92 @@
+"""`meshflow train --schedule` on the pipeline examples (2 stages of 2 devices, 4 stages of 1), on
+threads and (with --mpi MPIRUN) under mpirun -n 4: every schedule and micro-batch count trains to
+the one-device result, reports a bubble per step, and each device's trace shows its stage's
+groups in DESIGN's order (gpipe, 1f1b) or in an order within the zero-bubble rules (zb); a bad
+label in the last stage stops every stage with one line and a non-zero exit, without hanging.
+Usage: cli_pipeline_test.py MESHFLOW EXAMPLES_DIR [--mpi MPIRUN]"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+from checks import check, finish, run_meshflow
+
+meshflow, examples = sys.argv[1], sys.argv[2]
+mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
+TOLERANCE = 1e-5
+
+
+def run(*args):
+    return run_meshflow(meshflow, args, mpirun, 4 if mpirun else None, timeout=120)
+
+
+def design_order(schedule, p, s, m):
+    if schedule == "gpipe":
+        return [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
+    w = min(p - 1 - s, m)
+    out = [f"F{i}" for i in range(w)]
+    for k in range(w, m):
+        out += [f"F{k}", f"B{k - w}"]
+    return out + [f"B{i}" for i in range(m - w, m)]
+
+
+def zb_rules(order, p, s, m):
+    """Each task once, F<i> before B<i> before W<i>, at most p - s sets held."""
+    if sorted(order) != sorted(f"{k}{i}" for k in "FBW" for i in range(m)):
+        return False
+    held = most = 0
+    for g in order:
+        k, i = g[0], g[1:]
+        if k != "F" and order.index(("F" if k == "B" else "B") + i) > order.index(g):
+            return False
+        held += {"F": 1, "B": 0, "W": -1}[k]
+        most = max(most, held)
+    return most <= min(p - s, m)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    for name, p, per_stage in [("pipeline_mlp", 2, 2), ("pipeline4_mlp", 4, 1)]:
+        path = os.path.join(examples, name + ".json")
+        for schedule, ms in [("gpipe", [1, 2, 4, 8]), ("1f1b", [1, 2, 4, 8]), ("zb", [2, 4, 8])]:
+            for m in ms:
+                what = f"{name} --schedule {schedule} --micro-batches {m}"
+                trace = f"{tmp}/trace.json"
+                r = run("train", path, "--steps", "2", "--micro-batches", str(m), "--schedule",
+                        schedule, "--check", "--json", "--trace", trace)
+                check(r.returncode == 0, f"{what}: exit {r.returncode} {r.stderr[-400:]}")
+                if r.returncode != 0:
+                    continue
+                out = json.loads(r.stdout)
+                c = out["check"]
+                check(max(c["max_loss_diff"], c["max_weight_diff"], c["max_grad_diff"]) < TOLERANCE,
+                      f"{what}: against one device {c}")
+                bubbles = [s["bubble"] for s in out["steps"]]
+                check(all(b is not None and 0 <= b < 1 for b in bubbles), f"{what}: bubble {bubbles}")
+                events = json.load(open(trace))["traceEvents"]
+                groups = {}
+                for e in sorted((e for e in events if e.get("cat") == "group"
+                                 and e["args"]["step"] == 2), key=lambda e: e["ts"]):
+                    groups.setdefault(e["pid"], []).append(e["name"])
+                check(sorted(groups) == list(range(4)), f"{what}: devices with groups {sorted(groups)}")
+                for d, order in groups.items():
+                    s = d // per_stage
+                    ok = (zb_rules(order, p, s, m) if schedule == "zb"
+                          else order == design_order(schedule, p, s, m))
+                    check(ok, f"{what}: device {d} ran {' '.join(order)}")
+    # A label out of range in the last stage: every stage stops, one line, non-zero exit.
+    bad = f"{tmp}/bad"
+    shutil.copytree(examples, bad, ignore=shutil.ignore_patterns("gpt"))
+    y = np.load(f"{bad}/y.npy")
+    y[-1] = 10
+    np.save(f"{bad}/y.npy", y)
+    for name in ["pipeline_mlp", "pipeline4_mlp"]:
+        r = run("train", f"{bad}/{name}.json", "--micro-batches", "4", "--schedule", "1f1b")
+        # meshflow's own lines (under mpirun Open MPI adds its abort notice).
+        lines = [line for line in r.stderr.splitlines() if line.startswith("meshflow")]
+        check(r.returncode != 0 and len(lines) == 1 and "label 10" in lines[0]
+              and 'node "loss"' in lines[0],
+              f"{name}: a bad label: exit {r.returncode}, stderr {r.stderr!r}")
+finish()
