@@ -368,6 +368,7 @@ void add_explain(CLI::App& app) {
     OptimizerArgs optimizer;
     int micro_batches = 0;  // 0: not given
     int zero = -1;          // -1: not given
+    std::string schedule = "1f1b";
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -381,6 +382,7 @@ void add_explain(CLI::App& app) {
                   "the model file's \"train\", else 1)")
       ->check(CLI::Range(1, 1 << 20));
   add_zero_option(cmd, args->zero);
+  add_schedule_option(cmd, args->schedule);
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     const Model model = load(args->model, backend(*args));
@@ -399,12 +401,28 @@ void add_explain(CLI::App& app) {
              backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
          .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
          .threads_per_device = args->threads_per_device});
+    // The pipeline's schedule, where the step runs on stages.
+    std::optional<ScheduleExplanation> schedule;
+    if (model.pcg.loss) {
+      const Schedule kind = parse_schedule(args->schedule);
+      const PreparedModel prepared = prepare_model(
+          model, Mode::kTrain, run_options(*args, machine.get()),
+          {.update = optimizer.rule,
+           .micro_batches = every_device(
+               backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
+           .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
+           .schedule = schedule_of(kind),
+           .split_weights = kind == Schedule::kZb});
+      schedule = explain_schedule(prepared, kind, machine ? *machine : default_machine());
+    }
     if (args->json) {
-      fmt::print("{}\n", to_json(e).dump(2));
+      nlohmann::json j = to_json(e);
+      j.update(to_json(schedule));
+      fmt::print("{}\n", j.dump(2));
       return;
     }
     if (!model.pcg.loss) fmt::print("(the model names no loss: forward pass only)\n");
-    fmt::print("{}", to_text(e));
+    fmt::print("{}{}", to_text(e), to_text(schedule));
   });
 }
 

@@ -76,6 +76,26 @@ with tempfile.TemporaryDirectory() as tmp:
                     ok = (zb_rules(order, p, s, m) if schedule == "zb"
                           else order == design_order(schedule, p, s, m))
                     check(ok, f"{what}: device {d} ran {' '.join(order)}")
+    # explain: each stage's groups, activation sets and estimated bytes, and the est bubble.
+    for schedule in ["gpipe", "1f1b", "zb"]:
+        r = run_meshflow(meshflow, ["explain", os.path.join(examples, "pipeline4_mlp.json"),
+                                    "--micro-batches", "8", "--schedule", schedule, "--json"])
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        stages = j.get("schedule") or []
+        check(len(stages) == 4 and [s["mesh"] for s in stages] == [f"1@{d}" for d in range(4)],
+              f"explain --schedule {schedule}: stages {stages}")
+        for s in stages:
+            want = (zb_rules(s["tasks"], 4, s["stage"], 8) if schedule == "zb"
+                    else s["tasks"] == design_order(schedule, 4, s["stage"], 8))
+            limit = 8 if schedule == "gpipe" else 4 - s["stage"]
+            check(want and s["activation_sets"] == limit and s["est_activation_bytes"] > 0,
+                  f"explain --schedule {schedule}: stage {s}")
+        theory = 3 / (3 * 8 + 3) if schedule == "zb" else 3 / (8 + 3)
+        check(0 < (j.get("est_bubble") or 0) <= theory + 0.2,
+              f"explain --schedule {schedule}: est_bubble {j.get('est_bubble')}")
+    r = run_meshflow(meshflow, ["explain", os.path.join(examples, "dp_mlp.json"), "--json"])
+    j = json.loads(r.stdout)
+    check(j["schedule"] is None and j["est_bubble"] is None, "explain of one stage: nulls")
     # A label out of range in the last stage: every stage stops, one line, non-zero exit.
     bad = f"{tmp}/bad"
     shutil.copytree(examples, bad, ignore=shutil.ignore_patterns("gpt"))

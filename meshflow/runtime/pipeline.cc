@@ -191,6 +191,22 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
   return p;
 }
 
+std::int64_t activation_set_bytes(const TaskGraph& graph, const DevicePipeline& pipeline) {
+  const std::vector<Task>& tasks = pipeline.tasks.tasks;
+  std::set<ValueId> made, read;
+  for (int k : pipeline.forward) {
+    const Task& t = tasks[static_cast<std::size_t>(k)];
+    if (makes_value(t)) made.insert(t.out);
+  }
+  for (const std::vector<int>* group : {&pipeline.backward, &pipeline.weight})
+    for (int k : *group)
+      for (ValueId v : task_reads(tasks[static_cast<std::size_t>(k)])) read.insert(v);
+  std::int64_t bytes = 0;
+  for (ValueId v : made)
+    if (read.contains(v)) bytes += shard_bytes(graph, v, pipeline.tasks.device);
+  return bytes;
+}
+
 void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, Communicator& world,
                        std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
                        int micro_batches, TaskRunOptions options, PipelineStepStats* stats) {

@@ -61,6 +61,10 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
                                const PipelineStages& stages, std::vector<ScheduledGroup> order,
                                bool split_weights, int micro_batches);
 
+// Returns the bytes of one micro-batch's activation set on the device: the values its forward
+// group makes there and its backward groups read.
+std::int64_t activation_set_bytes(const TaskGraph& graph, const DevicePipeline& pipeline);
+
 // What a pipelined step measured on one device: the window from its first forward group's
 // start to its last backward group's end, the time its groups spent in tasks other than
 // waiting for transfers (compute), the most activation sets it held at once and the peak bytes

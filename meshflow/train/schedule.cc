@@ -1,10 +1,15 @@
 // The schedules, and their bubble with unit-time groups.
 #include "meshflow/train/schedule.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 
 #include "meshflow/core/error.h"
+#include "meshflow/graph/explain.h"
+#include "meshflow/graph/step_time.h"
+#include "meshflow/plan/plan_cache.h"
 
 namespace meshflow {
 
@@ -111,13 +116,17 @@ std::vector<std::vector<ScheduledGroup>> pipeline_orders(Schedule s, int p, int 
   return orders;
 }
 
-double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup>>& orders) {
+double simulated_bubble(const std::vector<std::vector<ScheduledGroup>>& orders,
+                        const std::vector<GroupSeconds>& seconds) {
   const auto p = static_cast<int>(orders.size());
-  auto length = [&](const ScheduledGroup& g) {
-    return g.kind == GroupKind::kBackward && s != Schedule::kZb ? 2.0 : 1.0;
+  MESHFLOW_CHECK(seconds.size() == orders.size());
+  auto length = [&](int stage, const ScheduledGroup& g) {
+    const GroupSeconds& t = seconds[static_cast<std::size_t>(stage)];
+    return g.kind == GroupKind::kForward    ? t.forward
+           : g.kind == GroupKind::kBackward ? t.backward
+                                            : t.weight;
   };
-  // finish[(stage, kind, i)]
-  std::map<std::tuple<int, int, int>, double> finish;
+  std::map<std::tuple<int, int, int>, double> finish;  // (stage, kind, micro-batch)
   std::vector<std::size_t> next(orders.size(), 0);
   std::vector<double> free_at(orders.size(), 0), first(orders.size(), -1), busy(orders.size(), 0);
   for (bool progress = true; progress;) {
@@ -138,8 +147,8 @@ double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup
         if (g.kind == GroupKind::kBackward && st < p - 1) ok = need(st + 1, GroupKind::kBackward);
         if (!ok) break;
         if (first[su] < 0) first[su] = ready;
-        free_at[su] = ready + length(g);
-        busy[su] += length(g);
+        free_at[su] = ready + length(st, g);
+        busy[su] += length(st, g);
         finish[{st, static_cast<int>(g.kind), g.micro_batch}] = free_at[su];
         ++next[su];
         progress = true;
@@ -153,6 +162,83 @@ double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup
     sum += window > 0 ? (window - busy[su]) / window : 0;
   }
   return orders.empty() ? 0 : sum / static_cast<double>(orders.size());
+}
+
+double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup>>& orders) {
+  const GroupSeconds unit{.forward = 1, .backward = s == Schedule::kZb ? 1.0 : 2.0, .weight = 1};
+  return simulated_bubble(orders, std::vector<GroupSeconds>(orders.size(), unit));
+}
+
+std::optional<ScheduleExplanation> explain_schedule(const PreparedModel& prepared, Schedule s,
+                                                    const MachineModel& machine) {
+  if (!prepared.stages) return std::nullopt;
+  ScheduleExplanation e{.schedule = s, .micro_batches = prepared.micro_batches};
+  PlanCache plans(PlanOptions{.machine = &machine});
+  const TaskGraph& g = prepared.tasks;
+  std::vector<GroupSeconds> seconds;
+  for (std::size_t st = 0; st < prepared.stages->meshes.size(); ++st) {
+    // The stage's first device stands for it (its devices run the same groups).
+    std::size_t i = 0;
+    while (prepared.pipelines[i].stage != static_cast<int>(st)) ++i;
+    const DevicePipeline& dp = prepared.pipelines[i];
+    const DeviceId device = dp.tasks.device;
+    auto group_seconds = [&](const std::vector<int>& group) {
+      double t = 0;
+      for (int k : group)
+        t += task_time(prepared.pcg, g, dp.tasks.tasks[static_cast<std::size_t>(k)], device,
+                       machine, plans)
+                 .total();
+      return t;
+    };
+    StageExplanation stage{.stage = static_cast<int>(st),
+                           .mesh = prepared.stages->meshes[st],
+                           .tasks = dp.order,
+                           .seconds = {.forward = group_seconds(dp.forward),
+                                       .backward = group_seconds(dp.backward),
+                                       .weight = group_seconds(dp.weight)}};
+    int held = 0;
+    for (const ScheduledGroup& grp : dp.order) {
+      held += grp.kind == GroupKind::kForward ? 1 : 0;
+      stage.activation_sets = std::max(stage.activation_sets, held);
+      const bool last = grp.kind == (dp.weight.empty() ? GroupKind::kBackward : GroupKind::kWeight);
+      held -= last ? 1 : 0;
+    }
+    stage.activation_bytes = stage.activation_sets * activation_set_bytes(g, dp);
+    seconds.push_back(stage.seconds);
+    e.stages.push_back(std::move(stage));
+  }
+  std::vector<std::vector<ScheduledGroup>> orders;
+  for (const StageExplanation& st : e.stages) orders.push_back(st.tasks);
+  e.est_bubble = simulated_bubble(orders, seconds);
+  return e;
+}
+
+nlohmann::json to_json(const std::optional<ScheduleExplanation>& e) {
+  if (!e) return {{"schedule", nullptr}, {"est_bubble", nullptr}};
+  nlohmann::json stages = nlohmann::json::array();
+  for (const StageExplanation& s : e->stages) {
+    std::vector<std::string> tasks;
+    for (const ScheduledGroup& g : s.tasks) tasks.push_back(to_string(g));
+    stages.push_back({{"stage", s.stage},
+                      {"mesh", explicit_text(s.mesh)},
+                      {"tasks", tasks},
+                      {"activation_sets", s.activation_sets},
+                      {"est_activation_bytes", s.activation_bytes}});
+  }
+  return {{"schedule", stages}, {"est_bubble", e->est_bubble}};
+}
+
+std::string to_text(const std::optional<ScheduleExplanation>& e) {
+  if (!e) return "";
+  std::string out =
+      fmt::format("pipeline: {} stages, schedule {}, {} micro-batches, est bubble {:.3f}\n",
+                  e->stages.size(), to_string(e->schedule), e->micro_batches, e->est_bubble);
+  for (const StageExplanation& s : e->stages) {
+    out +=
+        fmt::format("  stage {} on {}: {}  ({} activation sets, est {} bytes)\n", s.stage,
+                    explicit_text(s.mesh), to_text(s.tasks), s.activation_sets, s.activation_bytes);
+  }
+  return out;
 }
 
 std::string to_text(const std::vector<ScheduledGroup>& order) {

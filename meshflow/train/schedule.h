@@ -10,11 +10,13 @@
 // W<i>.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "meshflow/runtime/model_runner.h"
 #include "meshflow/runtime/pipeline.h"
 
 namespace meshflow {
@@ -38,10 +40,50 @@ int activation_set_limit(Schedule s, int stages, int stage, int micro_batches);
 // and under zb (p - 1) / (3M + p - 1).
 double theory_bubble(Schedule s, int stages, int micro_batches);
 
-// Returns the bubble of `orders` run with unit-time groups (a B under gpipe and 1f1b, which
-// holds W, takes two units) and transfers that take no time: the mean over stages of idle time
-// over each stage's window (its first group's start to its last group's end).
+// The seconds of one micro-batch's F, B and W groups on a stage.
+struct GroupSeconds {
+  double forward = 1, backward = 1, weight = 1;
+};
+
+// Returns the bubble of `orders` run with each stage's group times (`seconds`, one per stage)
+// and transfers that take no time: the mean over stages of the idle part of each stage's window
+// (its first group's start to its last group's end), as the runtime measures it.
+double simulated_bubble(const std::vector<std::vector<ScheduledGroup>>& orders,
+                        const std::vector<GroupSeconds>& seconds);
+
+// The same with unit-time groups (a B under gpipe and 1f1b, which holds W, taking two units).
 double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup>>& orders);
+
+// What `explain` shows of a pipelined step: per stage its mesh, its groups, the most
+// activation sets it holds and their estimated bytes (one micro-batch's values that its
+// forward group makes and its backward groups read, on its first device, times the sets); and
+// the step's bubble estimated by simulating the schedule with the cost model's group times.
+struct StageExplanation {
+  int stage = 0;
+  DeviceMesh mesh;
+  std::vector<ScheduledGroup> tasks;
+  int activation_sets = 0;
+  std::int64_t activation_bytes = 0;
+  GroupSeconds seconds;
+};
+struct ScheduleExplanation {
+  Schedule schedule = Schedule::k1f1b;
+  int micro_batches = 1;
+  std::vector<StageExplanation> stages;
+  double est_bubble = 0;
+};
+
+// Returns the explanation of `prepared`'s pipeline (nullopt when it runs on one stage), its
+// groups priced with `machine` (graph/step_time.h's task_time).
+std::optional<ScheduleExplanation> explain_schedule(const PreparedModel& prepared, Schedule s,
+                                                    const MachineModel& machine);
+
+// {"schedule": [{"stage", "mesh", "tasks", "activation_sets", "est_activation_bytes"}],
+// "est_bubble"}, both null without stages.
+nlohmann::json to_json(const std::optional<ScheduleExplanation>& e);
+
+// The lines `explain` prints (empty without stages).
+std::string to_text(const std::optional<ScheduleExplanation>& e);
 
 // Returns a stage's groups as one line: "F0 F1 B0 F2 B1 B2".
 std::string to_text(const std::vector<ScheduledGroup>& order);
