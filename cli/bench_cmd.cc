@@ -11,6 +11,7 @@
 #include "bench/kernels_bench.h"
 #include "bench/ops_bench.h"
 #include "bench/overlap_bench.h"
+#include "bench/pipeline_bench.h"
 #include "bench/plan_bench.h"
 #include "bench/redistribute_bench.h"
 #include "bench/train_bench.h"
@@ -155,6 +156,26 @@ void add_bench(CLI::App& app) {
   add_output_flags(p, *pl_json, pl->progress);
   p->callback([pl, pl_json] {
     if (runs_here()) print_report(bench::run_plan_bench(*pl), *pl_json);
+  });
+
+  auto pp = std::make_shared<bench::PipelineBenchOptions>();
+  auto pp_json = std::make_shared<bool>(false);
+  CLI::App* pipe = bench->add_subcommand(
+      "pipeline",
+      "two equal MLP stages, one device each, trained under gpipe, 1f1b and zb with 1-8 "
+      "micro-batches: the measured bubble against theory and the step against the ideal one");
+  pipe->add_option("--reps", pp->reps, "timed steps per case")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  pipe->add_option("--width", pp->width, "the layers' width")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  pipe->add_option("--batch", pp->batch, "the batch's rows (split into the micro-batches)")
+      ->check(CLI::Range(8, 1 << 20))
+      ->capture_default_str();
+  add_output_flags(pipe, *pp_json, pp->progress);
+  pipe->callback([pp, pp_json] {
+    if (runs_here()) print_report(bench::run_pipeline_bench(*pp), *pp_json);
   });
 
   auto ck = std::make_shared<bench::CheckpointBenchOptions>();

@@ -156,11 +156,20 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
   for (std::size_t i = tasks.size(); i-- > 0;)
     if (upstream[i])
       for (int d : tasks[i].deps) upstream[static_cast<std::size_t>(d)] = true;
+  // A receive whose value no per-micro-batch task of this device reads (a fetch to the leader)
+  // waits until the stage's own groups are done, so the stage never waits for it.
+  std::set<ValueId> read;
+  for (const Task& t : tasks)
+    if (per_micro_batch(t))
+      for (ValueId v : task_reads(t)) read.insert(v);
   for (std::size_t i = 0; i < tasks.size(); ++i) {
     const Task& t = tasks[i];
     if (!per_micro_batch(t)) continue;
     const int idx = static_cast<int>(i);
-    if (t.phase == Phase::kForward) {
+    if (auto c = p.cross.find(idx);
+        c != p.cross.end() && !c->second.sends && !read.contains(t.out) && t.deps.empty()) {
+      p.deferred.push_back(idx);
+    } else if (t.phase == Phase::kForward) {
       p.forward.push_back(idx);
     } else if (split_weights && !upstream[i]) {
       p.weight.push_back(idx);
@@ -261,13 +270,8 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   std::vector<bool> open(M, false);
   double first_start = -1, last_end = 0, busy = 0;
   TaskTimes* caller_times = options.times;
-  for (std::size_t k = 0; k < pipeline.order.size(); ++k) {
-    const ScheduledGroup& g = pipeline.order[k];
-    const auto m = static_cast<std::size_t>(g.micro_batch);
-    const std::vector<int>& group = g.kind == GroupKind::kForward    ? pipeline.forward
-                                    : g.kind == GroupKind::kBackward ? pipeline.backward
-                                                                     : pipeline.weight;
-    if (g.kind == GroupKind::kForward) open[m] = true;
+  // Runs `group` as micro-batch m's: its set swapped in, its sums kept. Returns its seconds.
+  auto run_group = [&](const std::vector<int>& group, std::size_t m, TaskTimes& times) {
     for (std::size_t i = 0; i < own.size(); ++i)
       std::swap(values[static_cast<std::size_t>(own[i])], sets[m][i]);
     for (std::size_t i = 0; i < sums.size(); ++i)
@@ -284,35 +288,18 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
             static_cast<std::int64_t>(sums[i].nbytes());
       options.beside = beside;
     }
-    TaskTimes times;
     options.times = &times;
     options.part = TaskPart::kMicroBatch;
     options.only = &group;
     options.tagged = &pipeline.cross;
     options.sending = &sending;
-    options.micro_batch = g.micro_batch;
-    options.accumulate = g.micro_batch > 0;
-    const double start = steady_seconds();
+    options.micro_batch = static_cast<int>(m);
+    options.accumulate = m > 0;
     run_tasks(graph, dt, world, values, options);
-    const double end = steady_seconds();
-    if (first_start < 0) first_start = start;
-    last_end = end;
-    busy += times.compute_s;
     if (caller_times) {
       caller_times->compute_s += times.compute_s;
       caller_times->move_s += times.move_s;
       caller_times->update_s += times.update_s;
-    }
-    if (options.trace) {
-      options.trace->push_back(
-          TraceEvent{.device = dt.device,
-                     .kind = TraceKind::kGroup,
-                     .phase = g.kind == GroupKind::kForward ? Phase::kForward : Phase::kBackward,
-                     .step = options.step,
-                     .start_s = start,
-                     .end_s = end,
-                     .group = to_string(g)[0],
-                     .micro_batch = g.micro_batch});
     }
     // The sums this group made or added to.
     for (std::size_t i = 0; i < sums.size(); ++i) {
@@ -336,6 +323,32 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
     }
     for (std::size_t i = 0; i < own.size(); ++i)
       std::swap(values[static_cast<std::size_t>(own[i])], sets[m][i]);
+  };
+  for (std::size_t k = 0; k < pipeline.order.size(); ++k) {
+    const ScheduledGroup& g = pipeline.order[k];
+    const auto m = static_cast<std::size_t>(g.micro_batch);
+    const std::vector<int>& group = g.kind == GroupKind::kForward    ? pipeline.forward
+                                    : g.kind == GroupKind::kBackward ? pipeline.backward
+                                                                     : pipeline.weight;
+    if (g.kind == GroupKind::kForward) open[m] = true;
+    TaskTimes times;
+    const double start = steady_seconds();
+    run_group(group, m, times);
+    const double end = steady_seconds();
+    if (first_start < 0) first_start = start;
+    last_end = end;
+    busy += times.compute_s;
+    if (options.trace) {
+      options.trace->push_back(
+          TraceEvent{.device = dt.device,
+                     .kind = TraceKind::kGroup,
+                     .phase = g.kind == GroupKind::kForward ? Phase::kForward : Phase::kBackward,
+                     .step = options.step,
+                     .start_s = start,
+                     .end_s = end,
+                     .group = to_string(g)[0],
+                     .micro_batch = g.micro_batch});
+    }
     if (stats) {
       int held = 0;
       std::int64_t bytes = 0;
@@ -357,6 +370,14 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
           sets[m][i] = Tensor();
         }
       }
+    }
+  }
+  // What this device only collects (a value the leader reports, fetched from the last stage):
+  // every micro-batch's, after the stage's own groups.
+  if (!pipeline.deferred.empty()) {
+    for (std::size_t m = 0; m < M; ++m) {
+      TaskTimes times;
+      run_group(pipeline.deferred, m, times);
     }
   }
   std::vector<Event> posted;

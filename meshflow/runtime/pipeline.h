@@ -50,6 +50,9 @@ struct DevicePipeline {
   int stage = 0;
   DeviceTasks tasks;
   std::vector<int> forward, backward, weight;
+  // Receives of values no per-micro-batch task here reads (a fetch to the leader): run for
+  // every micro-batch after the stage's groups.
+  std::vector<int> deferred;
   std::map<int, TaggedMove> cross;    // the tag of micro-batch m is tag + m
   std::vector<ScheduledGroup> order;  // the schedule this device runs
 };
