@@ -402,19 +402,13 @@ void add_explain(CLI::App& app) {
          .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
          .threads_per_device = args->threads_per_device});
     // The pipeline's schedule, where the step runs on stages.
-    std::optional<ScheduleExplanation> schedule;
-    if (model.pcg.loss) {
-      const Schedule kind = parse_schedule(args->schedule);
-      const PreparedModel prepared = prepare_model(
-          model, Mode::kTrain, run_options(*args, machine.get()),
-          {.update = optimizer.rule,
-           .micro_batches = every_device(
-               backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
-           .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
-           .schedule = schedule_of(kind),
-           .split_weights = kind == Schedule::kZb});
-      schedule = explain_schedule(prepared, kind, machine ? *machine : default_machine());
-    }
+    const std::optional<ScheduleExplanation> schedule = explain_model_schedule(
+        model, run_options(*args, machine.get()),
+        {.update = optimizer.rule,
+         .micro_batches = every_device(
+             backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
+         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); })},
+        parse_schedule(args->schedule));
     if (args->json) {
       nlohmann::json j = to_json(e);
       j.update(to_json(schedule));

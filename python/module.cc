@@ -392,65 +392,75 @@ PYBIND11_MODULE(_meshflow, module) {
   py::class_<LoadedModel>(module, "_Model");
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
-  module.def(
-      "train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check,
-                        bool overlap, bool allow_nonfinite, std::optional<int> micro_batches,
-                        std::optional<int> zero, std::optional<std::string> checkpoint,
-                        std::optional<int> checkpoint_every, std::optional<int> keep_last,
-                        std::optional<std::string> resume, std::optional<int> threads_per_device) {
-        if (micro_batches && *micro_batches < 1)
-          fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
-        for (const auto& [name, v] :
-             {std::pair{"checkpoint_every", checkpoint_every}, std::pair{"keep_last", keep_last}}) {
-          if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
-          if (v && !checkpoint) fail(ErrorKind::kInvalidArgument, "{}= needs checkpoint=", name);
-        }
-        const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
-        std::optional<Checkpoint> resumed;
-        if (resume) resumed = read_checkpoint(resume_path(*resume));
-        const OptimizerOptions given = optimizer_options(optimizer);
-        TrainOptions o{.run = model_options(overlap, threads_per_device),
-                       .steps = steps,
-                       .optimizer = resolve_optimizer(
-                           given,
-                           resumed ? resumed_defaults(*resumed, given, defaults.optimizer,
-                                                      OptionStyle::kKeyword)
-                                   : defaults.optimizer,
-                           OptionStyle::kKeyword),
-                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-                       .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
-                       .allow_nonfinite = allow_nonfinite,
-                       .check = check};
-        if (checkpoint) {
-          o.checkpoint = CheckpointOptions{.dir = output_target(*checkpoint),
-                                           .every = checkpoint_every.value_or(0),
-                                           .keep_last = keep_last.value_or(0)};
-        }
-        if (resumed) o.resume = resumed->path;
-        std::string report;
-        {
-          py::gil_scoped_release release;
-          const TrainReport r = train_model(m.model, o);
-          report = shared_report(to_json(r).dump(), r.reporter);
-        }
-        return py::module_::import("json").attr("loads")(report);
-      });
+  module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
+                               bool check, bool overlap, bool allow_nonfinite,
+                               std::optional<int> micro_batches, std::optional<int> zero,
+                               std::optional<std::string> checkpoint,
+                               std::optional<int> checkpoint_every, std::optional<int> keep_last,
+                               std::optional<std::string> resume,
+                               std::optional<int> threads_per_device, const std::string& schedule) {
+    if (micro_batches && *micro_batches < 1)
+      fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+    for (const auto& [name, v] :
+         {std::pair{"checkpoint_every", checkpoint_every}, std::pair{"keep_last", keep_last}}) {
+      if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
+      if (v && !checkpoint) fail(ErrorKind::kInvalidArgument, "{}= needs checkpoint=", name);
+    }
+    const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
+    std::optional<Checkpoint> resumed;
+    if (resume) resumed = read_checkpoint(resume_path(*resume));
+    const OptimizerOptions given = optimizer_options(optimizer);
+    TrainOptions o{
+        .run = model_options(overlap, threads_per_device),
+        .steps = steps,
+        .optimizer = resolve_optimizer(
+            given,
+            resumed ? resumed_defaults(*resumed, given, defaults.optimizer, OptionStyle::kKeyword)
+                    : defaults.optimizer,
+            OptionStyle::kKeyword),
+        .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
+        .schedule = parse_schedule(schedule),
+        .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+        .allow_nonfinite = allow_nonfinite,
+        .check = check};
+    if (checkpoint) {
+      o.checkpoint = CheckpointOptions{.dir = output_target(*checkpoint),
+                                       .every = checkpoint_every.value_or(0),
+                                       .keep_last = keep_last.value_or(0)};
+    }
+    if (resumed) o.resume = resumed->path;
+    std::string report;
+    {
+      py::gil_scoped_release release;
+      const TrainReport r = train_model(m.model, o);
+      report = shared_report(to_json(r).dump(), r.reporter);
+    }
+    return py::module_::import("json").attr("loads")(report);
+  });
   module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
                                  std::optional<int> micro_batches, std::optional<int> zero,
-                                 std::optional<int> threads_per_device) {
+                                 std::optional<int> threads_per_device,
+                                 const std::string& schedule) {
     if (micro_batches && *micro_batches < 1)
       fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
     const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
     const Optimizer o =
         resolve_optimizer(optimizer_options(optimizer), defaults.optimizer, OptionStyle::kKeyword);
+    const int m_batches = micro_batches.value_or(defaults.micro_batches.value_or(1));
+    const int zero_level = resolve_zero(zero, defaults, OptionStyle::kKeyword);
     const Explanation e = explain_compiled(
         m.model.pcg, {.overlap = overlap,
                       .decompose = {.shared_memory = session().backend() == Backend::kThreads},
                       .update = o.rule,
-                      .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-                      .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+                      .micro_batches = m_batches,
+                      .zero = zero_level,
                       .threads_per_device = threads_option(threads_per_device)});
-    return json_to_python(to_json(e));
+    nlohmann::json j = to_json(e);
+    j.update(to_json(
+        explain_model_schedule(m.model, model_options(overlap, threads_per_device),
+                               {.update = o.rule, .micro_batches = m_batches, .zero = zero_level},
+                               parse_schedule(schedule))));
+    return json_to_python(j);
   });
   module.def("list_checkpoints", [](const std::string& dir, bool verify) {
     return json_to_python(list_checkpoints(dir, verify));

@@ -213,6 +213,18 @@ std::optional<ScheduleExplanation> explain_schedule(const PreparedModel& prepare
   return e;
 }
 
+std::optional<ScheduleExplanation> explain_model_schedule(const Model& model,
+                                                          const ModelRunOptions& run,
+                                                          TrainingCompile training, Schedule s) {
+  if (!model.pcg.loss) return std::nullopt;
+  training.schedule = [s](int stages, int micro_batches) {
+    return pipeline_orders(s, stages, micro_batches);
+  };
+  training.split_weights = s == Schedule::kZb;
+  const PreparedModel prepared = prepare_model(model, Mode::kTrain, run, training);
+  return explain_schedule(prepared, s, run.plan.machine ? *run.plan.machine : default_machine());
+}
+
 nlohmann::json to_json(const std::optional<ScheduleExplanation>& e) {
   if (!e) return {{"schedule", nullptr}, {"est_bubble", nullptr}};
   nlohmann::json stages = nlohmann::json::array();

@@ -78,6 +78,12 @@ struct ScheduleExplanation {
 std::optional<ScheduleExplanation> explain_schedule(const PreparedModel& prepared, Schedule s,
                                                     const MachineModel& machine);
 
+// Returns the explanation of training `model` with `training`'s options under schedule `s`:
+// compiled and expanded as `train` would run it (nullopt without a loss or stages).
+std::optional<ScheduleExplanation> explain_model_schedule(const Model& model,
+                                                          const ModelRunOptions& run,
+                                                          TrainingCompile training, Schedule s);
+
 // {"schedule": [{"stage", "mesh", "tasks", "activation_sets", "est_activation_bytes"}],
 // "est_bubble"}, both null without stages.
 nlohmann::json to_json(const std::optional<ScheduleExplanation>& e);

@@ -26,7 +26,7 @@ class Model:
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
               micro_batches=None, zero=None, checkpoint=None, checkpoint_every=None,
-              keep_last=None, resume=None, threads_per_device=None):
+              keep_last=None, resume=None, threads_per_device=None, schedule="1f1b"):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -42,7 +42,9 @@ class Model:
         every ``checkpoint_every``-th, keeping the newest ``keep_last``; ``resume`` (a folder,
         or one ``step-<k>`` in it) loads the newest complete checkpoint onto this model's
         layouts, its steps going on from k + 1 (``meshflow.checkpoint.list`` lists them).
-        ``threads_per_device`` is ``run``'s.
+        ``threads_per_device`` is ``run``'s. Where the model's layers lie on different meshes
+        (stages), ``schedule`` ("gpipe", "1f1b" or "zb") is the order the stages run their
+        micro-batches in, all at once; each step's dict then has its measured "bubble".
         """
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
@@ -56,14 +58,16 @@ class Model:
                                      None if keep_last is None else int(keep_last),
                                      None if resume is None else str(resume),
                                      None if threads_per_device is None
-                                     else int(threads_per_device))
+                                     else int(threads_per_device), str(schedule))
 
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
-                decay_steps=None, micro_batches=None, zero=None, threads_per_device=None):
+                decay_steps=None, micro_batches=None, zero=None, threads_per_device=None,
+                schedule="1f1b"):
         """Returns the dict ``meshflow explain --json`` prints for the step ``train`` with the
         same options would run: every value's layout (optimizer state included), every move,
-        and for a model with a loss ``est_step_s`` and ``memory_per_device_bytes``."""
+        for a model with a loss ``est_step_s`` and ``memory_per_device_bytes``, and
+        ``schedule`` and ``est_bubble`` (None unless the model runs on stages)."""
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
@@ -71,4 +75,4 @@ class Model:
                                        None if micro_batches is None else int(micro_batches),
                                        None if zero is None else int(zero),
                                        None if threads_per_device is None
-                                       else int(threads_per_device))
+                                       else int(threads_per_device), str(schedule))

@@ -299,3 +299,22 @@ def test_a_transpose_feeding_a_product_is_folded(tmp_path):
     assert r["check"]["max_loss_diff"] < 1e-5 and r["check"]["max_grad_diff"] < 1e-5
     assert r["check"]["max_weight_diff"] < 1e-5
     assert r["steps"][-1]["loss"] < r["steps"][0]["loss"]
+
+
+def test_pipeline_schedules_train_as_one_device_and_explain_their_order():
+    m = mf.Model.load(MODELS / "pipeline4_mlp.json")
+    for schedule in ["gpipe", "1f1b", "zb"]:
+        r = m.train(2, micro_batches=4, schedule=schedule, check=True)
+        assert r["check"]["max_loss_diff"] < 1e-5 and r["check"]["max_weight_diff"] < 1e-5
+        assert all(0 <= s["bubble"] < 1 for s in r["steps"])
+    e = m.explain(micro_batches=4, schedule="1f1b")
+    assert [s["tasks"] for s in e["schedule"]][0] == ["F0", "F1", "F2", "F3", "B0", "B1", "B2",
+                                                       "B3"]
+    assert e["schedule"][3]["tasks"][:2] == ["F0", "B0"] and 0 < e["est_bubble"] < 1
+    assert mf.Model.load(MODELS / "dp_mlp.json").explain()["schedule"] is None
+    try:
+        m.train(1, schedule="interleaved")
+    except mf.Error as err:
+        assert "interleaved" in str(err)
+    else:
+        raise AssertionError("no error")

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes the GPT example: its token data and one model file per layout (the same model, the same
-weights, placed six ways). Run it from any folder; the files land beside this script (or in the folder
-given as its argument), and running it again rewrites them unchanged (the data is seeded).
+weights, placed six ways, and two pipelines of it). Run it from any folder; the files land beside
+this script (or in the folder given as its argument), and running it again rewrites them
+unchanged (the data is seeded).
 --batch, --seq, --vocab, --dim, --heads and --blocks write a model of another size (the
 checked-in files use the defaults); --devices sets the size of the 1-d meshes (dp, tp, tp_vocab,
 sp). This script is the GPT's one definition: `meshflow bench train` runs it (built into the
@@ -22,6 +23,10 @@ The layouts, on --devices (4) devices unless named:
             residual adds split on the sequence dim, gathered into each block's first products
             and reduce-scattered out of its last
   dp_tp     data x tensor parallel on a 2x2 mesh: the batch split over dp, tp as above over tp
+  pp        a pipeline of 4 stages of one device, one block each (this layout's model has 4
+            blocks; the embeddings live on the first stage, the final norm and head on the last)
+  pp_dp_tp  a pipeline of 2 stages, each on its own 2x2 mesh laid out as dp_tp (8 devices), the
+            blocks split evenly between them
 """
 import argparse
 import json
@@ -69,6 +74,12 @@ def layouts():
         "dp_tp": {"mesh": "2x2", "data": ["S(0)", "R"], "col": ["R", "S(1)"],
                   "row": ["R", "S(0)"], "vec": r2, "embed": r2, "head": r2,
                   "residual": ["S(0)", "R"], "split": ["S(0)", "S(2)"]},
+        "pp": {"stages": ["1@0", "1@1", "1@2", "1@3"], "blocks": max(BLOCKS, 4), "data": r1,
+               "col": r1, "row": r1, "vec": r1, "embed": r1, "head": r1},
+        "pp_dp_tp": {"stages": ["2x2@0,1,2,3", "2x2@4,5,6,7"], "blocks": max(BLOCKS, 2),
+                     "data": ["S(0)", "R"], "col": ["R", "S(1)"], "row": ["R", "S(0)"],
+                     "vec": r2, "embed": r2, "head": r2, "residual": ["S(0)", "R"],
+                     "split": ["S(0)", "S(2)"]},
     }
 
 
@@ -76,13 +87,19 @@ def model(layout):
     p = layout
     tensors, nodes = {}, []
     seed = iter(range(1, 1000))
+    stages = p.get("stages", [p.get("mesh")])
+    blocks = p.get("blocks", BLOCKS)
+    # The mesh everything is placed on now: "m", or the stage of the block being written.
+    at = {"mesh": "m" if "mesh" in p else "s0"}
 
     def weight(name, shape, kind, init):
-        tensors[name] = {"shape": shape, "weight": {**init, "seed": next(seed)}, "mesh": "m",
-                         "placements": p[kind]}
+        tensors[name] = {"shape": shape, "weight": {**init, "seed": next(seed)},
+                         "mesh": at["mesh"], "placements": p[kind]}
         return name
 
     def node(name, op, inputs, **attrs):
+        if "stages" in p:
+            attrs["mesh"] = at["mesh"]
         nodes.append({"name": name, "op": op, "inputs": inputs, **attrs})
         return name
 
@@ -110,14 +127,17 @@ def model(layout):
 
     dh = DIM // HEADS
     tensors["tokens"] = {"shape": [BATCH, SEQ], "dtype": "int64", "input": "tokens.npy",
-                         "mesh": "m", "placements": p["data"]}
+                         "mesh": at["mesh"], "placements": p["data"]}
+    last = "m" if "mesh" in p else f"s{len(stages) - 1}"
     tensors["next"] = {"shape": [BATCH * SEQ], "dtype": "int64", "input": "next_tokens.npy",
-                       "mesh": "m", "placements": p["data"]}
+                       "mesh": last, "placements": p["data"]}
     tok = weight("tok", [VOCAB, DIM], "embed", {"normal": 0.5})
     pos = weight("pos", [SEQ, DIM], "vec", {"normal": 0.1})
     node("e", "embedding", ["tokens", tok])
     x = residual("x0", "add", ["e", pos])
-    for i in range(BLOCKS):
+    for i in range(blocks):
+        if "stages" in p:
+            at["mesh"] = f"s{i * len(stages) // blocks}"
         b = f"b{i}"
         n = layer_norm(f"{b}_ln1", x)
         heads = []
@@ -139,12 +159,14 @@ def model(layout):
         node(f"{b}_g", "gelu", [f"{b}_h"])
         node(f"{b}_m", "linear", [f"{b}_g", w2])
         x = residual(f"{b}_x2", "add", [x, f"{b}_m"])
+    at["mesh"] = last
     n = layer_norm("lnf", x)
     head = weight("head", [DIM, VOCAB], "head", {"normal": 0.3})
     pinned("logits", "linear", [n, head], "logits")
     node("flat", "reshape", ["logits"], shape=[-1, VOCAB])
     node("loss", "softmax_cross_entropy", ["flat", "next"])
-    return {"meshes": {"m": p["mesh"]}, "tensors": tensors, "nodes": nodes, "loss": "loss",
+    meshes = {"m": p["mesh"]} if "mesh" in p else {f"s{k}": m for k, m in enumerate(stages)}
+    return {"meshes": meshes, "tensors": tensors, "nodes": nodes, "loss": "loss",
             "outputs": ["loss"]}
 
 
