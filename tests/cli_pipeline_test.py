@@ -66,16 +66,60 @@ with tempfile.TemporaryDirectory() as tmp:
                 bubbles = [s["bubble"] for s in out["steps"]]
                 check(all(b is not None and 0 <= b < 1 for b in bubbles), f"{what}: bubble {bubbles}")
                 events = json.load(open(trace))["traceEvents"]
-                groups = {}
-                for e in sorted((e for e in events if e.get("cat") == "group"
-                                 and e["args"]["step"] == 2), key=lambda e: e["ts"]):
+                groups, spans = {}, {}
+                step = [e for e in events if e.get("ph") == "X" and e["args"]["step"] == 2]
+                for e in sorted((e for e in step if e["cat"] == "group"), key=lambda e: e["ts"]):
                     groups.setdefault(e["pid"], []).append(e["name"])
+                    spans[(e["pid"], e["name"])] = (e["ts"], e["ts"] + e["dur"])
+                # A stage's B<i> ends after the next stage's B<i> posted the gradient it receives
+                # (the gradient's move to the earlier mesh, "bwd:...to-mesh", inside that B<i>,
+                # on the first of its devices to post).
+                def posted(d, i):
+                    lo, hi = spans.get((d, f"B{i}"), (0, 0))
+                    return max((e["ts"] for e in step if e["cat"] == "move" and e["pid"] == d
+                                and "to-mesh" in e["name"] and lo <= e["ts"] <= hi), default=0)
+                early = [(d, i) for d in range(4) if d // per_stage < p - 1 for i in range(m)
+                         if spans.get((d, f"B{i}"), (0, 0))[1] <
+                         min(posted(n, i) for n in range(4) if n // per_stage == d // per_stage + 1)]
+                check(not early, f"{what}: B<i> ended before the next stage's sent: {early}")
                 check(sorted(groups) == list(range(4)), f"{what}: devices with groups {sorted(groups)}")
                 for d, order in groups.items():
                     s = d // per_stage
                     ok = (zb_rules(order, p, s, m) if schedule == "zb"
                           else order == design_order(schedule, p, s, m))
                     check(ok, f"{what}: device {d} ran {' '.join(order)}")
+    # Tensor parallelism inside the stages (5 columns over 2 devices: shards of 3 and 2), with
+    # AdamW and ZeRO-1: two stages of two devices.
+    tp = {
+        "meshes": {"s0": "2@0,1", "s1": "2@2,3"},
+        "tensors": {
+            "x": {"shape": [16, 5], "input": "x5.npy", "mesh": "s0", "placements": ["R"]},
+            "t": {"shape": [16, 3], "input": "t3.npy", "mesh": "s1", "placements": ["R"]},
+            "w0": {"shape": [5, 5], "weight": {"normal": 0.5, "seed": 1}, "mesh": "s0",
+                   "placements": ["S(1)"]},
+            "w1": {"shape": [5, 5], "weight": {"normal": 0.5, "seed": 2}, "mesh": "s1",
+                   "placements": ["S(1)"]},
+            "w2": {"shape": [5, 3], "weight": {"normal": 0.5, "seed": 3}, "mesh": "s1",
+                   "placements": ["R"]}},
+        "nodes": [
+            {"name": "l0", "op": "linear", "inputs": ["x", "w0"]},
+            {"name": "h0", "op": "tanh", "inputs": ["l0"]},
+            {"name": "l1", "op": "linear", "inputs": ["h0", "w1"], "mesh": "s1"},
+            {"name": "h1", "op": "tanh", "inputs": ["l1"]},
+            {"name": "o", "op": "linear", "inputs": ["h1", "w2"]},
+            {"name": "loss", "op": "mse", "inputs": ["o", "t"]}],
+        "loss": "loss", "outputs": ["loss"]}
+    rng = np.random.default_rng(5)
+    np.save(f"{tmp}/x5.npy", rng.standard_normal((16, 5)).astype(np.float32))
+    np.save(f"{tmp}/t3.npy", rng.standard_normal((16, 3)).astype(np.float32))
+    json.dump(tp, open(f"{tmp}/pipeline_tp.json", "w"))
+    for schedule in ["gpipe", "1f1b", "zb"]:
+        r = run("train", f"{tmp}/pipeline_tp.json", "--steps", "2", "--micro-batches", "4",
+                "--schedule", schedule, "--optimizer", "adamw", "--lr", "0.05", "--zero", "1",
+                "--check", "--json")
+        c = json.loads(r.stdout)["check"] if r.returncode == 0 else None
+        check(c is not None and max(c.values()) < TOLERANCE,
+              f"tensor-parallel stages, adamw, zero 1, {schedule}: {c} {r.stderr[-300:]}")
     # explain: each stage's groups, activation sets and estimated bytes, and the est bubble.
     for schedule in ["gpipe", "1f1b", "zb"]:
         r = run_meshflow(meshflow, ["explain", os.path.join(examples, "pipeline4_mlp.json"),

@@ -142,26 +142,61 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
     return static_cast<int>(k) * micro_batches + 1;
   };
   const std::vector<Task>& tasks = device.tasks;
-  std::vector<bool> upstream(tasks.size(), false);  // needed by a transfer to an earlier stage
   for (std::size_t i = 0; i < tasks.size(); ++i) {
     const Task& t = tasks[i];
-    if (!per_micro_batch(t)) continue;
-    auto cross = crossing(graph, stages, t);
-    if (!cross) continue;
+    if (!per_micro_batch(t) || !crossing(graph, stages, t)) continue;
     const bool sends =
         find_device(mesh_of(graph, std::get<MoveTask>(t.work).input), device.device).has_value();
     p.cross[static_cast<int>(i)] = {.sends = sends, .tag = tag_of(t.out)};
-    if (sends && cross->second < cross->first) upstream[i] = true;
   }
-  for (std::size_t i = tasks.size(); i-- > 0;)
-    if (upstream[i])
-      for (int d : tasks[i].deps) upstream[static_cast<std::size_t>(d)] = true;
+  // B holds what a gradient sent upstream needs, and the gradient's arrival from downstream:
+  // decided by value over every device of the stage, so that they all split alike and their
+  // collectives stay in one order.
+  // Values some per-micro-batch task reads (a move no such task reads only reports its value).
+  std::set<ValueId> read_anywhere;
+  for (const DeviceTasks& dt : graph.devices)
+    for (const Task& t : dt.tasks)
+      if (per_micro_batch(t))
+        for (ValueId v : task_reads(t)) read_anywhere.insert(v);
+  std::set<ValueId> upstream;
+  for (std::size_t before = 1; before != upstream.size();) {  // to a fixed point
+    before = upstream.size();
+    for (const DeviceTasks& dt : graph.devices) {
+      auto at = stages.stage_of.find(dt.device);
+      if (at == stages.stage_of.end() || at->second != p.stage) continue;
+      std::vector<bool> needed(dt.tasks.size(), false);
+      for (std::size_t i = 0; i < dt.tasks.size(); ++i) {
+        const Task& t = dt.tasks[i];
+        if (!per_micro_batch(t)) continue;
+        auto cross = crossing(graph, stages, t);
+        needed[i] = (cross && cross->second < cross->first && read_anywhere.contains(t.out)) ||
+                    upstream.contains(t.out);
+      }
+      for (std::size_t i = dt.tasks.size(); i-- > 0;)
+        if (needed[i])
+          for (int d : dt.tasks[i].deps) needed[static_cast<std::size_t>(d)] = true;
+      for (std::size_t i = 0; i < dt.tasks.size(); ++i)
+        if (needed[i]) upstream.insert(dt.tasks[i].out);
+    }
+  }
   // A receive whose value no per-micro-batch task of this device reads (a fetch to the leader)
   // waits until the stage's own groups are done, so the stage never waits for it.
   std::set<ValueId> read;
   for (const Task& t : tasks)
     if (per_micro_batch(t))
       for (ValueId v : task_reads(t)) read.insert(v);
+  // A send to a later stage of values only forward tasks make (an activation its weight
+  // gradient reads in another layout) goes with the forward group: the later stage's backward
+  // needs it before this stage's backward can start.
+  std::vector<bool> in_forward(tasks.size(), false);
+  auto sends_forward_values = [&](int idx) {
+    const Task& t = tasks[static_cast<std::size_t>(idx)];
+    auto c = p.cross.find(idx);
+    auto cross = crossing(graph, stages, t);
+    if (c == p.cross.end() || !c->second.sends || cross->second < cross->first) return false;
+    return std::all_of(t.deps.begin(), t.deps.end(),
+                       [&](int d) { return in_forward[static_cast<std::size_t>(d)]; });
+  };
   for (std::size_t i = 0; i < tasks.size(); ++i) {
     const Task& t = tasks[i];
     if (!per_micro_batch(t)) continue;
@@ -169,9 +204,10 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
     if (auto c = p.cross.find(idx);
         c != p.cross.end() && !c->second.sends && !read.contains(t.out) && t.deps.empty()) {
       p.deferred.push_back(idx);
-    } else if (t.phase == Phase::kForward) {
+    } else if (t.phase == Phase::kForward || sends_forward_values(idx)) {
       p.forward.push_back(idx);
-    } else if (split_weights && !upstream[i]) {
+      in_forward[i] = true;
+    } else if (split_weights && !upstream.contains(t.out)) {
       p.weight.push_back(idx);
     } else {
       p.backward.push_back(idx);

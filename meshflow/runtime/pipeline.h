@@ -58,7 +58,8 @@ struct DevicePipeline {
 };
 
 // Returns `device`'s pipeline under `stages` with schedule `order`; with `split_weights` (zb)
-// the backward tasks that no transfer upstream needs form W groups. `micro_batches` sizes the
+// the backward tasks that no transfer upstream needs form W groups (B keeps those and the
+// gradient's receipt from downstream, so a stage's B<i> ends after the next stage's). `micro_batches` sizes the
 // tags.
 DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device,
                                const PipelineStages& stages, std::vector<ScheduledGroup> order,
