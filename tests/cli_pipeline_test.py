@@ -120,6 +120,28 @@ with tempfile.TemporaryDirectory() as tmp:
         c = json.loads(r.stdout)["check"] if r.returncode == 0 else None
         check(c is not None and max(c.values()) < TOLERANCE,
               f"tensor-parallel stages, adamw, zero 1, {schedule}: {c} {r.stderr[-300:]}")
+    # Stages that would wait on each other (stage 1's output read by stage 0's forward) run one
+    # after another: still the one-device numbers, no bubble, and explain says why.
+    back = {"meshes": {"s0": "1@0", "s1": "1@1"},
+            "tensors": {"x": {"shape": [16, 5], "input": "x5.npy", "mesh": "s0", "placements": ["R"]},
+                        "w0": {"shape": [5, 5], "weight": {"normal": 0.5, "seed": 1}, "mesh": "s0",
+                               "placements": ["R"]},
+                        "w1": {"shape": [5, 5], "weight": {"normal": 0.5, "seed": 2}, "mesh": "s1",
+                               "placements": ["R"]}},
+            "nodes": [{"name": "a", "op": "linear", "inputs": ["x", "w0"]},
+                      {"name": "b", "op": "linear", "inputs": ["a", "w1"], "mesh": "s1"},
+                      {"name": "c", "op": "add", "inputs": ["a", "b"], "mesh": "s0"},
+                      {"name": "loss", "op": "mse", "inputs": ["c", "x"]}],
+            "loss": "loss", "outputs": ["loss"]}
+    json.dump(back, open(f"{tmp}/back.json", "w"))
+    r = run("train", f"{tmp}/back.json", "--micro-batches", "2", "--check", "--json")
+    out = json.loads(r.stdout) if r.returncode == 0 else {"check": None, "steps": []}
+    check(out["check"] is not None and max(out["check"].values()) < TOLERANCE
+          and all(s["bubble"] is None for s in out["steps"]),
+          f"stages that cannot overlap: {out} {r.stderr[-300:]}")
+    r = run_meshflow(meshflow, ["explain", f"{tmp}/back.json", "--micro-batches", "2"])
+    check('pipeline: none, the stages run one after another: "move:b@c" moves from stage 1 to '
+          'stage 0 in the forward pass' in r.stdout, f"explain of stages that cannot overlap: {r.stdout[-300:]}")
     # explain: each stage's groups, activation sets and estimated bytes, and the est bubble.
     for schedule in ["gpipe", "1f1b", "zb"]:
         r = run_meshflow(meshflow, ["explain", os.path.join(examples, "pipeline4_mlp.json"),

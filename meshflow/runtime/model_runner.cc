@@ -345,6 +345,14 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
                                               p.schedule[static_cast<std::size_t>(s)],
                                               training.split_weights, p.micro_batches));
       }
+      // Stages that would wait on each other in a cycle run one after another, as without a
+      // schedule; explain says why.
+      p.not_pipelined = pipeline_conflict(p.tasks, *p.stages, p.pipelines);
+      if (p.not_pipelined) {
+        p.stages.reset();
+        p.schedule.clear();
+        p.pipelines.clear();
+      }
     }
   }
   return p;

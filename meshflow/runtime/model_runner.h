@@ -82,6 +82,8 @@ struct PreparedModel {
   std::optional<PipelineStages> stages;
   std::vector<std::vector<ScheduledGroup>> schedule;
   std::vector<DevicePipeline> pipelines;
+  // Why a step on stages runs them one after another instead (pipeline_conflict's reason).
+  std::optional<std::string> not_pipelined;
 };
 
 // What a training step compiles with (kTrain).

@@ -236,6 +236,43 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
   return p;
 }
 
+std::optional<std::string> pipeline_conflict(const TaskGraph& graph, const PipelineStages& stages,
+                                             const std::vector<DevicePipeline>& pipelines) {
+  // Per moved value, whether a receiver reads it (not deferred).
+  std::set<ValueId> read;
+  for (const DevicePipeline& p : pipelines)
+    for (const auto& [k, move] : p.cross)
+      if (!move.sends && std::find(p.deferred.begin(), p.deferred.end(), k) == p.deferred.end())
+        read.insert(p.tasks.tasks[static_cast<std::size_t>(k)].out);
+  for (const DevicePipeline& p : pipelines) {
+    if (p.stage < 0) continue;
+    auto in = [&](const std::vector<int>& group, int k) {
+      return std::find(group.begin(), group.end(), k) != group.end();
+    };
+    for (const auto& [k, move] : p.cross) {
+      const Task& t = p.tasks.tasks[static_cast<std::size_t>(k)];
+      const auto [from, to] = *crossing(graph, stages, t);
+      // To a later stage: sent by its forward group (F<i> precedes all of i downstream). To an
+      // earlier one: received by a backward group or after the groups, and, where read, sent
+      // by a forward or B group (B<i> precedes B<i> upstream; a W may come later).
+      bool ok = true;
+      if (to > from) {
+        ok = !move.sends || in(p.forward, k);
+      } else if (move.sends) {
+        ok = !read.contains(t.out) || !in(p.weight, k);
+      } else {
+        ok = !in(p.forward, k);
+      }
+      if (!ok) {
+        return fmt::format("\"{}\" moves from stage {} to stage {} in the {} pass",
+                           graph.names[static_cast<std::size_t>(t.out)], from, to,
+                           t.phase == Phase::kForward ? "forward" : "backward");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 std::int64_t activation_set_bytes(const TaskGraph& graph, const DevicePipeline& pipeline) {
   const std::vector<Task>& tasks = pipeline.tasks.tasks;
   std::set<ValueId> made, read;

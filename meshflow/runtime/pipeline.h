@@ -59,11 +59,19 @@ struct DevicePipeline {
 
 // Returns `device`'s pipeline under `stages` with schedule `order`; with `split_weights` (zb)
 // the backward tasks that no transfer upstream needs form W groups (B keeps those and the
-// gradient's receipt from downstream, so a stage's B<i> ends after the next stage's). `micro_batches` sizes the
-// tags.
+// gradient's receipt from downstream, so a stage's B<i> ends after the next stage's).
+// `micro_batches` sizes the tags.
 DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device,
                                const PipelineStages& stages, std::vector<ScheduledGroup> order,
                                bool split_weights, int micro_batches);
+
+// Returns why `pipelines` (every device's, in graph order; stage -1 for a device on no stage)
+// could wait on each other in a cycle under a schedule, naming the value, or nullopt when they
+// cannot: a value must go to a later stage from the sender's forward group, and to an earlier
+// stage into the receiver's backward or weight group (or, unread, after the groups) from the
+// sender's forward or B group.
+std::optional<std::string> pipeline_conflict(const TaskGraph& graph, const PipelineStages& stages,
+                                             const std::vector<DevicePipeline>& pipelines);
 
 // Returns the bytes of one micro-batch's activation set on the device: the values its forward
 // group makes there and its backward groups read.

@@ -171,6 +171,7 @@ double simulated_bubble(Schedule s, const std::vector<std::vector<ScheduledGroup
 
 std::optional<ScheduleExplanation> explain_schedule(const PreparedModel& prepared, Schedule s,
                                                     const MachineModel& machine) {
+  if (prepared.not_pipelined) return ScheduleExplanation{.not_pipelined = prepared.not_pipelined};
   if (!prepared.stages) return std::nullopt;
   ScheduleExplanation e{.schedule = s, .micro_batches = prepared.micro_batches};
   PlanCache plans(PlanOptions{.machine = &machine});
@@ -226,7 +227,7 @@ std::optional<ScheduleExplanation> explain_model_schedule(const Model& model,
 }
 
 nlohmann::json to_json(const std::optional<ScheduleExplanation>& e) {
-  if (!e) return {{"schedule", nullptr}, {"est_bubble", nullptr}};
+  if (!e || e->not_pipelined) return {{"schedule", nullptr}, {"est_bubble", nullptr}};
   nlohmann::json stages = nlohmann::json::array();
   for (const StageExplanation& s : e->stages) {
     std::vector<std::string> tasks;
@@ -242,6 +243,9 @@ nlohmann::json to_json(const std::optional<ScheduleExplanation>& e) {
 
 std::string to_text(const std::optional<ScheduleExplanation>& e) {
   if (!e) return "";
+  if (e->not_pipelined) {
+    return fmt::format("pipeline: none, the stages run one after another: {}\n", *e->not_pipelined);
+  }
   std::string out =
       fmt::format("pipeline: {} stages, schedule {}, {} micro-batches, est bubble {:.3f}\n",
                   e->stages.size(), to_string(e->schedule), e->micro_batches, e->est_bubble);

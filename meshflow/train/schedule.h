@@ -67,6 +67,9 @@ struct StageExplanation {
   GroupSeconds seconds;
 };
 struct ScheduleExplanation {
+  // Set when the model lies on stages that cannot run at once: why (they then run one after
+  // another, and the rest is empty).
+  std::optional<std::string> not_pipelined;
   Schedule schedule = Schedule::k1f1b;
   int micro_batches = 1;
   std::vector<StageExplanation> stages;
