@@ -274,9 +274,13 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
   // The collective candidates price shards by the mesh's shape alone: they work on copies of
   // the layouts without the device list, which every intermediate state would copy again (on
   // 65,536 devices, a quarter of a megabyte per state).
-  Layout from_shape = from, to_shape = to;
-  from_shape.mesh.devices.clear();
-  to_shape.mesh.devices.clear();
+  auto shape_only = [](const Layout& l) {  // copies all but the device list
+    return Layout{.mesh = {.shape = l.mesh.shape, .names = l.mesh.names},
+                  .placements = l.placements,
+                  .shape = l.shape,
+                  .dtype = l.dtype};
+  };
+  const Layout from_shape = shape_only(from), to_shape = shape_only(to);
   if (same_mesh) {
     std::vector<Step> per_dim = plan_per_dim(from_shape, to_shape, machine);
     candidates.push_back({"per_dim", per_dim});
@@ -286,7 +290,11 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
     if (movable <= options.max_search_mesh_dims)
       candidates.push_back({"search", plan_search(from_shape, to_shape, machine)});
   }
-  candidates.push_back({"point_to_point", {plan_point_to_point(from, to, machine)}});
+  // On one mesh the exchange is priced by the shape alone too; across meshes the devices say
+  // which destinations hold part of the source.
+  candidates.push_back({"point_to_point",
+                        {same_mesh ? plan_point_to_point(from_shape, to_shape, machine)
+                                   : plan_point_to_point(from, to, machine)}});
   Plan plan{.from = from, .to = to};
   std::size_t winner = 0;
   std::vector<std::int64_t> totals;
@@ -300,7 +308,7 @@ Plan plan_redistribute(const Layout& from, const Layout& to, const PlanOptions& 
   plan.steps = candidates[winner].steps;
   plan.est_s = total_est(plan.steps);
   plan.total_bytes = totals[winner];
-  plan.min_bytes = min_bytes(from, to);
+  plan.min_bytes = same_mesh ? min_bytes(from_shape, to_shape) : min_bytes(from, to);
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     if (i == winner) continue;
     plan.alternatives.push_back({candidates[i].name, total_est(candidates[i].steps), totals[i],
