@@ -183,8 +183,8 @@ const PointToPointCall& only_point_to_point(const DeviceProgram& program) {
   return std::get<PointToPointCall>(program.steps[0].call);
 }
 
-// Copies `boxes` of the row-major `shape` at `base` back to back into `packed` (or, unpacking,
-// the other way).
+// Copies `boxes` of the row-major `shape` at `base` back to back into `packed`; unpack_boxes
+// copies them back.
 void pack_boxes(DType dtype, const Shape& shape, const std::byte* base,
                 const std::vector<Box>& boxes, std::byte* packed) {
   const std::size_t es = size_of(dtype);

@@ -149,15 +149,15 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
         find_device(mesh_of(graph, std::get<MoveTask>(t.work).input), device.device).has_value();
     p.cross[static_cast<int>(i)] = {.sends = sends, .tag = tag_of(t.out)};
   }
-  // B holds what a gradient sent upstream needs, and the gradient's arrival from downstream:
-  // decided by value over every device of the stage, so that they all split alike and their
-  // collectives stay in one order.
   // Values some per-micro-batch task reads (a move no such task reads only reports its value).
   std::set<ValueId> read_anywhere;
   for (const DeviceTasks& dt : graph.devices)
     for (const Task& t : dt.tasks)
       if (per_micro_batch(t))
         for (ValueId v : task_reads(t)) read_anywhere.insert(v);
+  // B holds what a gradient sent upstream needs, and the gradient's arrival from downstream:
+  // decided by value over every device of the stage, so that they all split alike and their
+  // collectives stay in one order.
   std::set<ValueId> upstream;
   for (std::size_t before = 1; before != upstream.size();) {  // to a fixed point
     before = upstream.size();
@@ -343,7 +343,7 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   std::vector<bool> open(M, false);
   double first_start = -1, last_end = 0, busy = 0;
   TaskTimes* caller_times = options.times;
-  // Runs `group` as micro-batch m's: its set swapped in, its sums kept. Returns its seconds.
+  // Runs `group` as micro-batch m's (its set swapped in, its sums kept), timing it into `times`.
   auto run_group = [&](const std::vector<int>& group, std::size_t m, TaskTimes& times) {
     for (std::size_t i = 0; i < own.size(); ++i)
       std::swap(values[static_cast<std::size_t>(own[i])], sets[m][i]);
@@ -431,7 +431,6 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
       }
       stats->peak_sets = std::max(stats->peak_sets, held);
       stats->peak_set_bytes = std::max(stats->peak_set_bytes, bytes);
-      stats->ran.push_back(g);
     }
     if (k == last_group[m]) {  // the set is done: its inputs go back, the rest is dropped
       open[m] = false;

@@ -79,14 +79,13 @@ std::int64_t activation_set_bytes(const TaskGraph& graph, const DevicePipeline& 
 
 // What a pipelined step measured on one device: the window from its first forward group's
 // start to its last backward group's end, the time its groups spent in tasks other than
-// waiting for transfers (compute), the most activation sets it held at once and the peak bytes
-// of the values they kept (the micro-batches' inputs not counted), and the groups in the order
-// it ran them.
+// waiting for transfers (compute), and the most activation sets it held at once and the peak
+// bytes of the values they kept (the micro-batches' inputs not counted). The groups it ran, in
+// order, are in its trace (TraceKind::kGroup).
 struct PipelineStepStats {
   double window_s = 0, busy_s = 0;
   int peak_sets = 0;
   std::int64_t peak_set_bytes = 0;
-  std::vector<ScheduledGroup> ran;
 };
 
 // Runs one training step of `micro_batches` micro-batches in `pipeline`'s order (run_step's
