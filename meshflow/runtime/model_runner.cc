@@ -87,18 +87,28 @@ std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<Tra
   return out;
 }
 
+// Returns every rank's `mine` (records of one length on every rank), in rank order: one
+// all-gather.
+std::vector<std::int64_t> gather_records(Communicator& world,
+                                         const std::vector<std::int64_t>& mine) {
+  const auto n = static_cast<std::size_t>(world.size());
+  std::vector<std::int64_t> all(n * mine.size());
+  all_gather(world,
+             {.send = reinterpret_cast<const std::byte*>(mine.data()),
+              .recv = reinterpret_cast<std::byte*>(all.data()),
+              .recv_counts = std::vector<std::int64_t>(n, static_cast<std::int64_t>(mine.size())),
+              .dtype = DType::kInt64});
+  return all;
+}
+
 // Returns the device whose peak is the highest of every device's `mine` (one all-gather).
 DeviceMemory highest_peak(Communicator& world, DeviceMemory mine) {
   mine.device = world.device();
   constexpr std::size_t kFields = 7;
   std::vector<std::int64_t> packed = {mine.device, mine.peak};
   packed.insert(packed.end(), mine.at_peak.bytes.begin(), mine.at_peak.bytes.end());
+  const std::vector<std::int64_t> all = gather_records(world, packed);
   const auto n = static_cast<std::size_t>(world.size());
-  std::vector<std::int64_t> all(n * kFields);
-  all_gather(world, {.send = reinterpret_cast<const std::byte*>(packed.data()),
-                     .recv = reinterpret_cast<std::byte*>(all.data()),
-                     .recv_counts = std::vector<std::int64_t>(n, kFields),
-                     .dtype = DType::kInt64});
   DeviceMemory best;
   for (std::size_t r = 0; r < n; ++r) {
     const std::int64_t* f = &all[r * kFields];
@@ -114,15 +124,10 @@ DeviceMemory highest_peak(Communicator& world, DeviceMemory mine) {
 std::vector<LoopEnd::StageDevice> stage_devices(Communicator& world, const DevicePipeline* pipeline,
                                                 const PipelineStepStats& most) {
   constexpr std::size_t kFields = 4;
-  const std::array<std::int64_t, kFields> mine = {pipeline ? world.device() : -1,
-                                                  pipeline ? pipeline->stage : -1, most.peak_sets,
-                                                  most.peak_set_bytes};
+  const std::vector<std::int64_t> all =
+      gather_records(world, {pipeline ? world.device() : -1, pipeline ? pipeline->stage : -1,
+                             most.peak_sets, most.peak_set_bytes});
   const auto n = static_cast<std::size_t>(world.size());
-  std::vector<std::int64_t> all(n * kFields);
-  all_gather(world, {.send = reinterpret_cast<const std::byte*>(mine.data()),
-                     .recv = reinterpret_cast<std::byte*>(all.data()),
-                     .recv_counts = std::vector<std::int64_t>(n, kFields),
-                     .dtype = DType::kInt64});
   std::vector<LoopEnd::StageDevice> out;
   for (std::size_t r = 0; r < n; ++r) {
     const std::int64_t* f = &all[r * kFields];
