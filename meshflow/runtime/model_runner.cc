@@ -339,17 +339,8 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
       const auto stages = static_cast<int>(p.stages->meshes.size());
       p.schedule = training.schedule(stages, p.micro_batches);
       MESHFLOW_CHECK(p.schedule.size() == static_cast<std::size_t>(stages));
-      for (const DeviceTasks& dt : p.tasks.devices) {
-        auto at = p.stages->stage_of.find(dt.device);
-        if (at == p.stages->stage_of.end()) {  // once-per-step work only
-          p.pipelines.push_back(DevicePipeline{.stage = -1});
-          continue;
-        }
-        const int s = at->second;
-        p.pipelines.push_back(device_pipeline(p.tasks, dt, *p.stages,
-                                              p.schedule[static_cast<std::size_t>(s)],
-                                              training.split_weights, p.micro_batches));
-      }
+      p.pipelines =
+          device_pipelines(p.tasks, *p.stages, p.schedule, training.split_weights, p.micro_batches);
       // Stages that would wait on each other in a cycle run one after another, as without a
       // schedule; explain says why.
       p.not_pipelined = pipeline_conflict(p.tasks, *p.stages, p.pipelines);

@@ -123,62 +123,81 @@ std::optional<PipelineStages> find_stages(const TaskGraph& graph) {
   return stages;
 }
 
+namespace {
+
+// What every device's pipeline derives from the whole graph, computed once: each crossing
+// value's tag block, the values some per-micro-batch task reads, and per stage the values its
+// B groups hold.
+struct SharedFacts {
+  std::map<ValueId, int> tag;
+  std::set<ValueId> read_anywhere;
+  std::map<int, std::set<ValueId>> upstream;
+};
+
+SharedFacts shared_facts(const TaskGraph& graph, const PipelineStages& stages, int micro_batches) {
+  SharedFacts f;
+  // Tags: one block of micro_batches per crossing value, numbered alike on every device.
+  std::set<ValueId> crossing_values;
+  for (const DeviceTasks& dt : graph.devices) {
+    for (const Task& t : dt.tasks) {
+      if (!per_micro_batch(t)) continue;
+      if (crossing(graph, stages, t)) crossing_values.insert(t.out);
+      // Values some per-micro-batch task reads (a move no such task reads only reports its
+      // value).
+      for (ValueId v : task_reads(t)) f.read_anywhere.insert(v);
+    }
+  }
+  int k = 0;
+  for (ValueId v : crossing_values) {
+    MESHFLOW_CHECK(static_cast<std::int64_t>(k + 1) * micro_batches < (1 << 22),
+                   "too many pipeline transfers to tag");
+    f.tag[v] = k++ * micro_batches + 1;
+  }
+  // B holds what a gradient sent upstream needs, and the gradient's arrival from downstream:
+  // decided by value over every device of the stage, so that they all split alike and their
+  // collectives stay in one order.
+  for (int stage = 0; stage < static_cast<int>(stages.meshes.size()); ++stage) {
+    std::set<ValueId>& upstream = f.upstream[stage];
+    for (std::size_t before = 1; before != upstream.size();) {  // to a fixed point
+      before = upstream.size();
+      for (const DeviceTasks& dt : graph.devices) {
+        auto at = stages.stage_of.find(dt.device);
+        if (at == stages.stage_of.end() || at->second != stage) continue;
+        std::vector<bool> needed(dt.tasks.size(), false);
+        for (std::size_t i = 0; i < dt.tasks.size(); ++i) {
+          const Task& t = dt.tasks[i];
+          if (!per_micro_batch(t)) continue;
+          auto cross = crossing(graph, stages, t);
+          needed[i] = (cross && cross->second < cross->first && f.read_anywhere.contains(t.out)) ||
+                      upstream.contains(t.out);
+        }
+        for (std::size_t i = dt.tasks.size(); i-- > 0;)
+          if (needed[i])
+            for (int d : dt.tasks[i].deps) needed[static_cast<std::size_t>(d)] = true;
+        for (std::size_t i = 0; i < dt.tasks.size(); ++i)
+          if (needed[i]) upstream.insert(dt.tasks[i].out);
+      }
+    }
+  }
+  return f;
+}
+
 DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device,
-                               const PipelineStages& stages, std::vector<ScheduledGroup> order,
-                               bool split_weights, int micro_batches) {
+                               const PipelineStages& stages, const SharedFacts& facts,
+                               std::vector<ScheduledGroup> order, bool split_weights) {
   DevicePipeline p;
   p.stage = stages.stage_of.at(device.device);
   p.tasks = device;
   p.order = std::move(order);
-  // Tags: one block of micro_batches per crossing value, numbered alike on every device.
-  std::set<ValueId> crossing_values;
-  for (const DeviceTasks& dt : graph.devices)
-    for (const Task& t : dt.tasks)
-      if (per_micro_batch(t) && crossing(graph, stages, t)) crossing_values.insert(t.out);
-  const auto tag_of = [&](ValueId v) {
-    const auto k = std::distance(crossing_values.begin(), crossing_values.find(v));
-    MESHFLOW_CHECK(static_cast<std::int64_t>(k + 1) * micro_batches < (1 << 22),
-                   "too many pipeline transfers to tag");
-    return static_cast<int>(k) * micro_batches + 1;
-  };
   const std::vector<Task>& tasks = device.tasks;
   for (std::size_t i = 0; i < tasks.size(); ++i) {
     const Task& t = tasks[i];
     if (!per_micro_batch(t) || !crossing(graph, stages, t)) continue;
     const bool sends =
         find_device(mesh_of(graph, std::get<MoveTask>(t.work).input), device.device).has_value();
-    p.cross[static_cast<int>(i)] = {.sends = sends, .tag = tag_of(t.out)};
+    p.cross[static_cast<int>(i)] = {.sends = sends, .tag = facts.tag.at(t.out)};
   }
-  // Values some per-micro-batch task reads (a move no such task reads only reports its value).
-  std::set<ValueId> read_anywhere;
-  for (const DeviceTasks& dt : graph.devices)
-    for (const Task& t : dt.tasks)
-      if (per_micro_batch(t))
-        for (ValueId v : task_reads(t)) read_anywhere.insert(v);
-  // B holds what a gradient sent upstream needs, and the gradient's arrival from downstream:
-  // decided by value over every device of the stage, so that they all split alike and their
-  // collectives stay in one order.
-  std::set<ValueId> upstream;
-  for (std::size_t before = 1; before != upstream.size();) {  // to a fixed point
-    before = upstream.size();
-    for (const DeviceTasks& dt : graph.devices) {
-      auto at = stages.stage_of.find(dt.device);
-      if (at == stages.stage_of.end() || at->second != p.stage) continue;
-      std::vector<bool> needed(dt.tasks.size(), false);
-      for (std::size_t i = 0; i < dt.tasks.size(); ++i) {
-        const Task& t = dt.tasks[i];
-        if (!per_micro_batch(t)) continue;
-        auto cross = crossing(graph, stages, t);
-        needed[i] = (cross && cross->second < cross->first && read_anywhere.contains(t.out)) ||
-                    upstream.contains(t.out);
-      }
-      for (std::size_t i = dt.tasks.size(); i-- > 0;)
-        if (needed[i])
-          for (int d : dt.tasks[i].deps) needed[static_cast<std::size_t>(d)] = true;
-      for (std::size_t i = 0; i < dt.tasks.size(); ++i)
-        if (needed[i]) upstream.insert(dt.tasks[i].out);
-    }
-  }
+  const std::set<ValueId>& upstream = facts.upstream.at(p.stage);
   // A receive whose value no per-micro-batch task of this device reads (a fetch to the leader)
   // waits until the stage's own groups are done, so the stage never waits for it.
   std::set<ValueId> read;
@@ -234,6 +253,26 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
   for (std::size_t k = 0; k < sequence.size(); ++k)
     p.tasks.tasks[static_cast<std::size_t>(sequence[k])].release = std::move(release[k]);
   return p;
+}
+
+}  // namespace
+
+std::vector<DevicePipeline> device_pipelines(const TaskGraph& graph, const PipelineStages& stages,
+                                             const std::vector<std::vector<ScheduledGroup>>& orders,
+                                             bool split_weights, int micro_batches) {
+  MESHFLOW_CHECK(orders.size() == stages.meshes.size());
+  const SharedFacts facts = shared_facts(graph, stages, micro_batches);
+  std::vector<DevicePipeline> out;
+  for (const DeviceTasks& dt : graph.devices) {
+    auto at = stages.stage_of.find(dt.device);
+    if (at == stages.stage_of.end()) {  // once-per-step work only
+      out.push_back(DevicePipeline{.stage = -1});
+      continue;
+    }
+    out.push_back(device_pipeline(graph, dt, stages, facts,
+                                  orders[static_cast<std::size_t>(at->second)], split_weights));
+  }
+  return out;
 }
 
 std::optional<std::string> pipeline_conflict(const TaskGraph& graph, const PipelineStages& stages,

@@ -57,13 +57,13 @@ struct DevicePipeline {
   std::vector<ScheduledGroup> order;  // the schedule this device runs
 };
 
-// Returns `device`'s pipeline under `stages` with schedule `order`; with `split_weights` (zb)
-// the backward tasks that no transfer upstream needs form W groups (B keeps those and the
-// gradient's receipt from downstream, so a stage's B<i> ends after the next stage's).
-// `micro_batches` sizes the tags.
-DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device,
-                               const PipelineStages& stages, std::vector<ScheduledGroup> order,
-                               bool split_weights, int micro_batches);
+// Returns every device's pipeline (graph order; stage -1 for a device on no stage) under
+// `stages`, stage s running orders[s]; with `split_weights` (zb) the backward tasks that no
+// transfer upstream needs form W groups (B keeps those and the gradient's receipt from
+// downstream, so a stage's B<i> ends after the next stage's). `micro_batches` sizes the tags.
+std::vector<DevicePipeline> device_pipelines(const TaskGraph& graph, const PipelineStages& stages,
+                                             const std::vector<std::vector<ScheduledGroup>>& orders,
+                                             bool split_weights, int micro_batches);
 
 // Returns why `pipelines` (every device's, in graph order; stage -1 for a device on no stage)
 // could wait on each other in a cycle under a schedule, naming the value, or nullopt when they
