@@ -119,6 +119,14 @@ std::vector<MeshDim> split_dims(const Layout& from, const Layout& to,
 
 namespace {
 
+// Returns each device's row-major position in `mesh` (find_device's, for many lookups).
+std::unordered_map<DeviceId, int> positions(const DeviceMesh& mesh) {
+  std::unordered_map<DeviceId, int> out;
+  for (std::size_t i = 0; i < mesh.devices.size(); ++i)
+    out.emplace(mesh.devices[i], static_cast<int>(i));
+  return out;
+}
+
 // What one destination receives: elements over all terms, those it holds itself (one term of
 // its own source class), and how many source (class, term) pieces meet its shard.
 struct Receipt {
@@ -137,9 +145,7 @@ void for_each_receipt(const Layout& from, const Layout& to, int terms, Fn fn) {
   }
   std::vector<std::vector<Chunk>> intervals;
   for (std::size_t t = 0; t < from.shape.size(); ++t) intervals.push_back(shard_intervals(from, t));
-  std::unordered_map<DeviceId, int> from_position;
-  for (std::size_t i = 0; i < from.mesh.devices.size(); ++i)
-    from_position.emplace(from.mesh.devices[i], static_cast<int>(i));
+  const std::unordered_map<DeviceId, int> from_position = positions(from.mesh);
   for (std::size_t pos = 0; pos < to.mesh.devices.size(); ++pos) {
     const Box want = shard_box_at(to, coordinates_at(to.mesh, static_cast<int>(pos)));
     std::int64_t sources = 1;
@@ -260,11 +266,8 @@ std::vector<Transfer> device_transfers(const Layout& from, const Layout& to, Dev
   std::vector<std::int64_t> c = mine;
   for (MeshDim m : roles.replicate) c[m] = 0;
   const bool same_mesh = from.mesh == to.mesh;
-  std::unordered_map<DeviceId, int> from_position;
-  if (!same_mesh) {
-    for (std::size_t i = 0; i < from.mesh.devices.size(); ++i)
-      from_position.emplace(from.mesh.devices[i], static_cast<int>(i));
-  }
+  const std::unordered_map<DeviceId, int> from_position =
+      same_mesh ? std::unordered_map<DeviceId, int>() : positions(from.mesh);
   for (std::size_t pos = 0; pos < to.mesh.devices.size(); ++pos) {
     const DeviceId dst = to.mesh.devices[pos];
     if (dst == me) continue;  // my own piece is among my receipts

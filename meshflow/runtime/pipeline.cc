@@ -54,9 +54,9 @@ std::optional<std::pair<int, int>> crossing(const TaskGraph& g, const PipelineSt
 }  // namespace
 
 std::optional<PipelineStages> find_stages(const TaskGraph& graph) {
-  // The meshes of per-micro-batch forward kernels, by the first value computed on each.
-  std::map<ValueId, std::vector<DeviceId>> first_use;
-  std::set<std::vector<DeviceId>> seen;
+  // The device sets of per-micro-batch forward kernels, each with the first value computed on
+  // it, then in that order.
+  std::map<std::vector<DeviceId>, ValueId> first_value;
   for (const DeviceTasks& dt : graph.devices) {
     for (const Task& t : dt.tasks) {
       if (!per_micro_batch(t) || t.phase != Phase::kForward) continue;
@@ -65,18 +65,12 @@ std::optional<PipelineStages> find_stages(const TaskGraph& graph) {
         continue;
       std::vector<DeviceId> devices = mesh_of(graph, t.out).devices;
       std::sort(devices.begin(), devices.end());
-      if (!seen.insert(devices).second) {
-        for (auto& [v, d] : first_use)
-          if (d == devices && t.out < v) {
-            first_use.erase(v);
-            first_use[t.out] = devices;
-            break;
-          }
-        continue;
-      }
-      first_use[t.out] = devices;
+      auto [it, added] = first_value.emplace(std::move(devices), t.out);
+      if (!added) it->second = std::min(it->second, t.out);
     }
   }
+  std::map<ValueId, std::vector<DeviceId>> first_use;
+  for (const auto& [devices, v] : first_value) first_use.emplace(v, devices);
   // Overlapping meshes are one stage.
   PipelineStages stages;
   std::vector<std::vector<DeviceId>> groups;
