@@ -23,6 +23,7 @@ void add_run(CLI::App& app);
 void add_train(CLI::App& app);
 void add_explain(CLI::App& app);
 void add_checkpoint(CLI::App& app);
+void add_autoshard(CLI::App& app);
 void add_calibrate(CLI::App& app);
 
 }  // namespace meshflow::cli

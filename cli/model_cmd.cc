@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "meshflow/auto/autoshard.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
 #include "meshflow/graph/compile.h"
@@ -225,6 +226,31 @@ void add_schedule_option(CLI::App* cmd, std::string& schedule) {
       ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}));
 }
 
+// Adds autoshard's --mesh and --memory-limit.
+void add_search_options(CLI::App* cmd, std::string& mesh, std::optional<std::int64_t>& limit) {
+  cmd->add_option("--mesh", mesh,
+                  "search on one mesh of this shape (\"4\", \"2x2\") for the whole model "
+                  "instead of its own meshes");
+  cmd->add_option("--memory-limit", limit,
+                  "bytes each device may hold at its peak (explain's memory_per_device_bytes)")
+      ->check(CLI::PositiveNumber);
+}
+
+// The search's options from the command line: what is given stays fixed.
+AutoshardOptions search_options(const CommonArgs& a, const OptimizerArgs& optimizer,
+                                const Model& model, const std::string& mesh,
+                                std::optional<std::int64_t> limit, int zero, int micro_batches,
+                                const MachineModel* machine) {
+  AutoshardOptions o{.memory_limit = limit,
+                     .update = optimizer_of(optimizer, model).rule,
+                     .plan = {.machine = machine},
+                     .threads_per_device = a.threads_per_device};
+  if (!mesh.empty()) o.mesh = mesh;
+  if (zero >= 0) o.zero = zero;
+  if (micro_batches > 0) o.micro_batches = micro_batches;
+  return o;
+}
+
 }  // namespace
 
 void add_run(CLI::App& app) {
@@ -267,6 +293,9 @@ void add_train(CLI::App& app) {
     int checkpoint_every = 0, keep_last = 0;  // 0: not given
     std::string schedule = "1f1b";
     OptimizerArgs optimizer;
+    bool autoshard = false;
+    std::string mesh;
+    std::optional<std::int64_t> memory_limit;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -303,10 +332,28 @@ void add_train(CLI::App& app) {
                   "resume from DIR/step-<k>, or the newest complete checkpoint in DIR, onto this "
                   "model's layouts; steps go on from k+1 and the saved optimizer options are the "
                   "defaults");
+  cmd->add_flag("--auto", args->autoshard,
+                "train what `meshflow autoshard` chooses for the model (placements, ZeRO level, "
+                "micro-batches; each option given here stays fixed)");
+  add_search_options(cmd, args->mesh, args->memory_limit);
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
-    const Model model = load(args->model, options.backend);
+    if (!args->autoshard && (!args->mesh.empty() || args->memory_limit))
+      fail(ErrorKind::kInvalidArgument, "--{} needs --auto",
+           args->mesh.empty() ? "memory-limit" : "mesh");
+    Model model = load(args->model, options.backend);
+    if (args->autoshard) {
+      model = every_device(options.backend, [&] {
+        const AutoshardResult r =
+            autoshard(args->model,
+                      search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
+                                     args->zero, args->micro_batches, machine.get()),
+                      std::filesystem::path(args->model).parent_path());
+        const std::filesystem::path base = std::filesystem::path(args->model).parent_path();
+        return parse_model(r.model.dump(), base.empty() ? "." : base, args->model);
+      });
+    }
     if (args->checkpoint.empty() && (args->checkpoint_every > 0 || args->keep_last > 0)) {
       fail(ErrorKind::kInvalidArgument, "--{} needs --checkpoint DIR",
            args->checkpoint_every > 0 ? "checkpoint-every" : "keep-last");
@@ -417,6 +464,64 @@ void add_explain(CLI::App& app) {
     }
     if (!model.pcg.loss) fmt::print("(the model names no loss: forward pass only)\n");
     fmt::print("{}{}", to_text(e), to_text(schedule));
+  });
+}
+
+void add_autoshard(CLI::App& app) {
+  struct Args : CommonArgs {
+    OptimizerArgs optimizer;
+    int micro_batches = 0;  // 0: not given
+    int zero = -1;          // -1: not given
+    std::string mesh, out;
+    std::optional<std::int64_t> memory_limit;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "autoshard",
+      "Choose the placements of every tensor and node, the ZeRO level and the micro-batches "
+      "that make the estimated step fastest within a memory limit, and write the model file");
+  cmd->add_option("model", args->model, "the model file (JSON)")->required();
+  add_search_options(cmd, args->mesh, args->memory_limit);
+  add_optimizer_options(cmd, args->optimizer);
+  add_zero_option(cmd, args->zero);
+  cmd->add_option("--micro-batches", args->micro_batches,
+                  "fix the micro-batches (default: searched, or the model file's \"train\")")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
+  cmd->add_option("--threads-per-device", args->threads_per_device,
+                  "estimate with this many threads per device (default: this machine's cores "
+                  "divided by the devices, at least 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--out", args->out, "write the chosen model file here (runs with `train`)");
+  cmd->add_flag("--json", args->json, "print JSON");
+  cmd->callback([args] {
+    auto machine = machine_option(args->machine);
+    const Model model = load_model(args->model);
+    const std::filesystem::path out_dir = args->out.empty()
+                                              ? std::filesystem::path(args->model).parent_path()
+                                              : std::filesystem::path(args->out).parent_path();
+    if (!args->out.empty() && !out_dir.empty() && !std::filesystem::is_directory(out_dir))
+      fail(ErrorKind::kIo, "--out {}: the folder {} does not exist", args->out, out_dir.string());
+    const AutoshardResult r =
+        autoshard(args->model,
+                  search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
+                                 args->zero, args->micro_batches, machine.get()),
+                  out_dir.empty() ? "." : out_dir);
+    if (!args->out.empty()) write_file_atomic(args->out, r.model.dump(2) + "\n");
+    if (args->json) {
+      fmt::print("{}\n", to_json(r).dump(2));
+      return;
+    }
+    fmt::print(
+        "est_step_s {:.6g} (the model's own placements: {}), {} bytes per device, zero {}, "
+        "micro-batches {}; searched in {:.2f} s{}\n",
+        r.est_step_s,
+        r.given_est_step_s ? fmt::format("{:.6g}", *r.given_est_step_s) : "do not fit",
+        r.memory_per_device_bytes, r.zero, r.micro_batches, r.search_s,
+        r.exact ? "" : " (heuristic: the graph is far from series-parallel)");
+    for (const auto& [name, layout] : r.values)
+      fmt::print("{}  {} {}\n", name, explicit_text(layout.mesh), to_string(layout.placements));
+    if (!args->out.empty()) fmt::print("wrote {}\n", args->out);
   });
 }
 

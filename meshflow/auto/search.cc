@@ -248,6 +248,7 @@ class Solver {
     std::size_t cells = 1;
     for (int u : out.scope) cells *= static_cast<std::size_t>(domain_[static_cast<std::size_t>(u)]);
     out.cells.resize(cells);
+    const bool single = !options_.memory_limit || options_.minimise_bytes;
     for (std::size_t cell = 0; cell < cells; ++cell) {
       // Decode the cell into the neighbours' choices (last scope variable minor).
       std::size_t rest = cell;
@@ -255,6 +256,10 @@ class Solver {
         const auto d = static_cast<std::size_t>(domain_[static_cast<std::size_t>(out.scope[k])]);
         value[static_cast<std::size_t>(out.scope[k])] = static_cast<int>(rest % d);
         rest /= d;
+      }
+      if (single) {
+        out.cells[cell] = eliminate_single(v, tabs, value);
+        continue;
       }
       std::vector<Pending> front;
       for (int c = 0; c < domain_[static_cast<std::size_t>(v)]; ++c) {
@@ -271,6 +276,44 @@ class Solver {
     }
     for (int t : tabs) retire(t);
     add_table(std::move(out));
+  }
+
+  // eliminate()'s cell where every front holds one entry (no memory limit): the best choice's
+  // sums, without forming the fronts.
+  Front eliminate_single(int v, const std::vector<int>& tabs, std::vector<int>& value) {
+    int best = -1;
+    std::pair<double, double> best_rank;
+    double best_s = 0;
+    std::int64_t best_b = 0;
+    for (int c = 0; c < domain_[static_cast<std::size_t>(v)]; ++c) {
+      value[static_cast<std::size_t>(v)] = c;
+      double s = 0;
+      std::int64_t b = 0;
+      bool ok = true;
+      for (int t : tabs) {
+        const Table& table = tables_[static_cast<std::size_t>(t)];
+        const Front& f = table.cells[cell_of(table, value)];
+        if (f.empty()) {
+          ok = false;
+          break;
+        }
+        s += f[0].seconds;
+        b += f[0].bytes;
+      }
+      if (!ok) continue;
+      const auto r = rank(s, b);
+      if (best < 0 || r < best_rank) best = c, best_rank = r, best_s = s, best_b = b;
+    }
+    if (best < 0) return {};
+    value[static_cast<std::size_t>(v)] = best;
+    Derivation d{.var = v, .choice = best};
+    for (int t : tabs) {
+      const Table& table = tables_[static_cast<std::size_t>(t)];
+      const int child = table.cells[cell_of(table, value)][0].derivation;
+      if (child >= 0) d.children.push_back(child);
+    }
+    derivations_.push_back(std::move(d));
+    return {Entry{best_s, best_b, static_cast<int>(derivations_.size()) - 1}};
   }
 
   // Fixes v to its cheapest choice counted alone (its tables' best cells at that choice).
@@ -311,8 +354,8 @@ class Solver {
   int choice_at(const Table& t, std::size_t cell, std::size_t pos) const {
     for (std::size_t k = t.scope.size(); k-- > pos + 1;)
       cell /= static_cast<std::size_t>(domain_[static_cast<std::size_t>(t.scope[k])]);
-    return static_cast<int>(cell %
-                            static_cast<std::size_t>(domain_[static_cast<std::size_t>(t.scope[pos])]));
+    return static_cast<int>(
+        cell % static_cast<std::size_t>(domain_[static_cast<std::size_t>(t.scope[pos])]));
   }
 
   void retire(int t) {

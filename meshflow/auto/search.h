@@ -26,8 +26,8 @@ namespace meshflow {
 struct ChoiceProblem {
   struct Variable {
     std::string name;
-    std::vector<double> seconds;       // per choice
-    std::vector<std::int64_t> bytes;   // per choice, >= 0
+    std::vector<double> seconds;      // per choice
+    std::vector<std::int64_t> bytes;  // per choice, >= 0
   };
   // Seconds of each pair of choices of variables a and b (a != b), a's choice major:
   // seconds[i * b_choices + j].

@@ -42,7 +42,8 @@ Best exhaustive(const ChoiceProblem& p, const SolveOptions& options) {
   return best;
 }
 
-ChoiceProblem random_problem(std::mt19937& rng, int vars, const std::vector<std::pair<int, int>>& edges) {
+ChoiceProblem random_problem(std::mt19937& rng, int vars,
+                             const std::vector<std::pair<int, int>>& edges) {
   std::uniform_int_distribution<int> choices(1, 4);
   std::uniform_real_distribution<double> seconds(0.0, 1.0);
   std::uniform_int_distribution<std::int64_t> bytes(0, 1000);

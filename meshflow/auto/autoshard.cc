@@ -1,0 +1,620 @@
+// The placement problem of a model and the driver that solves it per (ZeRO, M), writes the best
+// choices as model files and prices them with the compiler (auto/autoshard.h).
+#include "meshflow/auto/autoshard.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "meshflow/core/error.h"
+#include "meshflow/graph/explain.h"
+#include "meshflow/graph/model_file.h"
+#include "meshflow/graph/parallel_op.h"
+#include "meshflow/graph/passes.h"
+#include "meshflow/ops/strategy.h"
+#include "meshflow/plan/plan_cache.h"
+
+namespace meshflow {
+
+namespace {
+
+constexpr double kInfeasible = kInfeasibleSeconds;
+
+std::int64_t shard_bytes_of(const Layout& l) {
+  const Shape local = local_shape(l, l.mesh.devices[0]);  // the chunk rule's largest shard
+  std::int64_t n = static_cast<std::int64_t>(size_of(l.dtype));
+  for (std::int64_t e : local) n *= e;
+  return n;
+}
+
+Layout with_placements(const Layout& l, std::vector<Placement> ps) {
+  return make_layout(l.mesh, std::move(ps), l.shape, l.dtype);
+}
+
+// Partial read as Replicate: where a value's gradient is brought (parallel_op.h).
+Layout gradient_target(const Layout& l) { return with_placements(l, gradient_placements(l)); }
+
+bool has_partial(const Layout& l) {
+  return std::any_of(l.placements.begin(), l.placements.end(),
+                     [](const Placement& p) { return p.is_partial(); });
+}
+
+// The layout operand i's gradient comes out in under strategy s: its own shards; Partial on a
+// mesh dim where it is replicated while the strategy shards another operand or the result (the
+// gradient sums over those shards); Replicate where it was taken Partial.
+Layout gradient_layout(const Strategy& s, std::size_t i) {
+  const Layout& in = s.inputs[i];
+  std::vector<Placement> ps = in.placements;
+  for (std::size_t d = 0; d < ps.size(); ++d) {
+    if (ps[d].is_partial()) {
+      ps[d] = Placement::replicate();
+    } else if (ps[d].is_replicate()) {
+      bool sharded = s.output.placements[d].is_shard();
+      for (std::size_t j = 0; j < s.inputs.size(); ++j)
+        if (j != i && s.inputs[j].placements[d].is_shard()) sharded = true;
+      if (sharded) ps[d] = Placement::partial();
+    }
+  }
+  return with_placements(in, std::move(ps));
+}
+
+bool is_source(const Node& n) { return n.kind == NodeKind::kInput || n.kind == NodeKind::kWeight; }
+
+bool needs_gradient(const Pcg& pcg, ValueId v) {
+  const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+  return n.kind != NodeKind::kInput && is_floating(n.spec.dtype);
+}
+
+struct Builder {
+  const Pcg& pcg;
+  int zero;
+  int micro_batches;
+  const AutoshardOptions& options;
+  const MachineModel& machine;
+  SearchCache& moves;
+  std::vector<DeviceMesh> meshes;  // per node
+  std::vector<int> uses;           // per node: operand slots reading it
+  std::vector<int> var_of;         // per node: its variable, -1 for a private source
+  PlacementProblem out;
+
+  Builder(const Pcg& g, int z, int m, const AutoshardOptions& o, SearchCache& costs)
+      : pcg(g),
+        zero(z),
+        micro_batches(m),
+        options(o),
+        machine(o.plan.machine ? *o.plan.machine : default_machine()),
+        moves(costs) {}
+
+  double move_s(const Layout& from, const Layout& to) {
+    return moves.seconds(moves.id(from), moves.id(to));
+  }
+
+  double sharing(const DeviceMesh& mesh) const {
+    return core_sharing(machine, size(mesh), options.threads_per_device);
+  }
+
+  Layout replicated(ValueId v, const DeviceMesh& mesh) const {
+    const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+    return make_layout(mesh, std::vector<Placement>(static_cast<std::size_t>(ndim(mesh))),
+                       n.spec.shape, n.spec.dtype);
+  }
+
+  // A weight's seconds and bytes per step in layout w with its gradient made in layout g.
+  std::pair<double, std::int64_t> weight_cost(const Layout& w, const Layout& g) {
+    const auto states = static_cast<std::int64_t>(state_names(options.update).size());
+    const double share = sharing(w.mesh);
+    const std::int64_t wb = shard_bytes_of(w);
+    auto update_s = [&](std::int64_t b) {
+      return share * kernel_seconds(machine, 0, static_cast<double>(b * (3 + 2 * states)));
+    };
+    if (zero == 0) return {move_s(g, w) + update_s(wb), wb * (2 + states)};
+    const Layout z = zero_layout(w);
+    const std::int64_t zb = shard_bytes_of(z);
+    if (zero == 1) return {move_s(g, z) + update_s(zb) + move_s(z, w), wb * 2 + zb * states};
+    // ZeRO-3: gathered before each use forward and backward, each micro-batch's gradient
+    // reduce-scattered into the shard.
+    return {micro_batches * (2 * move_s(z, w) + move_s(g, z)) + update_s(zb), zb * (2 + states)};
+  }
+
+  void run() {
+    const std::size_t n = pcg.nodes.size();
+    meshes.resize(n);
+    uses.assign(n, 0);
+    var_of.assign(n, -1);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node& node = pcg.nodes[i];
+      if (node.mesh) {
+        meshes[i] = *node.mesh;
+      } else {
+        MESHFLOW_CHECK(!node.inputs.empty(), "node \"{}\" has no mesh", node.name);
+        meshes[i] = meshes[static_cast<std::size_t>(node.inputs[0])];
+      }
+      for (ValueId a : node.inputs) ++uses[static_cast<std::size_t>(a)];
+    }
+    // Sources read by one compute node are that node's; the rest are variables of their own.
+    std::vector<bool> private_source(n, false);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node& node = pcg.nodes[i];
+      if (node.kind != NodeKind::kCompute) continue;
+      for (ValueId a : node.inputs) {
+        const Node& src = pcg.nodes[static_cast<std::size_t>(a)];
+        if (is_source(src) && uses[static_cast<std::size_t>(a)] == 1 &&
+            meshes[static_cast<std::size_t>(a)] == meshes[i])
+          private_source[static_cast<std::size_t>(a)] = true;
+      }
+    }
+    // Compute nodes' strategies, first: shared sources take their choices from them.
+    std::vector<std::vector<Strategy>> strategies_of(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node& node = pcg.nodes[i];
+      if (node.kind != NodeKind::kCompute) continue;
+      std::vector<Layout> in;
+      for (ValueId a : node.inputs) in.push_back(replicated(a, meshes[i]));
+      for (const Strategy& s : moves.strategies(node.op, in)) {
+        bool ok = true;
+        for (std::size_t k = 0; k < node.inputs.size(); ++k)
+          if (is_source(pcg.nodes[static_cast<std::size_t>(node.inputs[k])]) &&
+              has_partial(s.inputs[k]))
+            ok = false;  // a source is never Partial
+        if (ok) strategies_of[i].push_back(s);
+      }
+      MESHFLOW_CHECK(!strategies_of[i].empty(), "node \"{}\" has no strategy", node.name);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node& node = pcg.nodes[i];
+      if (is_source(node) && !private_source[i] && uses[i] > 0) add_shared_source(i, strategies_of);
+      if (node.kind == NodeKind::kParallel) add_parallel(i);
+      if (node.kind == NodeKind::kCompute) add_compute(i, strategies_of[i], private_source);
+    }
+  }
+
+  int add_variable(std::size_t node, ChoiceProblem::Variable v, PlacementProblem::Meaning m) {
+    out.problem.variables.push_back(std::move(v));
+    m.node = static_cast<ValueId>(node);
+    out.meanings.push_back(std::move(m));
+    var_of[node] = static_cast<int>(out.meanings.size()) - 1;
+    return var_of[node];
+  }
+
+  void add_shared_source(std::size_t i, const std::vector<std::vector<Strategy>>& strategies_of) {
+    const Node& src = pcg.nodes[i];
+    std::vector<Layout> layouts;
+    if (src.placements && ndim(meshes[i]) == static_cast<int>(src.placements->size()))
+      layouts.push_back(make_layout(meshes[i], *src.placements, src.spec.shape, src.spec.dtype));
+    for (std::size_t c = 0; c < pcg.nodes.size(); ++c) {
+      const Node& reader = pcg.nodes[c];
+      if (reader.kind != NodeKind::kCompute || meshes[c] != meshes[i]) continue;
+      for (std::size_t k = 0; k < reader.inputs.size(); ++k) {
+        if (reader.inputs[k] != static_cast<ValueId>(i)) continue;
+        for (const Strategy& s : strategies_of[c]) layouts.push_back(s.inputs[k]);
+      }
+    }
+    if (layouts.empty()) layouts.push_back(replicated(static_cast<ValueId>(i), meshes[i]));
+    std::vector<Layout> unique;
+    for (Layout& l : layouts)
+      if (std::find(unique.begin(), unique.end(), l) == unique.end())
+        unique.push_back(std::move(l));
+    ChoiceProblem::Variable v{.name = src.name};
+    PlacementProblem::Meaning m;
+    for (const Layout& l : unique) {
+      if (src.kind == NodeKind::kWeight) {
+        // Its readers' edges bring their gradients to it; here the update and the state.
+        const auto [s, b] = weight_cost(l, l);
+        v.seconds.push_back(s);
+        v.bytes.push_back(b);
+      } else {
+        v.seconds.push_back(0);
+        v.bytes.push_back(shard_bytes_of(l) * micro_batches);
+      }
+      m.results.push_back(l);
+      m.sources.emplace_back();
+    }
+    add_variable(i, std::move(v), std::move(m));
+  }
+
+  void add_parallel(std::size_t i) {
+    const Node& node = pcg.nodes[i];
+    const Layout own = make_layout(meshes[i], *node.placements, node.spec.shape, node.spec.dtype);
+    const int var =
+        add_variable(i, {.name = node.name, .seconds = {0}, .bytes = {shard_bytes_of(own)}},
+                     {.results = {own}, .sources = {{}}});
+    const ValueId from = node.inputs[0];
+    const int u = var_of[static_cast<std::size_t>(from)];
+    MESHFLOW_CHECK(u >= 0, "a parallel op reads a private source");
+    ChoiceProblem::Pair pair{.a = u, .b = var};
+    for (const Layout& l : out.meanings[static_cast<std::size_t>(u)].results) {
+      double s = kInfeasible;
+      try {
+        check_parallel_op(node, l, own);
+        s = micro_batches *
+            (move_s(l, own) +
+             (needs_gradient(pcg, from) ? move_s(gradient_target(own), gradient_target(l)) : 0));
+      } catch (const Error&) {
+      }
+      pair.seconds.push_back(s);
+    }
+    out.problem.pairs.push_back(std::move(pair));
+  }
+
+  void add_compute(std::size_t i, const std::vector<Strategy>& strategies,
+                   const std::vector<bool>& private_source) {
+    const Node& node = pcg.nodes[i];
+    const DeviceMesh& mesh = meshes[i];
+    std::vector<TensorSpec> globals;
+    int with_gradient = 0;
+    for (ValueId a : node.inputs) {
+      globals.push_back(pcg.nodes[static_cast<std::size_t>(a)].spec);
+      if (needs_gradient(pcg, a)) ++with_gradient;
+    }
+    const Op op = normalize(node.op, globals);
+    std::optional<Layout> pin;
+    if (node.placements)
+      pin = make_layout(mesh, *node.placements, node.spec.shape, node.spec.dtype);
+    ChoiceProblem::Variable v{.name = node.name};
+    PlacementProblem::Meaning m;
+    // Per choice: its strategy (for the operand edges).
+    std::vector<const Strategy*> chosen;
+    for (const Strategy& s : strategies) {
+      std::vector<Layout> results{s.output};
+      if (pin && *pin != s.output) results.push_back(*pin);
+      for (const Layout& result : results) {
+        std::vector<Shape> local;
+        double bytes = static_cast<double>(shard_bytes_of(s.output));
+        for (const Layout& l : s.inputs) {
+          local.push_back(local_shape(l, mesh.devices[0]));
+          bytes += static_cast<double>(shard_bytes_of(l));
+        }
+        const double forward = kernel_seconds(
+            machine, work_points(op, globals, local, local_shape(s.output, mesh.devices[0])),
+            bytes);
+        double seconds = micro_batches * sharing(mesh) * forward * (1 + with_gradient);
+        seconds += micro_batches * (move_s(s.output, result) +
+                                    move_s(gradient_target(result), gradient_target(s.output)));
+        std::int64_t held = shard_bytes_of(result);
+        std::vector<std::pair<int, Layout>> sources;
+        for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+          const auto a = static_cast<std::size_t>(node.inputs[k]);
+          if (!private_source[a]) continue;
+          sources.emplace_back(static_cast<int>(k), s.inputs[k]);
+          if (pcg.nodes[a].kind == NodeKind::kWeight) {
+            const auto [ws, wb] = weight_cost(s.inputs[k], gradient_layout(s, k));
+            seconds += ws;
+            held += wb;
+          } else {
+            held += shard_bytes_of(s.inputs[k]) * micro_batches;
+          }
+        }
+        v.seconds.push_back(seconds);
+        v.bytes.push_back(held);
+        m.results.push_back(result);
+        m.sources.push_back(std::move(sources));
+        chosen.push_back(&s);
+      }
+    }
+    const int var = add_variable(i, std::move(v), std::move(m));
+    // An edge from each operand's variable: the operand moved to the strategy's layout, its
+    // gradient back to the operand's.
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+      const ValueId a = node.inputs[k];
+      const int u = var_of[static_cast<std::size_t>(a)];
+      if (u < 0) continue;  // private: no move
+      const bool grad = needs_gradient(pcg, a);
+      std::vector<int> wanted, gradient;
+      for (const Strategy* s : chosen) {
+        wanted.push_back(moves.id(s->inputs[k]));
+        gradient.push_back(grad ? moves.id(gradient_layout(*s, k)) : 0);
+      }
+      ChoiceProblem::Pair pair{.a = u, .b = var};
+      for (const Layout& from : out.meanings[static_cast<std::size_t>(u)].results) {
+        const int f = moves.id(from), target = grad ? moves.id(gradient_target(from)) : 0;
+        for (std::size_t c = 0; c < chosen.size(); ++c) {
+          double sec = moves.seconds(f, wanted[c]);
+          if (grad) sec += moves.seconds(gradient[c], target);
+          pair.seconds.push_back(micro_batches * sec);
+        }
+      }
+      out.problem.pairs.push_back(std::move(pair));
+    }
+  }
+};
+
+// ---- model files ----
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream f(path);
+  if (!f) fail(ErrorKind::kInvalidArgument, "{}: cannot read the model file", path.string());
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::kInvalidArgument, "{}: not JSON: {}", path.string(), e.what());
+  }
+}
+
+// The model on one mesh of `shape` named "auto": every tensor on it (replicated unless
+// `keep` keeps its placements), no node naming a mesh, pins only where `keep`.
+nlohmann::json on_one_mesh(nlohmann::json j, const std::string& shape, bool keep,
+                           const std::string& source) {
+  const DeviceMesh mesh = parse_mesh(shape);
+  j["meshes"] = {{"auto", shape}};
+  for (auto& [name, t] : j["tensors"].items()) {
+    t["mesh"] = "auto";
+    if (!keep)
+      t["placements"] = std::vector<std::string>(static_cast<std::size_t>(ndim(mesh)), "R");
+  }
+  for (auto& n : j["nodes"]) {
+    const std::string op = n.value("op", "");
+    if (parse_parallel_type(op)) {
+      fail(ErrorKind::kInvalidArgument,
+           "{}: node \"{}\" is a parallel op ({}), whose placements are for the model's own "
+           "mesh: autoshard --mesh needs a model without parallel ops",
+           source, n.value("name", ""), op);
+    }
+    n.erase("mesh");
+    if (!keep) n.erase("placements");
+  }
+  return j;
+}
+
+// Rewrites each data path of `j` (relative to `from`) to stay valid from folder `to`.
+void rebase_paths(nlohmann::json& j, const std::filesystem::path& from,
+                  const std::filesystem::path& to) {
+  for (auto& [name, t] : j["tensors"].items()) {
+    for (const char* key : {"input", "weight"}) {
+      if (!t.contains(key) || !t[key].is_string()) continue;
+      std::filesystem::path p = t[key].get<std::string>();
+      if (p.is_relative()) p = std::filesystem::absolute(from / p).lexically_normal();
+      const std::filesystem::path rel =
+          p.lexically_relative(std::filesystem::absolute(to).lexically_normal());
+      t[key] = rel.empty() ? p.string() : rel.string();
+    }
+  }
+}
+
+struct Priced {
+  double est_s = 0;
+  std::int64_t memory = 0;
+  std::vector<std::pair<std::string, Layout>> values;
+};
+
+// Prices model file `j` (paths relative to `base`) as `explain --json` does.
+std::optional<Priced> price(const nlohmann::json& j, const std::filesystem::path& base,
+                            const std::string& source, int zero, int micro_batches,
+                            const AutoshardOptions& options) {
+  try {
+    const Model m = parse_model(j.dump(), base, source);
+    const Explanation e =
+        explain_compiled(m.pcg, {.plan = options.plan,
+                                 .update = options.update,
+                                 .micro_batches = micro_batches,
+                                 .zero = zero,
+                                 .threads_per_device = options.threads_per_device});
+    if (!e.step_time || !e.memory) return std::nullopt;
+    Priced p{e.step_time->total(), e.memory->peak, {}};
+    for (const auto& [name, layout] : e.values)  // the forward values: what the file places
+      if (!name.starts_with("grad:")) p.values.emplace_back(name, layout);
+    return p;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// Writes the choices into the model `j`.
+nlohmann::json apply(nlohmann::json j, const Pcg& pcg, const PlacementProblem& p,
+                     const SearchResult& r) {
+  auto placements = [](const Layout& l) {
+    std::vector<std::string> out;
+    for (const Placement& pl : l.placements) out.push_back(to_string(pl));
+    return out;
+  };
+  std::map<std::string, std::vector<std::string>> tensors, nodes;
+  for (std::size_t v = 0; v < p.meanings.size(); ++v) {
+    const auto& m = p.meanings[v];
+    const auto c = static_cast<std::size_t>(r.choices[v]);
+    const Node& node = pcg.nodes[static_cast<std::size_t>(m.node)];
+    if (is_source(node)) {
+      tensors[node.name] = placements(m.results[c]);
+    } else if (node.kind == NodeKind::kCompute) {
+      nodes[node.name] = placements(m.results[c]);
+      for (const auto& [k, l] : m.sources[c])
+        tensors[pcg.nodes[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(k)])]
+                    .name] = placements(l);
+    }
+  }
+  for (auto& [name, t] : j["tensors"].items())
+    if (auto it = tensors.find(name); it != tensors.end()) t["placements"] = it->second;
+  for (auto& n : j["nodes"]) {
+    if (auto it = nodes.find(n.value("name", "")); it != nodes.end()) n["placements"] = it->second;
+  }
+  return j;
+}
+
+struct Solved {
+  int zero = 0, micro_batches = 1;
+  SearchResult result;
+  nlohmann::json model;
+};
+
+}  // namespace
+
+int SearchCache::id(const Layout& layout) {
+  const auto [it, added] = ids_.try_emplace(layout, static_cast<int>(layouts_.size()));
+  if (added) layouts_.push_back(layout);
+  return it->second;
+}
+
+double SearchCache::seconds(int from, int to) {
+  if (from == to) return 0;
+  const std::int64_t key = (static_cast<std::int64_t>(from) << 32) | static_cast<std::uint32_t>(to);
+  if (const auto it = seconds_.find(key); it != seconds_.end()) return it->second;
+  double s = kInfeasibleSeconds;
+  try {
+    s = plans_
+            .get(layouts_[static_cast<std::size_t>(from)], layouts_[static_cast<std::size_t>(to)])
+            ->est_s;
+  } catch (const Error&) {
+  }
+  seconds_.emplace(key, s);
+  return s;
+}
+
+const std::vector<Strategy>& SearchCache::strategies(const Op& op,
+                                                     const std::vector<Layout>& inputs) {
+  StrategyKey key{op, inputs};
+  if (const auto it = strategies_.find(key); it != strategies_.end()) return it->second;
+  return strategies_.emplace(std::move(key), meshflow::strategies(op, inputs, options_))
+      .first->second;
+}
+
+std::size_t SearchCache::StrategyHash::operator()(const StrategyKey& k) const {
+  std::size_t h = static_cast<std::size_t>(k.op.type);
+  for (const Layout& l : k.inputs) h = h * 1000003u ^ hash_value(l);
+  return h;
+}
+
+PlacementProblem placement_problem(const Pcg& pcg, int zero, int micro_batches,
+                                   const AutoshardOptions& options, SearchCache& moves) {
+  Builder b(pcg, zero, micro_batches, options, moves);
+  b.run();
+  return std::move(b.out);
+}
+
+AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOptions& options,
+                          const std::filesystem::path& out_dir) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string source = path.string();
+  const std::filesystem::path base = path.parent_path().empty() ? "." : path.parent_path();
+  const nlohmann::json original = read_json(path);
+  const nlohmann::json searched =
+      options.mesh ? on_one_mesh(original, *options.mesh, false, source) : original;
+  const Model model = parse_model(searched.dump(), base, source);
+  if (!model.pcg.loss)
+    fail(ErrorKind::kInvalidArgument, "{}: autoshard needs a model that names a \"loss\"", source);
+  const nlohmann::json train = model.train.is_object() ? model.train : nlohmann::json::object();
+  std::vector<int> zeros = {0, 1, 3};
+  if (options.zero) {
+    zeros = {*options.zero};
+  } else if (train.contains("zero")) {
+    zeros = {train["zero"].get<int>()};
+  }
+  std::vector<int> counts = {1, 2, 4, 8, 16};
+  if (options.micro_batches) {
+    counts = {*options.micro_batches};
+  } else if (train.contains("micro_batches")) {
+    counts = {train["micro_batches"].get<int>()};
+  }
+
+  AutoshardResult r;
+  SearchCache cache(options.plan);  // shared by every (ZeRO, M)
+  std::vector<Solved> solved;
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  // Under the cost model more micro-batches never make a step faster on its own meshes (the
+  // same work in more pieces): a larger M is tried only where a smaller one did not fit.
+  for (int m : counts) {
+    Pcg split;
+    try {
+      split = split_micro_batches(model.pcg, m);
+    } catch (const Error&) {
+      if (counts.size() == 1) throw;
+      continue;
+    }
+    bool fitted = false;
+    for (int z : zeros) {
+      const PlacementProblem p = placement_problem(split, z, m, options, cache);
+      const std::optional<SearchResult> best =
+          solve(p.problem, {.memory_limit = options.memory_limit});
+      if (!best) {
+        if (const auto smallest = solve(p.problem, {.minimise_bytes = true}))
+          least = std::min(least, smallest->bytes);
+        continue;
+      }
+      if (best->seconds >= kInfeasible) continue;
+      r.exact = r.exact && best->exact;
+      fitted = true;
+      solved.push_back({z, m, *best, apply(searched, split, p, *best)});
+    }
+    if (fitted && options.memory_limit) break;
+    if (!options.memory_limit) break;
+  }
+  // Price with the compiler in the search's order: the first that fits, and those the search
+  // puts within 1% of it (the compiler may order near-ties otherwise).
+  std::sort(solved.begin(), solved.end(),
+            [](const Solved& a, const Solved& b) { return a.result.seconds < b.result.seconds; });
+  std::optional<Priced> best;
+  std::optional<double> first_fit;
+  for (const Solved& s : solved) {
+    if (first_fit && s.result.seconds > 1.01 * *first_fit) break;
+    const std::optional<Priced> priced =
+        price(s.model, base, source, s.zero, s.micro_batches, options);
+    if (!priced) continue;
+    if (options.memory_limit && priced->memory > *options.memory_limit) {
+      least = std::min(least, priced->memory);
+      continue;
+    }
+    if (!first_fit) first_fit = s.result.seconds;
+    if (!best || priced->est_s < best->est_s) {
+      best = priced;
+      r.model = s.model;
+      r.zero = s.zero;
+      r.micro_batches = s.micro_batches;
+    }
+  }
+  // The model's own placements, with the ZeRO level and micro-batches given (or its own).
+  const int given_zero = options.zero.value_or(train.value("zero", 0));
+  const int given_m = options.micro_batches.value_or(train.value("micro_batches", 1));
+  std::optional<nlohmann::json> given;
+  try {
+    given = options.mesh ? on_one_mesh(original, *options.mesh, true, source) : original;
+  } catch (const Error&) {
+  }
+  if (given) {
+    if (const std::optional<Priced> priced =
+            price(*given, base, source, given_zero, given_m, options)) {
+      r.given_est_step_s = priced->est_s;
+      const bool fits = !options.memory_limit || priced->memory <= *options.memory_limit;
+      if (fits && (!best || priced->est_s < best->est_s)) {
+        best = priced;
+        r.model = *given;
+        r.zero = given_zero;
+        r.micro_batches = given_m;
+        r.given_won = true;
+      }
+    }
+  }
+  if (!best) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: no placement fits --memory-limit {} bytes per device: the least any choice needs "
+         "is {} bytes",
+         source, options.memory_limit.value_or(0), least);
+  }
+  r.est_step_s = best->est_s;
+  r.memory_per_device_bytes = best->memory;
+  r.values = best->values;
+  nlohmann::json t = train;
+  t["zero"] = r.zero;
+  t["micro_batches"] = r.micro_batches;
+  r.model["train"] = t;
+  rebase_paths(r.model, base, out_dir);
+  r.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+nlohmann::json to_json(const AutoshardResult& r) {
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& [name, layout] : r.values) values[name] = layout_json(layout);
+
+  return {{"est_step_s", r.est_step_s},
+          {"given_est_step_s", r.given_est_step_s ? nlohmann::json(*r.given_est_step_s) : nullptr},
+          {"memory_per_device_bytes", r.memory_per_device_bytes},
+          {"zero", r.zero},
+          {"micro_batches", r.micro_batches},
+          {"search_s", r.search_s},
+          {"exact", r.exact},
+          {"values", values}};
+}
+
+}  // namespace meshflow
