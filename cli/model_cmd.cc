@@ -514,10 +514,10 @@ void add_autoshard(CLI::App& app) {
     }
     fmt::print(
         "est_step_s {:.6g} (the model's own placements: {}), {} bytes per device, zero {}, "
-        "micro-batches {}; searched in {:.2f} s{}\n",
+        "micro-batches {}; searched in {:.2f} s, priced in {:.2f} s{}\n",
         r.est_step_s,
         r.given_est_step_s ? fmt::format("{:.6g}", *r.given_est_step_s) : "do not fit",
-        r.memory_per_device_bytes, r.zero, r.micro_batches, r.search_s,
+        r.memory_per_device_bytes, r.zero, r.micro_batches, r.search_s, r.priced_s,
         r.exact ? "" : " (heuristic: the graph is far from series-parallel)");
     for (const auto& [name, layout] : r.values)
       fmt::print("{}  {} {}\n", name, explicit_text(layout.mesh), to_string(layout.placements));

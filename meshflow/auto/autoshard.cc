@@ -540,14 +540,16 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
     if (fitted && options.memory_limit) break;
     if (!options.memory_limit) break;
   }
-  // Price with the compiler in the search's order: the first that fits, and those the search
-  // puts within 1% of it (the compiler may order near-ties otherwise).
+  r.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Price with the compiler in the search's order: the first that fits, and the next where the
+  // search puts it within 1% (the compiler may order near-ties otherwise).
   std::sort(solved.begin(), solved.end(),
             [](const Solved& a, const Solved& b) { return a.result.seconds < b.result.seconds; });
   std::optional<Priced> best;
   std::optional<double> first_fit;
+  int near_ties = 0;
   for (const Solved& s : solved) {
-    if (first_fit && s.result.seconds > 1.01 * *first_fit) break;
+    if (first_fit && (s.result.seconds > 1.01 * *first_fit || ++near_ties > 1)) break;
     const std::optional<Priced> priced =
         price(s.model, base, source, s.zero, s.micro_batches, options);
     if (!priced) continue;
@@ -599,7 +601,8 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   t["micro_batches"] = r.micro_batches;
   r.model["train"] = t;
   rebase_paths(r.model, base, out_dir);
-  r.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.priced_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - r.search_s;
   return r;
 }
 
@@ -613,6 +616,7 @@ nlohmann::json to_json(const AutoshardResult& r) {
           {"zero", r.zero},
           {"micro_batches", r.micro_batches},
           {"search_s", r.search_s},
+          {"priced_s", r.priced_s},
           {"exact", r.exact},
           {"values", values}};
 }

@@ -53,31 +53,45 @@ std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, in
   auto kind = [&](ValueId v) { return kinds[static_cast<std::size_t>(v)]; };
   std::vector<DeviceMemory> out;
   for (const DeviceTasks& dt : g.devices) {
-    MemoryCounter counter(&kinds);
     const DeviceId d = dt.device;
     std::vector<std::int64_t> bytes(g.layouts.size(), 0);
+    // The bytes held per kind, kept as values change (a sum over every value per task would
+    // make the walk quadratic in the graph).
+    MemoryBreakdown held;
+    auto set = [&](ValueId v, std::int64_t b) {
+      std::int64_t& now = bytes[static_cast<std::size_t>(v)];
+      held[kind(v)] += b - now;
+      now = b;
+    };
+    DeviceMemory result;
     MemoryBreakdown waiting;  // a micro-batched input's other micro-batches
     for (ValueId v : dt.sources) {
-      bytes[static_cast<std::size_t>(v)] = shard_bytes(g, v, d);
+      set(v, shard_bytes(g, v, d));
       const int mb = pcg.nodes[static_cast<std::size_t>(v)].micro_batches;
       if (mb > 1) waiting[kind(v)] += (mb - 1) * shard_bytes(g, v, d);
     }
     std::vector<bool> accumulated(g.layouts.size(), false);
     for (ValueId v : dt.accumulated) accumulated[static_cast<std::size_t>(v)] = true;
     MemoryBreakdown extra = waiting;
+    auto observe = [&] {
+      MemoryBreakdown now = extra;
+      for (std::size_t k = 0; k < now.bytes.size(); ++k) now.bytes[k] += held.bytes[k];
+      if (now.total() > result.peak) {
+        result.peak = now.total();
+        result.at_peak = now;
+      }
+    };
     auto run = [&](TaskPart part) {
       for (const Task& t : dt.tasks) {
         if (part != TaskPart::kAll && t.once_per_step != (part == TaskPart::kOncePerStep)) continue;
-        if (makes_value(t)) bytes[static_cast<std::size_t>(t.out)] = shard_bytes(g, t.out, d);
-        if (t.reuses_input)  // the result is the input's buffer
-          bytes[static_cast<std::size_t>(task_reads(t)[0])] = 0;
-        counter.observe(bytes, extra);
+        if (makes_value(t)) set(t.out, shard_bytes(g, t.out, d));
+        if (t.reuses_input) set(task_reads(t)[0], 0);  // the result is the input's buffer
+        observe();
         for (ValueId v : t.release)
-          if (part != TaskPart::kMicroBatch || !accumulated[static_cast<std::size_t>(v)])
-            bytes[static_cast<std::size_t>(v)] = 0;
+          if (part != TaskPart::kMicroBatch || !accumulated[static_cast<std::size_t>(v)]) set(v, 0);
       }
     };
-    counter.observe(bytes, extra);
+    observe();
     if (micro_batches == 1) {
       run(TaskPart::kAll);
     } else {
@@ -94,7 +108,7 @@ std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, in
         for (std::size_t i = 0; i < dt.accumulated.size(); ++i) {
           if (m == 0 || !in_place[i]) continue;
           const ValueId v = dt.accumulated[i];
-          bytes[static_cast<std::size_t>(v)] = shard_bytes(g, v, d);
+          set(v, shard_bytes(g, v, d));
           sums[kind(v)] -= bytes[static_cast<std::size_t>(v)];
         }
         set_extra();
@@ -103,18 +117,17 @@ std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, in
           if (m > 0 && !in_place[i]) continue;
           const ValueId v = dt.accumulated[i];
           sums[kind(v)] += bytes[static_cast<std::size_t>(v)];
-          bytes[static_cast<std::size_t>(v)] = 0;
+          set(v, 0);
         }
         set_extra();
       }
       // The sums become the values (the last micro-batch's are dropped).
-      for (ValueId v : dt.accumulated) bytes[static_cast<std::size_t>(v)] = shard_bytes(g, v, d);
+      for (ValueId v : dt.accumulated) set(v, shard_bytes(g, v, d));
       extra = waiting;
       run(TaskPart::kOncePerStep);
     }
-    DeviceMemory r = counter.result();
-    r.device = d;
-    out.push_back(r);
+    result.device = d;
+    out.push_back(result);
   }
   return out;
 }

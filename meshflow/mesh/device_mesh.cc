@@ -95,6 +95,13 @@ std::string to_string(const DeviceMesh& mesh) {
 }
 
 std::optional<int> find_device(const DeviceMesh& mesh, DeviceId device) {
+  // Most meshes list consecutive devices: try that position first.
+  if (!mesh.devices.empty()) {
+    const std::int64_t guess = static_cast<std::int64_t>(device) - mesh.devices[0];
+    if (guess >= 0 && guess < static_cast<std::int64_t>(mesh.devices.size()) &&
+        mesh.devices[static_cast<std::size_t>(guess)] == device)
+      return static_cast<int>(guess);
+  }
   auto it = std::find(mesh.devices.begin(), mesh.devices.end(), device);
   if (it == mesh.devices.end()) return std::nullopt;
   return static_cast<int>(it - mesh.devices.begin());
