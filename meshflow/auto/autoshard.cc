@@ -144,6 +144,7 @@ struct Builder {
       for (ValueId a : node.inputs) {
         const Node& src = pcg.nodes[static_cast<std::size_t>(a)];
         if (is_source(src) && uses[static_cast<std::size_t>(a)] == 1 &&
+            src.source.kind != Source::Kind::kFolder &&
             meshes[static_cast<std::size_t>(a)] == meshes[i])
           private_source[static_cast<std::size_t>(a)] = true;
       }
@@ -186,7 +187,9 @@ struct Builder {
     std::vector<Layout> layouts;
     if (src.placements && ndim(meshes[i]) == static_cast<int>(src.placements->size()))
       layouts.push_back(make_layout(meshes[i], *src.placements, src.spec.shape, src.spec.dtype));
-    for (std::size_t c = 0; c < pcg.nodes.size(); ++c) {
+    // A sharded folder is taken as it lies: its own layout is its one choice.
+    const bool fixed = src.source.kind == Source::Kind::kFolder;
+    for (std::size_t c = 0; c < pcg.nodes.size() && !fixed; ++c) {
       const Node& reader = pcg.nodes[c];
       if (reader.kind != NodeKind::kCompute || meshes[c] != meshes[i]) continue;
       for (std::size_t k = 0; k < reader.inputs.size(); ++k) {
@@ -597,6 +600,7 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   r.memory_per_device_bytes = best->memory;
   r.values = best->values;
   nlohmann::json t = train;
+  t["optimizer"] = std::string(to_string(options.update.kind));
   t["zero"] = r.zero;
   t["micro_batches"] = r.micro_batches;
   r.model["train"] = t;
