@@ -49,8 +49,10 @@ GptFiles::~GptFiles() {
   fs::remove_all(folder_, ignored);
 }
 
-Model GptFiles::load(std::string_view layout) const {
-  return load_model(folder_ / fmt::format("gpt_{}.json", layout));
+Model GptFiles::load(std::string_view layout) const { return load_model(path(layout)); }
+
+fs::path GptFiles::path(std::string_view layout) const {
+  return folder_ / fmt::format("gpt_{}.json", layout);
 }
 
 }  // namespace meshflow::bench

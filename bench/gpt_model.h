@@ -33,6 +33,8 @@ class GptFiles {
   // Returns layout `layout`'s model ("one", "dp", "tp", "tp_vocab", "sp", "dp_tp"); its token
   // inputs are read from this folder when it runs.
   Model load(std::string_view layout) const;
+  // Returns layout `layout`'s model file.
+  std::filesystem::path path(std::string_view layout) const;
 
  private:
   std::filesystem::path folder_;

@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 
+#include "bench/autoshard_bench.h"
 #include "bench/checkpoint_bench.h"
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
@@ -176,6 +177,39 @@ void add_bench(CLI::App& app) {
   add_output_flags(pipe, *pp_json, pp->progress);
   pipe->callback([pp, pp_json] {
     if (runs_here()) print_report(bench::run_pipeline_bench(*pp), *pp_json);
+  });
+
+  auto as = std::make_shared<bench::AutoshardBenchOptions>();
+  auto as_json = std::make_shared<bool>(false);
+  auto as_machine = std::make_shared<std::string>();
+  CLI::App* au = bench->add_subcommand(
+      "autoshard",
+      "the layout `meshflow autoshard` chooses for an MLP and the bench GPT on 2, 4 and 2x2 "
+      "devices against at least 6 hand layouts each, all trained in the same run; the search "
+      "time on a 12-block GPT and a 1,000-layer MLP");
+  au->add_option("--reps", as->reps, "timed steps per layout")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  au->add_option("--meshes", as->meshes, "meshes to compare on")->delimiter(',');
+  au->add_option("--models", as->models, "mlp, gpt")->delimiter(',');
+  au->add_option("--batch", as->batch, "the MLP's batch")->capture_default_str();
+  au->add_option("--width", as->in, "the MLP's width")->capture_default_str();
+  au->add_option("--hidden", as->hidden, "the MLP's hidden width")->capture_default_str();
+  au->add_option("--gpt-batch", as->gpt.batch, "the GPT's batch")->capture_default_str();
+  au->add_option("--gpt-seq", as->gpt.seq, "the GPT's sequence")->capture_default_str();
+  au->add_option("--gpt-width", as->gpt.width, "the GPT's width")->capture_default_str();
+  au->add_option("--gpt-heads", as->gpt.heads, "the GPT's heads")->capture_default_str();
+  au->add_option("--gpt-vocab", as->gpt.vocab, "the GPT's vocabulary")->capture_default_str();
+  au->add_option("--machine", *as_machine,
+                 "price with this machine description (default: `calibrate` for each device "
+                 "count, measured first)");
+  au->add_flag("!--no-search", as->search_cases, "skip the search-time cases");
+  add_output_flags(au, *as_json, as->progress);
+  au->callback([as, as_json, as_machine] {
+    if (!runs_here()) return;
+    auto machine = machine_option(*as_machine);
+    as->machine = machine.get();
+    print_report(bench::run_autoshard_bench(*as), *as_json);
   });
 
   auto ck = std::make_shared<bench::CheckpointBenchOptions>();

@@ -1,0 +1,365 @@
+// `meshflow bench autoshard` (bench/autoshard_bench.h).
+#include "bench/autoshard_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "meshflow/auto/autoshard.h"
+#include "meshflow/auto/calibrate.h"
+#include "meshflow/core/npy.h"
+#include "meshflow/graph/explain.h"
+#include "meshflow/graph/model_file.h"
+#include "meshflow/train/trainer.h"
+
+namespace meshflow::bench {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A layout written by hand: its model file and the ZeRO level it trains at.
+struct HandLayout {
+  std::string name;
+  nlohmann::json model;
+  int zero = 0;
+};
+
+// A temporary folder removed with this object.
+class Folder {
+ public:
+  Folder() {
+    static int count = 0;
+    path_ =
+        fs::temp_directory_path() / fmt::format("meshflow_autoshard_{}_{}", ::getpid(), count++);
+    fs::create_directories(path_);
+  }
+  ~Folder() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  Folder(const Folder&) = delete;
+  Folder& operator=(const Folder&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+// The model `j` on 2x2 instead of a 1-d mesh of 4: every placement list [p] becomes [p, p]
+// (a tensor dim sharded over both mesh dims is sharded 4 ways).
+nlohmann::json on_2x2(nlohmann::json j) {
+  for (auto& [name, mesh] : j["meshes"].items()) mesh = "2x2";
+  auto lift = [](nlohmann::json& o) {
+    if (o.contains("placements") && o["placements"].size() == 1)
+      o["placements"] = {o["placements"][0], o["placements"][0]};
+  };
+  for (auto& [name, t] : j["tensors"].items()) lift(t);
+  for (auto& n : j["nodes"]) lift(n);
+  return j;
+}
+
+// The MLP on a 1-d mesh of `devices`, every tensor replicated; its labels written into `folder`.
+nlohmann::json mlp(const AutoshardBenchOptions& o, int devices, const fs::path& folder) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::int64_t> label(0, o.in - 1);
+  Tensor y(DType::kInt64, {o.batch});
+  for (std::int64_t i = 0; i < o.batch; ++i)
+    y.data<std::int64_t>()[static_cast<std::size_t>(i)] = label(rng);
+  write_npy(folder / "y.npy", y);
+  auto tensor = [](std::vector<std::int64_t> shape, nlohmann::json source, bool weight) {
+    return nlohmann::json{{"shape", shape},
+                          {weight ? "weight" : "input", source},
+                          {"mesh", "m"},
+                          {"placements", {"R"}}};
+  };
+  nlohmann::json t = {{"x", tensor({o.batch, o.in}, {{"normal", 1.0}, {"seed", 1}}, false)},
+                      {"y", tensor({o.batch}, "y.npy", false)},
+                      {"w1", tensor({o.in, o.hidden}, {{"normal", 0.02}, {"seed", 2}}, true)},
+                      {"b1", tensor({o.hidden}, {{"normal", 0.02}, {"seed", 3}}, true)},
+                      {"w2", tensor({o.hidden, o.in}, {{"normal", 0.02}, {"seed", 4}}, true)},
+                      {"b2", tensor({o.in}, {{"normal", 0.02}, {"seed", 5}}, true)}};
+  t["y"]["dtype"] = "int64";
+  return {{"meshes", {{"m", std::to_string(devices)}}},
+          {"tensors", t},
+          {"nodes",
+           {{{"name", "h"}, {"op", "linear"}, {"inputs", {"x", "w1", "b1"}}},
+            {{"name", "a"}, {"op", "relu"}, {"inputs", {"h"}}},
+            {{"name", "o"}, {"op", "linear"}, {"inputs", {"a", "w2", "b2"}}},
+            {{"name", "loss"}, {"op", "softmax_cross_entropy"}, {"inputs", {"o", "y"}}}}},
+          {"loss", "loss"},
+          {"outputs", {"loss"}}};
+}
+
+nlohmann::json placed(nlohmann::json j, const std::map<std::string, std::string>& placements) {
+  for (const auto& [name, p] : placements) j["tensors"][name]["placements"] = {p};
+  return j;
+}
+
+// The MLP's hand layouts on a 1-d mesh: data parallel (at ZeRO 0, 1 and 3), Megatron's tensor
+// parallel, it with the inputs split by rows (gathered into the first product), replicated.
+std::vector<HandLayout> mlp_layouts(const nlohmann::json& base) {
+  const std::map<std::string, std::string> dp = {{"x", "S(0)"}, {"y", "S(0)"}};
+  const std::map<std::string, std::string> tp = {{"w1", "S(1)"}, {"b1", "S(0)"}, {"w2", "S(0)"}};
+  std::map<std::string, std::string> tp_sp = tp;
+  tp_sp.insert(dp.begin(), dp.end());
+  return {{"dp", placed(base, dp), 0},       {"dp_zero1", placed(base, dp), 1},
+          {"fsdp", placed(base, dp), 3},     {"tp", placed(base, tp), 0},
+          {"tp_sp", placed(base, tp_sp), 0}, {"replicated", base, 0}};
+}
+
+// The same layouts on 2x2 (each on both dims) and DP×TP (batch over dim 0, Megatron over dim 1).
+std::vector<HandLayout> on_2x2(const std::vector<HandLayout>& layouts) {
+  std::vector<HandLayout> out;
+  for (const HandLayout& l : layouts) out.push_back({l.name, on_2x2(l.model), l.zero});
+  return out;
+}
+
+double spearman(const std::vector<double>& a, const std::vector<double>& b) {
+  auto ranks = [](const std::vector<double>& v) {
+    std::vector<std::size_t> order(v.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t i, std::size_t j) { return v[i] < v[j]; });
+    std::vector<double> r(v.size());
+    for (std::size_t i = 0; i < order.size();) {
+      std::size_t j = i;
+      while (j + 1 < order.size() && v[order[j + 1]] == v[order[i]]) ++j;
+      for (std::size_t k = i; k <= j; ++k) r[order[k]] = (static_cast<double>(i + j) / 2);
+      i = j + 1;
+    }
+    return r;
+  };
+  const std::vector<double> ra = ranks(a), rb = ranks(b);
+  const double n = static_cast<double>(a.size());
+  const double ma = std::accumulate(ra.begin(), ra.end(), 0.0) / n;
+  const double mb = std::accumulate(rb.begin(), rb.end(), 0.0) / n;
+  double sab = 0, saa = 0, sbb = 0;
+  for (std::size_t i = 0; i < ra.size(); ++i) {
+    sab += (ra[i] - ma) * (rb[i] - mb);
+    saa += (ra[i] - ma) * (ra[i] - ma);
+    sbb += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
+}
+
+struct Measured {
+  std::vector<double> step_s;
+  double est_s = 0;
+};
+
+// Trains model file `path` for warmup + reps steps (threads) and prices it as explain does.
+Measured measure(const AutoshardBenchOptions& o, const fs::path& path, int zero, int micro_batches,
+                 const MachineModel* machine) {
+  const Model m = load_model(path);
+  Measured r;
+  TrainOptions options{.steps = o.warmup + o.reps, .micro_batches = micro_batches, .zero = zero};
+  options.run.plan.machine = machine;
+  const TrainReport t = train_model(m, options);
+  for (std::size_t i = static_cast<std::size_t>(o.warmup); i < t.steps.size(); ++i)
+    r.step_s.push_back(t.steps[i].seconds);
+  const Explanation e = explain_compiled(m.pcg, {.plan = {.machine = machine},
+                                                 .decompose = {.shared_memory = true},
+                                                 .update = options.optimizer.rule,
+                                                 .micro_batches = micro_batches,
+                                                 .zero = zero});
+  r.est_s = e.step_time ? e.step_time->total() : 0;
+  return r;
+}
+
+void write(const fs::path& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(); }
+
+// One case: the chosen layout against the hand layouts of `model` on `mesh`.
+BenchResult layout_case(const AutoshardBenchOptions& o, const std::string& model,
+                        const std::string& mesh, const std::vector<HandLayout>& hand,
+                        const fs::path& folder, const MachineModel* machine,
+                        std::vector<double>& estimates, std::vector<double>& measured) {
+  BenchResult r{.case_name = model + " " + mesh,
+                .backend = "threads",
+                .mesh = mesh,
+                .devices = size(parse_mesh(mesh)),
+                .baseline = "best_hand_layout"};
+  nlohmann::json layouts = nlohmann::json::object();
+  std::string best;
+  double best_s = 0;
+  for (const HandLayout& l : hand) {
+    const fs::path path = folder / fmt::format("{}_{}_{}.json", model, mesh, l.name);
+    write(path, l.model);
+    const Measured m = measure(o, path, l.zero, 1, machine);
+    const double step = median(m.step_s);
+    layouts[l.name] = {{"median_s", step},
+                       {"est_step_s", m.est_s},
+                       {"est_vs_measured", step > 0 ? m.est_s / step : 0.0},
+                       {"zero", l.zero}};
+    estimates.push_back(m.est_s);
+    measured.push_back(step);
+    if (best.empty() || step < best_s) best = l.name, best_s = step, r.baseline_s = m.step_s;
+  }
+  // The search starts from the data-parallel file (its own placements are a candidate).
+  const fs::path given = folder / fmt::format("{}_{}_{}.json", model, mesh, hand[0].name);
+  const AutoshardResult a = autoshard(given, {.mesh = mesh, .plan = {.machine = machine}}, folder);
+  const fs::path chosen = folder / fmt::format("{}_{}_auto.json", model, mesh);
+  write(chosen, a.model);
+  const Measured m = measure(o, chosen, a.zero, a.micro_batches, machine);
+  r.case_s = m.step_s;
+  const double step = median(m.step_s);
+  estimates.push_back(m.est_s);
+  measured.push_back(step);
+  layouts["auto"] = {{"median_s", step},
+                     {"est_step_s", m.est_s},
+                     {"est_vs_measured", step > 0 ? m.est_s / step : 0.0},
+                     {"zero", a.zero},
+                     {"micro_batches", a.micro_batches}};
+  r.extra["best_hand_layout"] = best;
+  r.extra["est_step_s"] = a.est_step_s;
+  r.extra["est_vs_measured"] = step > 0 ? m.est_s / step : 0.0;
+  r.extra["given_est_step_s"] = a.given_est_step_s ? nlohmann::json(*a.given_est_step_s) : nullptr;
+  r.extra["search_s"] = a.search_s;
+  r.extra["layouts"] = layouts;
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& [name, layout] : a.values) values[name] = to_string(layout.placements);
+  r.extra["chosen"] = values;
+  return r;
+}
+
+// A chain of `layers` linear + ReLU layers of width 64 (batch 64) on a 1-device mesh.
+nlohmann::json deep_mlp(int layers, const fs::path& folder) {
+  Tensor y(DType::kInt64, {64});
+  for (std::int64_t i = 0; i < 64; ++i)
+    y.data<std::int64_t>()[static_cast<std::size_t>(i)] = (i * 7) % 64;
+  write_npy(folder / "deep_y.npy", y);
+  nlohmann::json t = {{"x",
+                       {{"shape", {64, 64}},
+                        {"input", {{"normal", 1.0}, {"seed", 1}}},
+                        {"mesh", "m"},
+                        {"placements", {"R"}}}},
+                      {"y",
+                       {{"shape", {64}},
+                        {"dtype", "int64"},
+                        {"input", "deep_y.npy"},
+                        {"mesh", "m"},
+                        {"placements", {"R"}}}}};
+  nlohmann::json nodes = nlohmann::json::array();
+  std::string prev = "x";
+  for (int i = 0; i < layers; ++i) {
+    t[fmt::format("w{}", i)] = {{"shape", {64, 64}},
+                                {"weight", {{"normal", 0.1}, {"seed", i + 2}}},
+                                {"mesh", "m"},
+                                {"placements", {"R"}}};
+    nodes.push_back({{"name", fmt::format("h{}", i)},
+                     {"op", "linear"},
+                     {"inputs", {prev, fmt::format("w{}", i)}}});
+    nodes.push_back(
+        {{"name", fmt::format("a{}", i)}, {"op", "relu"}, {"inputs", {fmt::format("h{}", i)}}});
+    prev = fmt::format("a{}", i);
+  }
+  nodes.push_back({{"name", "loss"}, {"op", "softmax_cross_entropy"}, {"inputs", {prev, "y"}}});
+  return {{"meshes", {{"m", "1"}}},
+          {"tensors", t},
+          {"nodes", nodes},
+          {"loss", "loss"},
+          {"outputs", {"loss"}}};
+}
+
+BenchResult search_case(const AutoshardBenchOptions& o, const std::string& name,
+                        const fs::path& model, const std::string& mesh, const fs::path& folder) {
+  BenchResult r{.case_name = "search " + name,
+                .backend = "host",
+                .mesh = mesh,
+                .devices = size(parse_mesh(mesh))};
+  std::vector<double> priced;
+  for (int i = 0; i < o.reps; ++i) {
+    const AutoshardResult a = autoshard(model, {.mesh = mesh}, folder);
+    r.case_s.push_back(a.search_s);
+    priced.push_back(a.priced_s);
+    r.extra["est_step_s"] = a.est_step_s;
+    r.extra["zero"] = a.zero;
+    r.extra["exact"] = a.exact;
+  }
+  r.extra["search_s"] = median(r.case_s);
+  r.extra["priced_s"] = median(priced);
+  return r;
+}
+
+}  // namespace
+
+BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
+  BenchReport report{.benchmark = "autoshard", .progress = o.progress};
+  Folder folder;
+  std::map<int, MachineModel> machines;  // calibrated, per device count
+  auto machine_for = [&](int devices) -> const MachineModel* {
+    if (o.machine) return o.machine;
+    auto it = machines.find(devices);
+    if (it == machines.end())
+      it = machines.emplace(devices, calibrate({.devices = devices, .reps = 3})).first;
+    return &it->second;
+  };
+  for (const std::string& model : o.models) {
+    std::vector<double> estimates, measured;
+    std::vector<std::size_t> cases;
+    for (const std::string& mesh : o.meshes) {
+      const int devices = size(parse_mesh(mesh));
+      const bool two_d = ndim(parse_mesh(mesh)) == 2;
+      std::vector<HandLayout> hand;
+      std::optional<GptFiles> gpt;
+      if (model == "mlp") {
+        hand = mlp_layouts(mlp(o, devices, folder.path()));
+        if (two_d) {
+          hand = on_2x2(hand);
+          const nlohmann::json base = on_2x2(mlp(o, devices, folder.path()));
+          nlohmann::json dp_tp = base;
+          for (const auto& [t, p] :
+               std::map<std::string, std::vector<std::string>>{{"x", {"S(0)", "R"}},
+                                                               {"y", {"S(0)", "R"}},
+                                                               {"w1", {"R", "S(1)"}},
+                                                               {"b1", {"R", "S(0)"}},
+                                                               {"w2", {"R", "S(0)"}}})
+            dp_tp["tensors"][t]["placements"] = p;
+          hand.push_back({"dp_tp", dp_tp, 0});
+        }
+      } else {
+        gpt.emplace(o.gpt, devices);
+        auto file = [&](const std::string& layout) {
+          nlohmann::json j = read_json(gpt->path(layout));
+          // Data paths absolute: the files are written elsewhere.
+          for (auto& [name, t] : j["tensors"].items())
+            if (t.contains("input") && t["input"].is_string())
+              t["input"] =
+                  (gpt->path(layout).parent_path() / t["input"].get<std::string>()).string();
+          return two_d && layout != "dp_tp" ? on_2x2(j) : j;
+        };
+        hand = {{"dp", file("dp"), 0}, {"dp_zero1", file("dp"), 1},       {"fsdp", file("dp"), 3},
+                {"tp", file("tp"), 0}, {"tp_vocab", file("tp_vocab"), 0}, {"sp", file("sp"), 0}};
+        if (two_d) hand.push_back({"dp_tp", file("dp_tp"), 0});
+      }
+      cases.push_back(report.results.size());
+      add_result(report, layout_case(o, model, mesh, hand, folder.path(), machine_for(devices),
+                                     estimates, measured));
+    }
+    const double rho = spearman(estimates, measured);
+    for (std::size_t c : cases) report.results[c].extra["rank_correlation"] = rho;
+  }
+  if (o.search_cases) {
+    GptConfig big = o.gpt;
+    big.blocks = 12;
+    const GptFiles gpt(big, 8);
+    add_result(report, search_case(o, "gpt 12 blocks", gpt.path("dp"), "2x4", folder.path()));
+    const fs::path deep = folder.path() / "deep_mlp.json";
+    write(deep, deep_mlp(1000, folder.path()));
+    add_result(report, search_case(o, "mlp 1000 layers", deep, "8x8", folder.path()));
+  }
+  return report;
+}
+
+}  // namespace meshflow::bench

@@ -1,0 +1,40 @@
+// `meshflow bench autoshard`: the layout `meshflow autoshard` chooses against layouts written by
+// hand, each trained and timed in the same run (threads), with the machine description
+// `calibrate` measures for that device count (or --machine's).
+//   <model> <mesh>  for the MLP (batch 512, 1024 -> 4096 -> 1024, bias, ReLU, softmax
+//               cross-entropy) and the bench GPT (bench/gpt_model.h) on meshes 2, 4 and 2x2:
+//               median_s the chosen layout's step, baseline best_hand_layout (the fastest of at
+//               least 6 hand layouts: data parallel, tensor parallel, the GPT's vocabulary- and
+//               sequence-parallel forms, DP×TP on 2x2, each of the 1-d ones laid on both dims of
+//               2x2, and DP at ZeRO 1 and 3 (FSDP)); `layouts` gives each one's median, estimate
+//               and est_vs_measured; rank_correlation is Spearman's between the estimates and
+//               the measured medians of every layout of the model over all its meshes
+//   search <model> the search alone on a large model: a 12-block GPT on 2x4 and a 1,000-layer
+//               MLP chain on 64 devices (8x8), search_s and priced_s (built-in machine)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/gpt_model.h"
+#include "bench/report.h"
+#include "meshflow/plan/cost_model.h"
+
+namespace meshflow::bench {
+
+struct AutoshardBenchOptions {
+  bool progress = true;
+  int reps = 3;
+  int warmup = 1;
+  std::int64_t batch = 512, in = 1024, hidden = 4096;  // the MLP
+  GptConfig gpt;
+  std::vector<std::string> meshes{"2", "4", "2x2"};
+  std::vector<std::string> models{"mlp", "gpt"};
+  bool search_cases = true;
+  // The machine description to price with (null: `calibrate` on threads for each device count).
+  const MachineModel* machine = nullptr;
+};
+
+BenchReport run_autoshard_bench(const AutoshardBenchOptions& options);
+
+}  // namespace meshflow::bench
