@@ -207,7 +207,9 @@ void add_bench(CLI::App& app) {
   add_output_flags(au, *as_json, as->progress);
   au->callback([as, as_json, as_machine] {
     if (!runs_here()) return;
-    auto machine = machine_option(*as_machine);
+    // Without --machine the bench calibrates for each device count.
+    std::shared_ptr<MachineModel> machine;
+    if (!as_machine->empty()) machine = machine_option(*as_machine);
     as->machine = machine.get();
     print_report(bench::run_autoshard_bench(*as), *as_json);
   });

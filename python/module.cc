@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "meshflow/auto/autoshard.h"
 #include "meshflow/comm/session.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
@@ -462,6 +463,38 @@ PYBIND11_MODULE(_meshflow, module) {
                                parse_schedule(schedule))));
     return json_to_python(j);
   });
+  module.def(
+      "autoshard",
+      [](const std::string& path, std::optional<std::string> mesh,
+         std::optional<std::int64_t> memory_limit, std::optional<std::string> out,
+         const py::dict& optimizer, std::optional<int> zero, std::optional<int> micro_batches,
+         std::optional<std::string> machine, std::optional<int> threads_per_device) {
+        if (memory_limit && *memory_limit < 1)
+          fail(ErrorKind::kInvalidArgument, "memory_limit= {}: must be >= 1", *memory_limit);
+        if (micro_batches && *micro_batches < 1)
+          fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+        const Model model = load_model(path);
+        const TrainDefaults defaults = train_defaults_from_json(model.train, model.source);
+        std::optional<MachineModel> described;
+        if (machine) described = load_machine(*machine);
+        AutoshardOptions o{.mesh = mesh,
+                           .memory_limit = memory_limit,
+                           .update = resolve_optimizer(optimizer_options(optimizer),
+                                                       defaults.optimizer, OptionStyle::kKeyword)
+                                         .rule,
+                           .micro_batches = micro_batches,
+                           .plan = {.machine = described ? &*described : nullptr},
+                           .threads_per_device = threads_option(threads_per_device)};
+        if (zero) o.zero = resolve_zero(zero, defaults, OptionStyle::kKeyword);
+        const std::filesystem::path folder = std::filesystem::path(out ? *out : path).parent_path();
+        AutoshardResult r;
+        {
+          py::gil_scoped_release release;
+          r = autoshard(path, o, folder.empty() ? "." : folder);
+          if (out) write_file_atomic(*out, r.model.dump(2) + "\n");
+        }
+        return json_to_python(to_json(r));
+      });
   module.def("list_checkpoints", [](const std::string& dir, bool verify) {
     return json_to_python(list_checkpoints(dir, verify));
   });

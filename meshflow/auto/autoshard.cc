@@ -39,11 +39,6 @@ Layout with_placements(const Layout& l, std::vector<Placement> ps) {
 // Partial read as Replicate: where a value's gradient is brought (parallel_op.h).
 Layout gradient_target(const Layout& l) { return with_placements(l, gradient_placements(l)); }
 
-bool has_partial(const Layout& l) {
-  return std::any_of(l.placements.begin(), l.placements.end(),
-                     [](const Placement& p) { return p.is_partial(); });
-}
-
 // The layout operand i's gradient comes out in under strategy s: its own shards; Partial on a
 // mesh dim where it is replicated while the strategy shards another operand or the result (the
 // gradient sums over those shards); Replicate where it was taken Partial.
@@ -156,14 +151,7 @@ struct Builder {
       if (node.kind != NodeKind::kCompute) continue;
       std::vector<Layout> in;
       for (ValueId a : node.inputs) in.push_back(replicated(a, meshes[i]));
-      for (const Strategy& s : moves.strategies(node.op, in)) {
-        bool ok = true;
-        for (std::size_t k = 0; k < node.inputs.size(); ++k)
-          if (is_source(pcg.nodes[static_cast<std::size_t>(node.inputs[k])]) &&
-              has_partial(s.inputs[k]))
-            ok = false;  // a source is never Partial
-        if (ok) strategies_of[i].push_back(s);
-      }
+      strategies_of[i] = moves.strategies(node.op, in);
       MESHFLOW_CHECK(!strategies_of[i].empty(), "node \"{}\" has no strategy", node.name);
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -194,7 +182,8 @@ struct Builder {
       if (reader.kind != NodeKind::kCompute || meshes[c] != meshes[i]) continue;
       for (std::size_t k = 0; k < reader.inputs.size(); ++k) {
         if (reader.inputs[k] != static_cast<ValueId>(i)) continue;
-        for (const Strategy& s : strategies_of[c]) layouts.push_back(s.inputs[k]);
+        // A source is never Partial: held replicated where a strategy takes it Partial.
+        for (const Strategy& s : strategies_of[c]) layouts.push_back(gradient_target(s.inputs[k]));
       }
     }
     if (layouts.empty()) layouts.push_back(replicated(static_cast<ValueId>(i), meshes[i]));
@@ -249,10 +238,22 @@ struct Builder {
     const Node& node = pcg.nodes[i];
     const DeviceMesh& mesh = meshes[i];
     std::vector<TensorSpec> globals;
+    std::vector<Layout> in;  // the replicated operands the strategies were priced from
+    // The backward's kernels: one like the forward per operand with a gradient, except a
+    // product's bias, whose gradient is a pass over the result's gradient.
+    const bool product = node.op.type == OpType::kLinear || node.op.type == OpType::kMatmul;
     int with_gradient = 0;
-    for (ValueId a : node.inputs) {
+    bool bias_gradient = false;
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+      const ValueId a = node.inputs[k];
       globals.push_back(pcg.nodes[static_cast<std::size_t>(a)].spec);
-      if (needs_gradient(pcg, a)) ++with_gradient;
+      in.push_back(replicated(a, mesh));
+      if (!needs_gradient(pcg, a)) continue;
+      if (product && k == 2) {
+        bias_gradient = true;
+      } else {
+        ++with_gradient;
+      }
     }
     const Op op = normalize(node.op, globals);
     std::optional<Layout> pin;
@@ -275,7 +276,16 @@ struct Builder {
         const double forward = kernel_seconds(
             machine, work_points(op, globals, local, local_shape(s.output, mesh.devices[0])),
             bytes);
-        double seconds = micro_batches * sharing(mesh) * forward * (1 + with_gradient);
+        double backward = forward * with_gradient;
+        if (bias_gradient)
+          backward += kernel_seconds(machine, 0, static_cast<double>(shard_bytes_of(s.output)));
+        double seconds = micro_batches * sharing(mesh) * (forward + backward);
+        // What the strategy moves inside itself (a vocabulary-parallel loss all-reduces its
+        // row statistics): its cost beyond bringing replicated operands to it, forward and
+        // again backward.
+        double own = s.cost_s;
+        for (std::size_t k = 0; k < s.inputs.size(); ++k) own -= move_s(in[k], s.inputs[k]);
+        seconds += micro_batches * 2 * std::max(0.0, own);
         seconds += micro_batches * (move_s(s.output, result) +
                                     move_s(gradient_target(result), gradient_target(s.output)));
         std::int64_t held = shard_bytes_of(result);
@@ -283,13 +293,17 @@ struct Builder {
         for (std::size_t k = 0; k < node.inputs.size(); ++k) {
           const auto a = static_cast<std::size_t>(node.inputs[k]);
           if (!private_source[a]) continue;
-          sources.emplace_back(static_cast<int>(k), s.inputs[k]);
+          // A source is never Partial: one the strategy takes Partial is held replicated and
+          // divided on each device (a local step).
+          const Layout held_as = gradient_target(s.inputs[k]);
+          sources.emplace_back(static_cast<int>(k), held_as);
+          seconds += micro_batches * move_s(held_as, s.inputs[k]);
           if (pcg.nodes[a].kind == NodeKind::kWeight) {
-            const auto [ws, wb] = weight_cost(s.inputs[k], gradient_layout(s, k));
+            const auto [ws, wb] = weight_cost(held_as, gradient_layout(s, k));
             seconds += ws;
             held += wb;
           } else {
-            held += shard_bytes_of(s.inputs[k]) * micro_batches;
+            held += shard_bytes_of(held_as) * micro_batches;
           }
         }
         v.seconds.push_back(seconds);

@@ -19,10 +19,10 @@ from ._meshflow import (  # noqa: F401  (re-exported)
 )
 from .placement import Partial, Placement, Replicate, Shard
 from .tensor import DTensor, DeviceMesh, distribute_tensor, plan
-from .model import Model
+from .model import Model, autoshard
 from . import checkpoint, ops
 
 __all__ = [
     "DTensor", "DeviceMesh", "Error", "Model", "Partial", "Placement", "Replicate", "Shard",
-    "backend", "checkpoint", "distribute_tensor", "ops", "plan", "rank",
+    "autoshard", "backend", "checkpoint", "distribute_tensor", "ops", "plan", "rank",
 ]

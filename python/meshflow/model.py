@@ -76,3 +76,28 @@ class Model:
                                        None if zero is None else int(zero),
                                        None if threads_per_device is None
                                        else int(threads_per_device), str(schedule))
+
+
+def autoshard(path, mesh=None, memory_limit=None, out=None, optimizer=None, lr=None,
+              momentum=None, betas=None, eps=None, weight_decay=None, clip_grad_norm=None,
+              warmup_steps=None, decay=None, decay_steps=None, zero=None, micro_batches=None,
+              machine=None, threads_per_device=None):
+    """Chooses the placements of every tensor and node of model file ``path``, its ZeRO level
+    and micro-batch count for the fastest estimated step within ``memory_limit`` bytes per
+    device (``meshflow autoshard``); returns the dict ``meshflow autoshard --json`` prints.
+
+    ``mesh`` ("4", "2x2") searches on one mesh of that shape instead of the model's own;
+    ``zero`` and ``micro_batches``, where given, are kept; the optimizer options are ``train``'s;
+    ``machine`` is a machine description file (``meshflow calibrate``). ``out`` writes the chosen
+    model file, which ``Model.load(out).train(...)`` runs as it is. No choice fits: raises
+    InvalidArgumentError giving the least memory any choice needs."""
+    options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
+                   weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
+                   warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
+    return _meshflow.autoshard(str(path), None if mesh is None else str(mesh),
+                               None if memory_limit is None else int(memory_limit),
+                               None if out is None else str(out), options,
+                               None if zero is None else int(zero),
+                               None if micro_batches is None else int(micro_batches),
+                               None if machine is None else str(machine),
+                               None if threads_per_device is None else int(threads_per_device))

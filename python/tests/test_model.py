@@ -5,6 +5,7 @@ import pathlib
 import tempfile
 
 import numpy as np
+import pytest
 
 import meshflow as mf
 
@@ -318,3 +319,18 @@ def test_pipeline_schedules_train_as_one_device_and_explain_their_order():
         assert "interleaved" in str(err)
     else:
         raise AssertionError("no error")
+
+
+def test_autoshard_returns_the_cli_dict_and_writes_a_file_that_trains(tmp_path):
+    out = tmp_path / "auto.json"
+    r = mf.autoshard(MODELS / "dp_mlp.json", mesh="2x2", out=out)
+    assert set(r) >= {"est_step_s", "given_est_step_s", "memory_per_device_bytes", "zero",
+                      "micro_batches", "search_s", "values"}
+    assert r["given_est_step_s"] is None  # the model's 1-d placements do not fit 2x2
+    assert r["values"]["x"]["mesh"] == "2x2@0,1,2,3"
+    m = mf.Model.load(out)
+    assert abs(m.explain()["est_step_s"] - r["est_step_s"]) <= 1e-9 * r["est_step_s"]
+    t = m.train(2, check=True)
+    assert t["check"]["max_loss_diff"] < 1e-5 and t["check"]["max_weight_diff"] < 1e-5
+    with pytest.raises(mf.InvalidArgumentError, match="the least any choice needs is"):
+        mf.autoshard(MODELS / "dp_mlp.json", memory_limit=1000)
