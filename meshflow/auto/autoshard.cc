@@ -528,7 +528,9 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   AutoshardResult r;
   SearchCache cache(options.plan);  // shared by every (ZeRO, M)
   std::vector<Solved> solved;
+  // The least memory a choice priced by the compiler needs (for the error when none fits).
   std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  std::optional<Solved> smallest;  // the search's least-memory choice where none fitted
   // Under the cost model more micro-batches never make a step faster on its own meshes (the
   // same work in more pieces): a larger M is tried only where a smaller one did not fit.
   for (int m : counts) {
@@ -545,8 +547,10 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
       const std::optional<SearchResult> best =
           solve(p.problem, {.memory_limit = options.memory_limit});
       if (!best) {
-        if (const auto smallest = solve(p.problem, {.minimise_bytes = true}))
-          least = std::min(least, smallest->bytes);
+        // Kept to say how much memory the smallest choice needs, if nothing fits.
+        const std::optional<SearchResult> small = solve(p.problem, {.minimise_bytes = true});
+        if (small && (!smallest || small->bytes < smallest->result.bytes))
+          smallest = Solved{z, m, *small, apply(searched, split, p, *small)};
         continue;
       }
       if (best->seconds >= kInfeasible) continue;
@@ -595,6 +599,7 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
             price(*given, base, source, given_zero, given_m, options)) {
       r.given_est_step_s = priced->est_s;
       const bool fits = !options.memory_limit || priced->memory <= *options.memory_limit;
+      if (!fits) least = std::min(least, priced->memory);
       if (fits && (!best || priced->est_s < best->est_s)) {
         best = priced;
         r.model = *given;
@@ -603,6 +608,11 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
         r.given_won = true;
       }
     }
+  }
+  if (!best && smallest) {
+    const std::optional<Priced> priced =
+        price(smallest->model, base, source, smallest->zero, smallest->micro_batches, options);
+    least = std::min(least, priced ? priced->memory : smallest->result.bytes);
   }
   if (!best) {
     fail(ErrorKind::kInvalidArgument,

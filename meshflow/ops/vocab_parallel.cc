@@ -6,6 +6,8 @@
 #include <type_traits>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/vector_math.h"
 #include "meshflow/ops/softmax.h"
 
 namespace meshflow {
@@ -37,11 +39,17 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
     case OpType::kLogitMax: {
       Tensor out = Tensor::uninitialized(lead.dtype(), {rows});
       T* m = out.data<T>().data();
-      for (std::int64_t r = 0; r < rows; ++r) {
-        // a shard without classes contributes the identity of max
-        m[r] = cols ? *std::max_element(x + r * cols, x + (r + 1) * cols)
-                    : -std::numeric_limits<T>::infinity();
-      }
+      parallel_for(rows, row_grain(cols), [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t r = first; r < last; ++r) {
+          // a shard without classes contributes the identity of max
+          if constexpr (std::is_same_v<T, float>) {
+            m[r] = vector_math().max(x + r * cols, cols);
+          } else {
+            m[r] = cols ? *std::max_element(x + r * cols, x + (r + 1) * cols)
+                        : -std::numeric_limits<T>::infinity();
+          }
+        }
+      });
       return out;
     }
     case OpType::kLogitStats: {
@@ -49,14 +57,20 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
       const std::int64_t classes = globals[0].shape[1];
       Tensor out = Tensor::uninitialized(lead.dtype(), {rows, 2});
       T* st = out.data<T>().data();
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * cols;
-        T sum = 0;
-        for (std::int64_t j = 0; j < cols; ++j) sum += std::exp(xr[j] - m[r]);
-        const std::int64_t local = class_label(*in[2], r, classes) - first_class;
-        st[2 * r] = sum;
-        st[2 * r + 1] = local >= 0 && local < cols ? xr[local] : T(0);
-      }
+      parallel_for(rows, row_grain(cols), [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t r = first; r < last; ++r) {
+          const T* xr = x + r * cols;
+          T sum = 0;
+          if constexpr (std::is_same_v<T, float>) {
+            sum = vector_math().exp_sum(xr, m[r], nullptr, cols);
+          } else {
+            for (std::int64_t j = 0; j < cols; ++j) sum += std::exp(xr[j] - m[r]);
+          }
+          const std::int64_t local = class_label(*in[2], r, classes) - first_class;
+          st[2 * r] = sum;
+          st[2 * r + 1] = local >= 0 && local < cols ? xr[local] : T(0);
+        }
+      });
       return out;
     }
     case OpType::kCrossEntropyFromStats: {
@@ -75,14 +89,21 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
       const T scale = in[4]->data<T>()[0] / static_cast<T>(globals[0].shape[0]);
       Tensor out = Tensor::uninitialized(lead.dtype(), lead.shape());
       T* g = out.data<T>().data();
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * cols;
-        T* gr = g + r * cols;
-        const T over = scale / st[2 * r];
-        for (std::int64_t j = 0; j < cols; ++j) gr[j] = over * std::exp(xr[j] - m[r]);
-        const std::int64_t local = class_label(*in[1], r, classes) - first_class;
-        if (local >= 0 && local < cols) gr[local] -= scale;
-      }
+      parallel_for(rows, row_grain(cols), [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t r = first; r < last; ++r) {
+          const T* xr = x + r * cols;
+          T* gr = g + r * cols;
+          const T over = scale / st[2 * r];
+          if constexpr (std::is_same_v<T, float>) {
+            vector_math().exp_sum(xr, m[r], gr, cols);  // the exponentials, into the row
+            for (std::int64_t j = 0; j < cols; ++j) gr[j] *= over;
+          } else {
+            for (std::int64_t j = 0; j < cols; ++j) gr[j] = over * std::exp(xr[j] - m[r]);
+          }
+          const std::int64_t local = class_label(*in[1], r, classes) - first_class;
+          if (local >= 0 && local < cols) gr[local] -= scale;
+        }
+      });
       return out;
     }
     default:
