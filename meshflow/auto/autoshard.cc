@@ -71,22 +71,22 @@ struct Builder {
   int micro_batches;
   const AutoshardOptions& options;
   const MachineModel& machine;
-  SearchCache& moves;
+  SearchCache& cache;
   std::vector<DeviceMesh> meshes;  // per node
   std::vector<int> uses;           // per node: operand slots reading it
   std::vector<int> var_of;         // per node: its variable, -1 for a private source
   PlacementProblem out;
 
-  Builder(const Pcg& g, int z, int m, const AutoshardOptions& o, SearchCache& costs)
+  Builder(const Pcg& g, int z, int m, const AutoshardOptions& o, SearchCache& c)
       : pcg(g),
         zero(z),
         micro_batches(m),
         options(o),
         machine(o.plan.machine ? *o.plan.machine : default_machine()),
-        moves(costs) {}
+        cache(c) {}
 
   double move_s(const Layout& from, const Layout& to) {
-    return moves.seconds(moves.id(from), moves.id(to));
+    return cache.seconds(cache.id(from), cache.id(to));
   }
 
   double sharing(const DeviceMesh& mesh) const {
@@ -151,7 +151,7 @@ struct Builder {
       if (node.kind != NodeKind::kCompute) continue;
       std::vector<Layout> in;
       for (ValueId a : node.inputs) in.push_back(replicated(a, meshes[i]));
-      strategies_of[i] = moves.strategies(node.op, in);
+      strategies_of[i] = cache.strategies(node.op, in);
       MESHFLOW_CHECK(!strategies_of[i].empty(), "node \"{}\" has no strategy", node.name);
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -323,15 +323,15 @@ struct Builder {
       const bool grad = needs_gradient(pcg, a);
       std::vector<int> wanted, gradient;
       for (const Strategy* s : chosen) {
-        wanted.push_back(moves.id(s->inputs[k]));
-        gradient.push_back(grad ? moves.id(gradient_layout(*s, k)) : 0);
+        wanted.push_back(cache.id(s->inputs[k]));
+        gradient.push_back(grad ? cache.id(gradient_layout(*s, k)) : 0);
       }
       ChoiceProblem::Pair pair{.a = u, .b = var};
       for (const Layout& from : out.meanings[static_cast<std::size_t>(u)].results) {
-        const int f = moves.id(from), target = grad ? moves.id(gradient_target(from)) : 0;
+        const int f = cache.id(from), target = grad ? cache.id(gradient_target(from)) : 0;
         for (std::size_t c = 0; c < chosen.size(); ++c) {
-          double sec = moves.seconds(f, wanted[c]);
-          if (grad) sec += moves.seconds(gradient[c], target);
+          double sec = cache.seconds(f, wanted[c]);
+          if (grad) sec += cache.seconds(gradient[c], target);
           pair.seconds.push_back(micro_batches * sec);
         }
       }
@@ -494,8 +494,8 @@ std::size_t SearchCache::StrategyHash::operator()(const StrategyKey& k) const {
 }
 
 PlacementProblem placement_problem(const Pcg& pcg, int zero, int micro_batches,
-                                   const AutoshardOptions& options, SearchCache& moves) {
-  Builder b(pcg, zero, micro_batches, options, moves);
+                                   const AutoshardOptions& options, SearchCache& cache) {
+  Builder b(pcg, zero, micro_batches, options, cache);
   b.run();
   return std::move(b.out);
 }
@@ -613,6 +613,11 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
     const std::optional<Priced> priced =
         price(smallest->model, base, source, smallest->zero, smallest->micro_batches, options);
     least = std::min(least, priced ? priced->memory : smallest->result.bytes);
+  }
+  if (!best && !options.memory_limit) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: no placement of this model compiles on {}: check its parallel ops' degrees", source,
+         options.mesh ? "mesh " + *options.mesh : std::string("its meshes"));
   }
   if (!best) {
     fail(ErrorKind::kInvalidArgument,
