@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -75,6 +76,8 @@ struct Builder {
   std::vector<DeviceMesh> meshes;  // per node
   std::vector<int> uses;           // per node: operand slots reading it
   std::vector<int> var_of;         // per node: its variable, -1 for a private source
+  // Per variable, per choice: the cache's numbers of its result and of where its gradient goes.
+  std::vector<std::vector<int>> result_ids, target_ids;
   PlacementProblem out;
 
   Builder(const Pcg& g, int z, int m, const AutoshardOptions& o, SearchCache& c)
@@ -163,6 +166,12 @@ struct Builder {
   }
 
   int add_variable(std::size_t node, ChoiceProblem::Variable v, PlacementProblem::Meaning m) {
+    std::vector<int>& ids = result_ids.emplace_back();
+    std::vector<int>& targets = target_ids.emplace_back();
+    for (const Layout& l : m.results) {
+      ids.push_back(cache.id(l));
+      targets.push_back(cache.id(gradient_target(l)));
+    }
     out.problem.variables.push_back(std::move(v));
     m.node = static_cast<ValueId>(node);
     out.meanings.push_back(std::move(m));
@@ -327,8 +336,10 @@ struct Builder {
         gradient.push_back(grad ? cache.id(gradient_layout(*s, k)) : 0);
       }
       ChoiceProblem::Pair pair{.a = u, .b = var};
-      for (const Layout& from : out.meanings[static_cast<std::size_t>(u)].results) {
-        const int f = cache.id(from), target = grad ? cache.id(gradient_target(from)) : 0;
+      const auto& from_ids = result_ids[static_cast<std::size_t>(u)];
+      const auto& target_of = target_ids[static_cast<std::size_t>(u)];
+      for (std::size_t f_choice = 0; f_choice < from_ids.size(); ++f_choice) {
+        const int f = from_ids[f_choice], target = target_of[f_choice];
         for (std::size_t c = 0; c < chosen.size(); ++c) {
           double sec = cache.seconds(f, wanted[c]);
           if (grad) sec += cache.seconds(gradient[c], target);
@@ -542,10 +553,20 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
       continue;
     }
     bool fitted = false;
-    for (int z : zeros) {
-      const PlacementProblem p = placement_problem(split, z, m, options, cache);
-      const std::optional<SearchResult> best =
-          solve(p.problem, {.memory_limit = options.memory_limit});
+    // The problems are built in turn (they share the cache) and solved at once, each on a
+    // thread of its own (solving is pure).
+    std::vector<PlacementProblem> problems;
+    for (int z : zeros) problems.push_back(placement_problem(split, z, m, options, cache));
+    std::vector<std::future<std::optional<SearchResult>>> solving;
+    for (const PlacementProblem& p : problems) {
+      solving.push_back(std::async(std::launch::async, [&p, &options] {
+        return solve(p.problem, {.memory_limit = options.memory_limit});
+      }));
+    }
+    for (std::size_t k = 0; k < zeros.size(); ++k) {
+      const int z = zeros[k];
+      const PlacementProblem& p = problems[k];
+      const std::optional<SearchResult> best = solving[k].get();
       if (!best) {
         // Kept to say how much memory the smallest choice needs, if nothing fits.
         const std::optional<SearchResult> small = solve(p.problem, {.minimise_bytes = true});
@@ -563,16 +584,37 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   }
   r.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Price with the compiler in the search's order: the first that fits, and the next where the
-  // search puts it within 1% (the compiler may order near-ties otherwise).
+  // search puts it within 1% (the compiler may order near-ties otherwise). The model's own
+  // placements are priced too. The first two candidates and the model's own are priced at once,
+  // on threads of their own (compiling is pure); the rest, where those do not fit, in turn.
   std::sort(solved.begin(), solved.end(),
             [](const Solved& a, const Solved& b) { return a.result.seconds < b.result.seconds; });
+  const int given_zero = options.zero.value_or(train.value("zero", 0));
+  const int given_m = options.micro_batches.value_or(train.value("micro_batches", 1));
+  std::optional<nlohmann::json> given;
+  try {
+    given = options.mesh ? on_one_mesh(original, *options.mesh, true, source) : original;
+  } catch (const Error&) {
+  }
+  auto price_later = [&](const nlohmann::json& j, int zero, int m) {
+    return std::async(std::launch::async, [&j, &base, &source, &options, zero, m] {
+      return price(j, base, source, zero, m, options);
+    });
+  };
+  std::vector<std::future<std::optional<Priced>>> ahead;
+  for (std::size_t i = 0; i < std::min<std::size_t>(2, solved.size()); ++i)
+    ahead.push_back(price_later(solved[i].model, solved[i].zero, solved[i].micro_batches));
+  std::future<std::optional<Priced>> given_priced;
+  if (given) given_priced = price_later(*given, given_zero, given_m);
   std::optional<Priced> best;
   std::optional<double> first_fit;
   int near_ties = 0;
-  for (const Solved& s : solved) {
+  for (std::size_t i = 0; i < solved.size(); ++i) {
+    const Solved& s = solved[i];
     if (first_fit && (s.result.seconds > 1.01 * *first_fit || ++near_ties > 1)) break;
     const std::optional<Priced> priced =
-        price(s.model, base, source, s.zero, s.micro_batches, options);
+        i < ahead.size() ? ahead[i].get()
+                         : price(s.model, base, source, s.zero, s.micro_batches, options);
     if (!priced) continue;
     if (options.memory_limit && priced->memory > *options.memory_limit) {
       least = std::min(least, priced->memory);
@@ -586,17 +628,10 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
       r.micro_batches = s.micro_batches;
     }
   }
-  // The model's own placements, with the ZeRO level and micro-batches given (or its own).
-  const int given_zero = options.zero.value_or(train.value("zero", 0));
-  const int given_m = options.micro_batches.value_or(train.value("micro_batches", 1));
-  std::optional<nlohmann::json> given;
-  try {
-    given = options.mesh ? on_one_mesh(original, *options.mesh, true, source) : original;
-  } catch (const Error&) {
-  }
+  for (auto& f : ahead)
+    if (f.valid()) f.wait();  // a candidate priced ahead but not needed
   if (given) {
-    if (const std::optional<Priced> priced =
-            price(*given, base, source, given_zero, given_m, options)) {
+    if (const std::optional<Priced> priced = given_priced.get()) {
       r.given_est_step_s = priced->est_s;
       const bool fits = !options.memory_limit || priced->memory <= *options.memory_limit;
       if (!fits) least = std::min(least, priced->memory);
