@@ -22,8 +22,9 @@
 // inputs, and each weight's bytes with its gradient and optimizer state (state and, at ZeRO 3,
 // weight and gradient in the ZeRO layout).
 //
-// Every (ZeRO, M) pair searched is solved; the best few are written as model files and priced by
-// the compiler itself (graph/explain.h's explain_compiled): the result reports that estimate and
+// Every (ZeRO, M) pair searched is solved (the ZeRO levels at once, on threads); the best choice,
+// and the next where the search puts it within 1%, are written as model files and priced by the
+// compiler itself (graph/explain.h's explain_compiled): the result reports that estimate and
 // peak, so est_step_s equals `explain --json`'s on the written file. The model's own placements
 // are priced the same way and chosen where they are better.
 #pragma once
