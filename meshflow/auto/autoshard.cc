@@ -6,19 +6,20 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <future>
 #include <limits>
 #include <map>
-#include <sstream>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/file.h"
+#include "meshflow/core/json_field.h"
 #include "meshflow/graph/explain.h"
 #include "meshflow/graph/model_file.h"
 #include "meshflow/graph/parallel_op.h"
 #include "meshflow/graph/passes.h"
 #include "meshflow/ops/strategy.h"
 #include "meshflow/plan/plan_cache.h"
+#include "meshflow/plan/transitions.h"
 
 namespace meshflow {
 
@@ -27,14 +28,8 @@ namespace {
 constexpr double kInfeasible = kInfeasibleSeconds;
 
 std::int64_t shard_bytes_of(const Layout& l) {
-  const Shape local = local_shape(l, l.mesh.devices[0]);  // the chunk rule's largest shard
-  std::int64_t n = static_cast<std::int64_t>(size_of(l.dtype));
-  for (std::int64_t e : local) n *= e;
-  return n;
-}
-
-Layout with_placements(const Layout& l, std::vector<Placement> ps) {
-  return make_layout(l.mesh, std::move(ps), l.shape, l.dtype);
+  // The chunk rule's largest shard is the first device's.
+  return numel(local_shape(l, l.mesh.devices[0])) * static_cast<std::int64_t>(size_of(l.dtype));
 }
 
 // Partial read as Replicate: where a value's gradient is brought (parallel_op.h).
@@ -353,16 +348,6 @@ struct Builder {
 
 // ---- model files ----
 
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  if (!f) fail(ErrorKind::kInvalidArgument, "{}: cannot read the model file", path.string());
-  try {
-    return nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    fail(ErrorKind::kInvalidArgument, "{}: not JSON: {}", path.string(), e.what());
-  }
-}
-
 // The model on one mesh of `shape` named "auto": every tensor on it (replicated unless
 // `keep` keeps its placements), no node naming a mesh, pins only where `keep`.
 nlohmann::json on_one_mesh(nlohmann::json j, const std::string& shape, bool keep,
@@ -516,7 +501,7 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   const auto start = std::chrono::steady_clock::now();
   const std::string source = path.string();
   const std::filesystem::path base = path.parent_path().empty() ? "." : path.parent_path();
-  const nlohmann::json original = read_json(path);
+  const nlohmann::json original = parse_json(read_file(path), source);
   const nlohmann::json searched =
       options.mesh ? on_one_mesh(original, *options.mesh, false, source) : original;
   const Model model = parse_model(searched.dump(), base, source);
