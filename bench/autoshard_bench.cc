@@ -6,13 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
 
 #include "meshflow/auto/autoshard.h"
 #include "meshflow/auto/calibrate.h"
+#include "meshflow/core/file.h"
+#include "meshflow/core/json_field.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/explain.h"
 #include "meshflow/graph/model_file.h"
@@ -31,30 +32,8 @@ struct HandLayout {
   int zero = 0;
 };
 
-// A temporary folder removed with this object.
-class Folder {
- public:
-  Folder() {
-    static int count = 0;
-    path_ =
-        fs::temp_directory_path() / fmt::format("meshflow_autoshard_{}_{}", ::getpid(), count++);
-    fs::create_directories(path_);
-  }
-  ~Folder() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  Folder(const Folder&) = delete;
-  Folder& operator=(const Folder&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 nlohmann::json read_json(const fs::path& path) {
-  std::ifstream f(path);
-  return nlohmann::json::parse(f);
+  return parse_json(read_file(path), path.string());
 }
 
 // The model `j` on 2x2 instead of a 1-d mesh of 4: every placement list [p] becomes [p, p]
@@ -178,7 +157,7 @@ Measured measure(const AutoshardBenchOptions& o, const fs::path& path, int zero,
   return r;
 }
 
-void write(const fs::path& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(); }
+void write(const fs::path& path, const nlohmann::json& j) { write_file_atomic(path, j.dump()); }
 
 // One case: the chosen layout against the hand layouts of `model` on `mesh`. The layouts take
 // turns, one timed step each per round (after a warm-up step), so that a machine whose speed
@@ -315,7 +294,7 @@ BenchResult search_case(const AutoshardBenchOptions& o, const std::string& name,
 
 BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
   BenchReport report{.benchmark = "autoshard", .progress = o.progress};
-  Folder folder;
+  TempFolder folder("meshflow_autoshard");
   std::map<int, MachineModel> machines;  // calibrated, per device count
   auto machine_for = [&](int devices) -> const MachineModel* {
     if (o.machine) return o.machine;

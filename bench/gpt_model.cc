@@ -1,9 +1,6 @@
 #include "bench/gpt_model.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
-
-#include <atomic>
 
 #include "bench/make_gpt_script.h"
 #include "bench/report.h"
@@ -23,18 +20,13 @@ void check_gpt_config(const GptConfig& c) {
 
 GptFiles::GptFiles(const GptConfig& c, int devices) {
   check_gpt_config(c);
-  static std::atomic<int> count{0};
-  folder_ = fs::temp_directory_path() / fmt::format("meshflow_gpt_{}_{}", ::getpid(), count++);
-  fs::create_directories(folder_);
   CommandOutput run = run_command(
-      {"/usr/bin/python3", "-c", kMakeGptPy, folder_.string(), "--batch", std::to_string(c.batch),
-       "--seq", std::to_string(c.seq), "--vocab", std::to_string(c.vocab), "--dim",
-       std::to_string(c.width), "--heads", std::to_string(c.heads), "--blocks",
+      {"/usr/bin/python3", "-c", kMakeGptPy, folder_.path().string(), "--batch",
+       std::to_string(c.batch), "--seq", std::to_string(c.seq), "--vocab", std::to_string(c.vocab),
+       "--dim", std::to_string(c.width), "--heads", std::to_string(c.heads), "--blocks",
        std::to_string(c.blocks), "--devices", std::to_string(devices)},
       {}, /*with_errors=*/true);
-  if (run.status != 0) {
-    std::error_code ignored;
-    fs::remove_all(folder_, ignored);
+  if (run.status != 0) {  // the folder goes with the half-made object
     std::string& out = run.out;
     while (!out.empty() && out.back() == '\n') out.pop_back();
     const auto last_line = out.rfind('\n');
@@ -44,15 +36,10 @@ GptFiles::GptFiles(const GptConfig& c, int devices) {
   }
 }
 
-GptFiles::~GptFiles() {
-  std::error_code ignored;
-  fs::remove_all(folder_, ignored);
-}
-
 Model GptFiles::load(std::string_view layout) const { return load_model(path(layout)); }
 
 fs::path GptFiles::path(std::string_view layout) const {
-  return folder_ / fmt::format("gpt_{}.json", layout);
+  return folder_.path() / fmt::format("gpt_{}.json", layout);
 }
 
 }  // namespace meshflow::bench

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string_view>
 
+#include "bench/report.h"
 #include "meshflow/graph/model_file.h"
 
 namespace meshflow::bench {
@@ -26,9 +27,6 @@ class GptFiles {
  public:
   // Writes the files; throws Error with the script's message when it fails.
   GptFiles(const GptConfig& config, int devices);
-  ~GptFiles();
-  GptFiles(const GptFiles&) = delete;
-  GptFiles& operator=(const GptFiles&) = delete;
 
   // Returns layout `layout`'s model ("one", "dp", "tp", "tp_vocab", "sp", "dp_tp"); its token
   // inputs are read from this folder when it runs.
@@ -37,7 +35,7 @@ class GptFiles {
   std::filesystem::path path(std::string_view layout) const;
 
  private:
-  std::filesystem::path folder_;
+  TempFolder folder_{"meshflow_gpt"};
 };
 
 }  // namespace meshflow::bench

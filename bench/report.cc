@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 
@@ -130,6 +131,18 @@ double time_once(const std::function<void()>& fn) {
   auto start = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TempFolder::TempFolder(std::string_view stem) {
+  static std::atomic<int> count{0};
+  path_ =
+      std::filesystem::temp_directory_path() / fmt::format("{}_{}_{}", stem, ::getpid(), count++);
+  std::filesystem::create_directories(path_);
+}
+
+TempFolder::~TempFolder() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
 }
 
 void reset_peak_memory() { std::ofstream("/proc/self/clear_refs") << "5"; }

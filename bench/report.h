@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -71,5 +72,19 @@ CommandOutput run_command(const std::vector<std::string>& words,
 
 // Returns the seconds `fn` takes, by the steady clock.
 double time_once(const std::function<void()>& fn);
+
+// A folder of its own under the temporary folder ("<stem>_<pid>_<n>"), made by the constructor
+// and removed with everything in it by the destructor.
+class TempFolder {
+ public:
+  explicit TempFolder(std::string_view stem);
+  ~TempFolder();
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace meshflow::bench
