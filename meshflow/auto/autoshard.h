@@ -118,8 +118,8 @@ struct AutoshardResult {
   std::optional<double> given_est_step_s;  // the model's own placements (null: they do not fit)
   std::int64_t memory_per_device_bytes = 0;
   int zero = 0, micro_batches = 1;
-  double search_s = 0;  // reading the model, building and solving every (ZeRO, M) problem
-  double priced_s = 0;  // the compiler pricing the choice and the model's own placements
+  double search_s = 0;     // reading the model, building and solving every (ZeRO, M) problem
+  double priced_s = 0;     // the compiler pricing the choice and the model's own placements
   bool exact = true;       // the search was exact on every (ZeRO, M) it solved
   bool given_won = false;  // the model's own placements were the best
   std::vector<std::pair<std::string, Layout>> values;  // the written file's, in graph order

@@ -8,8 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <limits>
 
+#include "meshflow/auto/search_testing.h"
 #include "meshflow/graph/model_file.h"
 
 namespace meshflow {
@@ -51,26 +51,7 @@ Model mlp(const std::string& shape) {
   return parse_model(j.dump(), ".", "mlp");
 }
 
-struct Best {
-  double seconds = std::numeric_limits<double>::infinity();
-  std::int64_t bytes = 0;
-};
-
-Best exhaustive(const ChoiceProblem& p, std::optional<std::int64_t> limit) {
-  Best best;
-  std::vector<int> c(p.variables.size(), 0);
-  while (true) {
-    const auto [s, b] = evaluate(p, c);
-    if ((!limit || b <= *limit) && s < best.seconds) best = {s, b};
-    std::size_t k = 0;
-    for (; k < c.size(); ++k) {
-      if (++c[k] < static_cast<int>(p.variables[k].seconds.size())) break;
-      c[k] = 0;
-    }
-    if (k == c.size()) break;
-  }
-  return best;
-}
+using testing::exhaustive;
 
 TEST(Autoshard, ModelProblemEqualsExhaustiveEnumeration) {
   for (const std::string shape : {"2", "3"}) {
@@ -81,15 +62,15 @@ TEST(Autoshard, ModelProblemEqualsExhaustiveEnumeration) {
       SearchCache cache(options.plan);
       const PlacementProblem p = placement_problem(m.pcg, zero, 1, options, cache);
       ASSERT_EQ(p.problem.variables.size(), 4u);  // the compute nodes; every source is private
-      const Best free = exhaustive(p.problem, std::nullopt);
+      const testing::Exhaustive free = exhaustive(p.problem, {});
       const std::optional<SearchResult> got = solve(p.problem);
       ASSERT_TRUE(got.has_value());
       EXPECT_NEAR(got->seconds, free.seconds, 1e-12);
       // A limit below the optimum's bytes: the constrained optimum, or nothing.
       const std::int64_t limit = free.bytes - 1;
-      const Best constrained = exhaustive(p.problem, limit);
+      const testing::Exhaustive constrained = exhaustive(p.problem, {.memory_limit = limit});
       const std::optional<SearchResult> under = solve(p.problem, {.memory_limit = limit});
-      ASSERT_EQ(under.has_value(), std::isfinite(constrained.seconds));
+      ASSERT_EQ(under.has_value(), constrained.found);
       if (under) {
         EXPECT_NEAR(under->seconds, constrained.seconds, 1e-12);
         EXPECT_LE(under->bytes, limit);

@@ -5,42 +5,15 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <limits>
 #include <random>
+
+#include "meshflow/auto/search_testing.h"
 
 namespace meshflow {
 namespace {
 
-struct Best {
-  double seconds = std::numeric_limits<double>::infinity();
-  std::int64_t bytes = std::numeric_limits<std::int64_t>::max();
-  bool found = false;
-};
-
-// Every assignment, the best under `options`' rule.
-Best exhaustive(const ChoiceProblem& p, const SolveOptions& options) {
-  Best best;
-  std::vector<int> c(p.variables.size(), 0);
-  while (true) {
-    const auto [s, b] = evaluate(p, c);
-    if (!options.memory_limit || b <= *options.memory_limit) {
-      const bool better = options.minimise_bytes
-                              ? std::pair{static_cast<double>(b), s} <
-                                    std::pair{static_cast<double>(best.bytes), best.seconds}
-                              : std::pair{s, static_cast<double>(b)} <
-                                    std::pair{best.seconds, static_cast<double>(best.bytes)};
-      if (better) best = {s, b, true};
-    }
-    std::size_t k = 0;
-    for (; k < c.size(); ++k) {
-      if (++c[k] < static_cast<int>(p.variables[k].seconds.size())) break;
-      c[k] = 0;
-    }
-    if (k == c.size()) break;
-  }
-  return best;
-}
+using testing::exhaustive;
+using Best = testing::Exhaustive;
 
 ChoiceProblem random_problem(std::mt19937& rng, int vars,
                              const std::vector<std::pair<int, int>>& edges) {
