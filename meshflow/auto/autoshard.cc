@@ -61,9 +61,11 @@ bool needs_gradient(const Pcg& pcg, ValueId v) {
   return n.kind != NodeKind::kInput && is_floating(n.spec.dtype);
 }
 
+// Builds the problems of every ZeRO level at once: they differ only in the weights' seconds and
+// bytes, so the operand edges' tables (most of the work) are priced once and shared.
 struct Builder {
   const Pcg& pcg;
-  int zero;
+  std::vector<int> zeros;
   int micro_batches;
   const AutoshardOptions& options;
   const MachineModel& machine;
@@ -73,15 +75,19 @@ struct Builder {
   std::vector<int> var_of;         // per node: its variable, -1 for a private source
   // Per variable, per choice: the cache's numbers of its result and of where its gradient goes.
   std::vector<std::vector<int>> result_ids, target_ids;
-  PlacementProblem out;
+  // Per ZeRO level: its variables' seconds and bytes.
+  std::vector<std::vector<ChoiceProblem::Variable>> variables;
+  std::vector<ChoiceProblem::Pair> pairs;  // every level's
+  std::vector<PlacementProblem::Meaning> meanings;
 
-  Builder(const Pcg& g, int z, int m, const AutoshardOptions& o, SearchCache& c)
+  Builder(const Pcg& g, std::vector<int> z, int m, const AutoshardOptions& o, SearchCache& c)
       : pcg(g),
-        zero(z),
+        zeros(std::move(z)),
         micro_batches(m),
         options(o),
         machine(o.plan.machine ? *o.plan.machine : default_machine()),
-        cache(c) {}
+        cache(c),
+        variables(zeros.size()) {}
 
   double move_s(const Layout& from, const Layout& to) {
     return cache.seconds(cache.id(from), cache.id(to));
@@ -97,8 +103,9 @@ struct Builder {
                        n.spec.shape, n.spec.dtype);
   }
 
-  // A weight's seconds and bytes per step in layout w with its gradient made in layout g.
-  std::pair<double, std::int64_t> weight_cost(const Layout& w, const Layout& g) {
+  // A weight's seconds and bytes per step at ZeRO level `zero` in layout w with its gradient
+  // made in layout g.
+  std::pair<double, std::int64_t> weight_cost(const Layout& w, const Layout& g, int zero) {
     const auto states = static_cast<std::int64_t>(state_names(options.update).size());
     const double share = sharing(w.mesh);
     const std::int64_t wb = shard_bytes_of(w);
@@ -143,38 +150,41 @@ struct Builder {
       }
     }
     // Compute nodes' strategies, first: shared sources take their choices from them.
-    std::vector<std::vector<Strategy>> strategies_of(n);
+    std::vector<const std::vector<Strategy>*> strategies_of(n);
     for (std::size_t i = 0; i < n; ++i) {
       const Node& node = pcg.nodes[i];
       if (node.kind != NodeKind::kCompute) continue;
       std::vector<Layout> in;
       for (ValueId a : node.inputs) in.push_back(replicated(a, meshes[i]));
-      strategies_of[i] = cache.strategies(node.op, in);
-      MESHFLOW_CHECK(!strategies_of[i].empty(), "node \"{}\" has no strategy", node.name);
+      strategies_of[i] = &cache.strategies(node.op, in);
+      MESHFLOW_CHECK(!strategies_of[i]->empty(), "node \"{}\" has no strategy", node.name);
     }
     for (std::size_t i = 0; i < n; ++i) {
       const Node& node = pcg.nodes[i];
       if (is_source(node) && !private_source[i] && uses[i] > 0) add_shared_source(i, strategies_of);
       if (node.kind == NodeKind::kParallel) add_parallel(i);
-      if (node.kind == NodeKind::kCompute) add_compute(i, strategies_of[i], private_source);
+      if (node.kind == NodeKind::kCompute) add_compute(i, *strategies_of[i], private_source);
     }
   }
 
-  int add_variable(std::size_t node, ChoiceProblem::Variable v, PlacementProblem::Meaning m) {
+  // Adds a variable: `v[k]` its seconds and bytes at ZeRO level zeros[k].
+  int add_variable(std::size_t node, std::vector<ChoiceProblem::Variable> v,
+                   PlacementProblem::Meaning m) {
     std::vector<int>& ids = result_ids.emplace_back();
     std::vector<int>& targets = target_ids.emplace_back();
     for (const Layout& l : m.results) {
       ids.push_back(cache.id(l));
       targets.push_back(cache.id(gradient_target(l)));
     }
-    out.problem.variables.push_back(std::move(v));
+    for (std::size_t k = 0; k < zeros.size(); ++k) variables[k].push_back(std::move(v[k]));
     m.node = static_cast<ValueId>(node);
-    out.meanings.push_back(std::move(m));
-    var_of[node] = static_cast<int>(out.meanings.size()) - 1;
+    meanings.push_back(std::move(m));
+    var_of[node] = static_cast<int>(meanings.size()) - 1;
     return var_of[node];
   }
 
-  void add_shared_source(std::size_t i, const std::vector<std::vector<Strategy>>& strategies_of) {
+  void add_shared_source(std::size_t i,
+                         const std::vector<const std::vector<Strategy>*>& strategies_of) {
     const Node& src = pcg.nodes[i];
     std::vector<Layout> layouts;
     if (src.placements && ndim(meshes[i]) == static_cast<int>(src.placements->size()))
@@ -187,7 +197,7 @@ struct Builder {
       for (std::size_t k = 0; k < reader.inputs.size(); ++k) {
         if (reader.inputs[k] != static_cast<ValueId>(i)) continue;
         // A source is never Partial: held replicated where a strategy takes it Partial.
-        for (const Strategy& s : strategies_of[c]) layouts.push_back(gradient_target(s.inputs[k]));
+        for (const Strategy& s : *strategies_of[c]) layouts.push_back(gradient_target(s.inputs[k]));
       }
     }
     if (layouts.empty()) layouts.push_back(replicated(static_cast<ValueId>(i), meshes[i]));
@@ -195,17 +205,16 @@ struct Builder {
     for (Layout& l : layouts)
       if (std::find(unique.begin(), unique.end(), l) == unique.end())
         unique.push_back(std::move(l));
-    ChoiceProblem::Variable v{.name = src.name};
+    std::vector<ChoiceProblem::Variable> v(zeros.size(), {.name = src.name});
     PlacementProblem::Meaning m;
     for (const Layout& l : unique) {
-      if (src.kind == NodeKind::kWeight) {
-        // Its readers' edges bring their gradients to it; here the update and the state.
-        const auto [s, b] = weight_cost(l, l);
-        v.seconds.push_back(s);
-        v.bytes.push_back(b);
-      } else {
-        v.seconds.push_back(0);
-        v.bytes.push_back(shard_bytes_of(l) * micro_batches);
+      for (std::size_t z = 0; z < zeros.size(); ++z) {
+        // A weight's readers' edges bring their gradients to it; here the update and the state.
+        const auto [s, b] = src.kind == NodeKind::kWeight
+                                ? weight_cost(l, l, zeros[z])
+                                : std::pair{0.0, shard_bytes_of(l) * micro_batches};
+        v[z].seconds.push_back(s);
+        v[z].bytes.push_back(b);
       }
       m.results.push_back(l);
       m.sources.emplace_back();
@@ -216,14 +225,16 @@ struct Builder {
   void add_parallel(std::size_t i) {
     const Node& node = pcg.nodes[i];
     const Layout own = make_layout(meshes[i], *node.placements, node.spec.shape, node.spec.dtype);
-    const int var =
-        add_variable(i, {.name = node.name, .seconds = {0}, .bytes = {shard_bytes_of(own)}},
-                     {.results = {own}, .sources = {{}}});
+    const int var = add_variable(
+        i,
+        std::vector<ChoiceProblem::Variable>(
+            zeros.size(), {.name = node.name, .seconds = {0}, .bytes = {shard_bytes_of(own)}}),
+        {.results = {own}, .sources = {{}}});
     const ValueId from = node.inputs[0];
     const int u = var_of[static_cast<std::size_t>(from)];
     MESHFLOW_CHECK(u >= 0, "a parallel op reads a private source");
     ChoiceProblem::Pair pair{.a = u, .b = var};
-    for (const Layout& l : out.meanings[static_cast<std::size_t>(u)].results) {
+    for (const Layout& l : meanings[static_cast<std::size_t>(u)].results) {
       double s = kInfeasible;
       try {
         check_parallel_op(node, l, own);
@@ -234,7 +245,7 @@ struct Builder {
       }
       pair.seconds.push_back(s);
     }
-    out.problem.pairs.push_back(std::move(pair));
+    pairs.push_back(std::move(pair));
   }
 
   void add_compute(std::size_t i, const std::vector<Strategy>& strategies,
@@ -263,7 +274,7 @@ struct Builder {
     std::optional<Layout> pin;
     if (node.placements)
       pin = make_layout(mesh, *node.placements, node.spec.shape, node.spec.dtype);
-    ChoiceProblem::Variable v{.name = node.name};
+    std::vector<ChoiceProblem::Variable> v(zeros.size(), {.name = node.name});
     PlacementProblem::Meaning m;
     // Per choice: its strategy (for the operand edges).
     std::vector<const Strategy*> chosen;
@@ -292,7 +303,10 @@ struct Builder {
         seconds += micro_batches * 2 * std::max(0.0, own);
         seconds += micro_batches * (move_s(s.output, result) +
                                     move_s(gradient_target(result), gradient_target(s.output)));
-        std::int64_t held = shard_bytes_of(result);
+        // Per ZeRO level, summed in the same order for each: the weights the choice owns
+        // differ.
+        std::vector<double> level_s(zeros.size(), seconds);
+        std::vector<std::int64_t> level_b(zeros.size(), shard_bytes_of(result));
         std::vector<std::pair<int, Layout>> sources;
         for (std::size_t k = 0; k < node.inputs.size(); ++k) {
           const auto a = static_cast<std::size_t>(node.inputs[k]);
@@ -301,17 +315,24 @@ struct Builder {
           // divided on each device (a local step).
           const Layout held_as = gradient_target(s.inputs[k]);
           sources.emplace_back(static_cast<int>(k), held_as);
-          seconds += micro_batches * move_s(held_as, s.inputs[k]);
-          if (pcg.nodes[a].kind == NodeKind::kWeight) {
-            const auto [ws, wb] = weight_cost(held_as, gradient_layout(s, k));
-            seconds += ws;
-            held += wb;
-          } else {
-            held += shard_bytes_of(held_as) * micro_batches;
+          const double divide_s = micro_batches * move_s(held_as, s.inputs[k]);
+          const bool weight = pcg.nodes[a].kind == NodeKind::kWeight;
+          const Layout gradient = weight ? gradient_layout(s, k) : held_as;
+          for (std::size_t z = 0; z < zeros.size(); ++z) {
+            level_s[z] += divide_s;
+            if (weight) {
+              const auto [ws, wb] = weight_cost(held_as, gradient, zeros[z]);
+              level_s[z] += ws;
+              level_b[z] += wb;
+            } else {
+              level_b[z] += shard_bytes_of(held_as) * micro_batches;
+            }
           }
         }
-        v.seconds.push_back(seconds);
-        v.bytes.push_back(held);
+        for (std::size_t z = 0; z < zeros.size(); ++z) {
+          v[z].seconds.push_back(level_s[z]);
+          v[z].bytes.push_back(level_b[z]);
+        }
         m.results.push_back(result);
         m.sources.push_back(std::move(sources));
         chosen.push_back(&s);
@@ -341,7 +362,7 @@ struct Builder {
           pair.seconds.push_back(micro_batches * sec);
         }
       }
-      out.problem.pairs.push_back(std::move(pair));
+      pairs.push_back(std::move(pair));
     }
   }
 };
@@ -489,11 +510,20 @@ std::size_t SearchCache::StrategyHash::operator()(const StrategyKey& k) const {
   return h;
 }
 
-PlacementProblem placement_problem(const Pcg& pcg, int zero, int micro_batches,
-                                   const AutoshardOptions& options, SearchCache& cache) {
-  Builder b(pcg, zero, micro_batches, options, cache);
+std::vector<PlacementProblem> placement_problems(const Pcg& pcg, const std::vector<int>& zeros,
+                                                 int micro_batches, const AutoshardOptions& options,
+                                                 SearchCache& cache) {
+  Builder b(pcg, zeros, micro_batches, options, cache);
   b.run();
-  return std::move(b.out);
+  std::vector<PlacementProblem> out;
+  for (std::size_t z = 0; z < zeros.size(); ++z) {
+    // The last level takes the shared tables; the others copy them.
+    const bool last = z + 1 == zeros.size();
+    out.push_back({.problem = {.variables = std::move(b.variables[z]),
+                               .pairs = last ? std::move(b.pairs) : b.pairs},
+                   .meanings = last ? std::move(b.meanings) : b.meanings});
+  }
+  return out;
 }
 
 AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOptions& options,
@@ -538,10 +568,10 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
       continue;
     }
     bool fitted = false;
-    // The problems are built in turn (they share the cache) and solved at once, each on a
-    // thread of its own (solving is pure).
-    std::vector<PlacementProblem> problems;
-    for (int z : zeros) problems.push_back(placement_problem(split, z, m, options, cache));
+    // The levels' problems are built together and solved at once, each on a thread of its own
+    // (solving is pure).
+    const std::vector<PlacementProblem> problems =
+        placement_problems(split, zeros, m, options, cache);
     std::vector<std::future<std::optional<SearchResult>>> solving;
     for (const PlacementProblem& p : problems) {
       solving.push_back(std::async(std::launch::async, [&p, &options] {

@@ -108,9 +108,11 @@ class SearchCache {
 // The seconds of a choice no program makes: no sum of real seconds reaches it.
 inline constexpr double kInfeasibleSeconds = 1e18;
 
-// Builds the problem for `pcg` (micro-batches already split where M > 1) with `cache`.
-PlacementProblem placement_problem(const Pcg& pcg, int zero, int micro_batches,
-                                   const AutoshardOptions& options, SearchCache& cache);
+// Builds the problems for `pcg` (micro-batches already split where M > 1) with `cache`, one per
+// ZeRO level of `zeros`, in that order: their operand edges' tables are priced once.
+std::vector<PlacementProblem> placement_problems(const Pcg& pcg, const std::vector<int>& zeros,
+                                                 int micro_batches, const AutoshardOptions& options,
+                                                 SearchCache& cache);
 
 struct AutoshardResult {
   nlohmann::json model;  // the written model file, paths relative to the folder it goes to

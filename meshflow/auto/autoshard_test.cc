@@ -54,13 +54,17 @@ Model mlp(const std::string& shape) {
 using testing::exhaustive;
 
 TEST(Autoshard, ModelProblemEqualsExhaustiveEnumeration) {
+  const std::vector<int> zeros = {0, 1, 3};
   for (const std::string shape : {"2", "3"}) {
-    for (int zero : {0, 1, 3}) {
-      SCOPED_TRACE("mesh " + shape + ", zero " + std::to_string(zero));
-      const Model m = mlp(shape);
-      const AutoshardOptions options{.update = {.kind = OptimizerKind::kAdamW}};
-      SearchCache cache(options.plan);
-      const PlacementProblem p = placement_problem(m.pcg, zero, 1, options, cache);
+    const Model m = mlp(shape);
+    const AutoshardOptions options{.update = {.kind = OptimizerKind::kAdamW}};
+    SearchCache cache(options.plan);
+    const std::vector<PlacementProblem> problems =
+        placement_problems(m.pcg, zeros, 1, options, cache);
+    ASSERT_EQ(problems.size(), zeros.size());
+    for (std::size_t z = 0; z < zeros.size(); ++z) {
+      SCOPED_TRACE("mesh " + shape + ", zero " + std::to_string(zeros[z]));
+      const PlacementProblem& p = problems[z];
       ASSERT_EQ(p.problem.variables.size(), 4u);  // the compute nodes; every source is private
       const testing::Exhaustive free = exhaustive(p.problem, {});
       const std::optional<SearchResult> got = solve(p.problem);
