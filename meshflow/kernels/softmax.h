@@ -19,7 +19,8 @@ void softmax_grad_row(const float* p, float* dp, std::int64_t n, float scale);
 // then its exponentials against the running max while the chunk is in the first-level cache,
 // the sum so far rescaled by exp(old max - new max) where a chunk raises the max.
 
-// Returns log Σ exp(x[0, n)), n >= 1 (NaN if any x is NaN).
+// Returns log Σ exp(x[0, n)), n >= 1 (NaN if any x is NaN), the sum by VectorMath::sum_exp:
+// each chunk's exponentials computed while the next chunk streams in.
 float log_sum_exp_row(const float* x, std::int64_t n);
 
 // dx = g (softmax(x) - onehot(label)): the gradient of g times x's cross-entropy against label.

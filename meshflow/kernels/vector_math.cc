@@ -72,6 +72,13 @@ const VectorMath kScalar{
           }
           return sum;
         },
+    .sum_exp =
+        [](const float* x, float shift, std::int64_t n) {
+          float sum = 0;
+          for (std::int64_t i = 0; i < n; ++i)
+            sum += std::max(std::exp(x[i] - shift), std::numeric_limits<float>::min());
+          return sum;
+        },
 };
 
 }  // namespace

@@ -98,6 +98,35 @@ TEST(VectorMath, MaxAndShiftedExpSumAsSoftmaxUsesThem) {
   }
 }
 
+// sum_exp's terms against float64 one by one (each through a one-element sum, the other lanes
+// padding), then its sums over rows of logits of every scale: near 0, around 100 (where the
+// rounding of (x - shift) log2 e grows), and far below the shift (terms at the 2^-126 floor).
+TEST(VectorMath, StreamingExpSumAsFloat64) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (float d : {0.0f, -1e-6f, -0.3f, -0.5f, -0.7f, -1.0f, -5.5f, -10.0f, -40.0f, -87.0f}) {
+      const double want = std::exp(double{d}), got = m->sum_exp(&d, 0, 1);
+      // 2e-7 from the polynomial, float's rounding of d log2 e (|d| 1.44 2^-24), in relative
+      EXPECT_NEAR(got, want, (3e-7 + std::abs(d) * 1e-7) * want) << m->isa << " d=" << d;
+    }
+    for (float d : {-90.0f, -200.0f, -kInf})  // below 2^-126: counted as 2^-126
+      EXPECT_LE(m->sum_exp(&d, 0, 1), 2.0 * std::numeric_limits<float>::min()) << m->isa;
+    for (std::int64_t n : {1, 5, 16, 63, 64, 65, 4096, 8195}) {
+      for (float center : {0.0f, 100.0f, -100.0f}) {
+        std::vector<float> x = values(n, 12, 29 + static_cast<unsigned>(n));
+        for (float& v : x) v += center;
+        const auto len = static_cast<std::int64_t>(x.size());
+        const float shift = m->max(x.data(), len);
+        double sum = 0;
+        for (float v : x) sum += std::exp(double{v} - double{shift});
+        EXPECT_NEAR(m->sum_exp(x.data(), shift, len), sum, 1e-6 * sum)
+            << m->isa << " n=" << n << " center=" << center;
+      }
+    }
+    const std::vector<float> row = {1, std::nanf(""), 2};
+    EXPECT_TRUE(std::isnan(m->sum_exp(row.data(), 2, 3))) << m->isa;
+  }
+}
+
 TEST(VectorMath, SumsDotsAndSquaredDeviationsAsFloat64) {
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {0, 1, 7, 16, 31, 512, 4099}) {

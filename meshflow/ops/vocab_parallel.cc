@@ -62,7 +62,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
           const T* xr = x + r * cols;
           T sum = 0;
           if constexpr (std::is_same_v<T, float>) {
-            sum = vector_math().exp_sum(xr, m[r], nullptr, cols);
+            sum = vector_math().sum_exp(xr, m[r], cols);
           } else {
             for (std::int64_t j = 0; j < cols; ++j) sum += std::exp(xr[j] - m[r]);
           }
