@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "bench/collectives_bench.h"
 #include "bench/gpt_model.h"
@@ -131,61 +132,75 @@ StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimi
   return *e.step_time;
 }
 
-// DESIGN's floor of a training step: the matrix products of the reporting device's step (every
-// linear's forward and both gradient products, the LM head, attention's batched products: two
-// forward, four backward) as one cblas_sgemm each at its shape (a batched product: one per
-// batch element), between buffers allocated once, on the calling thread and `threads` - 1
-// helpers, each product split as a device's team splits it (kernels/gemm.h).
+// DESIGN's floor of a training step: the matrix products of each device's step (every linear's
+// forward and both gradient products, the LM head, attention's batched products: two forward,
+// four backward) as one cblas_sgemm each at its shape (a batched product: one per batch
+// element), between buffers allocated once per device, every device's products at once on
+// threads of their own (as the step runs them: the devices share the caches and the memory
+// bus), each device's split over `threads` as its team splits it (kernels/gemm.h). The floor is
+// the time until the last device is done.
 class ProductFloor {
  public:
-  ProductFloor(const Model& m, const Optimizer& optimizer, int micro_batches, int threads)
-      : team_(threads) {
+  ProductFloor(const Model& m, const Optimizer& optimizer, int micro_batches, int threads) {
     const Pcg g =
         compile(m.pcg, Mode::kTrain, {.update = optimizer.rule, .micro_batches = micro_batches});
     const TaskGraph t = expand_shards(g, {*g.loss});
-    const DeviceTasks& dt = t.devices.front();
-    std::int64_t most = 0;
-    for (const Task& task : dt.tasks) {
-      const auto* c = std::get_if<ComputeTask>(&task.work);
-      if (!c) continue;
-      std::vector<Shape> local;
-      for (ValueId v : c->call->args)
-        local.push_back(local_shape(t.layouts[static_cast<std::size_t>(v)], dt.device));
-      const int times = task.once_per_step ? 1 : micro_batches;
-      for (int i = 0; i < times; ++i) add(c->call->op.type, local);
-    }
-    for (const Product& p : products_) most = std::max({most, p.m * p.k, p.k * p.n, p.m * p.n});
-    for (auto* buffer : {&a_, &b_, &c_}) {
-      *buffer = random_tensor(DType::kFloat32, {std::max<std::int64_t>(most, 1)}, 7);
+    for (const DeviceTasks& dt : t.devices) {
+      Device& d = devices_.emplace_back(std::make_unique<ThreadTeam>(threads));
+      for (const Task& task : dt.tasks) {
+        const auto* c = std::get_if<ComputeTask>(&task.work);
+        if (!c) continue;
+        std::vector<Shape> local;
+        for (ValueId v : c->call->args)
+          local.push_back(local_shape(t.layouts[static_cast<std::size_t>(v)], dt.device));
+        const int times = task.once_per_step ? 1 : micro_batches;
+        for (int i = 0; i < times; ++i) add(d.products, c->call->op.type, local);
+      }
+      std::int64_t most = 1;
+      for (const Product& p : d.products) most = std::max({most, p.m * p.k, p.k * p.n, p.m * p.n});
+      for (auto* buffer : {&d.a, &d.b, &d.c}) *buffer = random_tensor(DType::kFloat32, {most}, 7);
     }
   }
   double time() {
-    const UseTeam use(&team_);
     return time_once([&] {
-      for (const Product& p : products_) {
-        for (std::int64_t i = 0; i < p.batch; ++i)
-          gemm<float>(p.trans_a, p.trans_b, p.m, p.n, p.k, a_.data<float>().data(),
-                      p.trans_a ? p.m : p.k, b_.data<float>().data(), p.trans_b ? p.k : p.n, 0.0f,
-                      c_.data<float>().data(), p.n);
-      }
+      std::vector<std::thread> others;
+      for (std::size_t i = 1; i < devices_.size(); ++i)
+        others.emplace_back([this, i] { run(devices_[i]); });
+      run(devices_.front());
+      for (std::thread& t : others) t.join();
     });
   }
-  std::size_t products() const { return products_.size(); }
+  // The reporting device's (device 0's).
+  std::size_t products() const { return devices_.front().products.size(); }
 
  private:
   struct Product {
     bool trans_a = false, trans_b = false;
     std::int64_t batch = 1, m = 0, n = 0, k = 0;
   };
+  struct Device {
+    std::unique_ptr<ThreadTeam> team;
+    std::vector<Product> products;
+    Tensor a, b, c;
+  };
+  static void run(Device& d) {
+    const UseTeam use(d.team.get());
+    for (const Product& p : d.products) {
+      for (std::int64_t i = 0; i < p.batch; ++i)
+        gemm<float>(p.trans_a, p.trans_b, p.m, p.n, p.k, d.a.data<float>().data(),
+                    p.trans_a ? p.m : p.k, d.b.data<float>().data(), p.trans_b ? p.k : p.n, 0.0f,
+                    d.c.data<float>().data(), p.n);
+    }
+  }
   static std::int64_t rows(const Shape& s) {
     std::int64_t r = 1;
     for (std::size_t i = 0; i + 1 < s.size(); ++i) r *= s[i];
     return r;
   }
-  void add(OpType type, const std::vector<Shape>& in) {
+  static void add(std::vector<Product>& products, OpType type, const std::vector<Shape>& in) {
     auto gemm_of = [&](bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n,
                        std::int64_t k) {
-      products_.push_back({.trans_a = ta, .trans_b = tb, .batch = batch, .m = m, .n = n, .k = k});
+      products.push_back({.trans_a = ta, .trans_b = tb, .batch = batch, .m = m, .n = n, .k = k});
     };
     switch (type) {
       case OpType::kMatmul:
@@ -215,16 +230,14 @@ class ProductFloor {
         return gemm_of(true, false, batch, sk, dv, sq);
     }
   }
-  std::vector<Product> products_;
-  Tensor a_, b_, c_;
-  ThreadTeam team_;
+  std::vector<Device> devices_;
 };
 
 // Trains `m` with `optimizer` for warmup + reps steps on threads and fills r's times with the
 // timed steps, and its extras with the medians of the reporting device's kernel, movement and
 // other time, and of its optimizer's time against the optimizer's floor (measured between the
 // steps on the reporting device's thread, for `weight_bytes` per device), and explain's
-// estimate of the step against the measured median.
+// estimate of the step against the measured median; with `products`, r's floor too.
 void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
                    std::int64_t weight_bytes, BenchResult& r, int micro_batches = 1,
                    ProductFloor* products = nullptr, int zero = 0) {
@@ -239,9 +252,16 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   options.progress = [&](const StepReport& s) {
     if (s.step <= o.warmup) return;
     floors.push_back(floor.time());
-    if (products) r.floor_s.push_back(products->time());
   };
+  // The products' floor runs every device at once, so not between the steps: the devices other
+  // than the reporting one are computing the next step there. Half before the run, half after.
+  if (products) {
+    for (int i = 0; i < (o.reps + 1) / 2; ++i) r.floor_s.push_back(products->time());
+  }
   const TrainReport t = train_model(m, options);
+  if (products) {
+    for (int i = (o.reps + 1) / 2; i < o.reps; ++i) r.floor_s.push_back(products->time());
+  }
   std::vector<double> kernel, movement, overhead, update;
   for (std::size_t i = static_cast<std::size_t>(o.warmup); i < t.steps.size(); ++i) {
     const StepReport& s = t.steps[i];
