@@ -43,11 +43,11 @@ void forward_range(const float* x, const float* __restrict w, const float* __res
   }
 }
 
-// gw: d floats of scratch.
+// Three passes over a row: its mean, then its squared deviations with Σ g w and Σ g w x
+// (VectorMath::norm_grad_sums), then gx.
 MESHFLOW_VECTOR_CLONES
 void grad_x_range(const float* g, const float* x, const float* __restrict w, float* gx,
-                  float* __restrict gw, std::int64_t first, std::int64_t last, std::int64_t d,
-                  float eps) {
+                  std::int64_t first, std::int64_t last, std::int64_t d, float eps) {
   const VectorMath& m = vector_math();
   const float n = static_cast<float>(d);
   for (std::int64_t r = first; r < last; ++r) {
@@ -58,14 +58,14 @@ void grad_x_range(const float* g, const float* x, const float* __restrict w, flo
       prefetch_row(xr + d, d);
       prefetch_row(gr + d, d);
     }
-    const RowStats s = row_stats(m, xr, d, eps);
-    for (std::int64_t j = 0; j < d; ++j) gw[j] = gr[j] * w[j];
-    const float sum_gw = m.sum(gw, d);
+    const float mean = m.sum(xr, d) / n;
+    const auto [sq_dev, sum_gw, sum_gwx] = m.norm_grad_sums(xr, gr, w, mean, d);
+    const float rstd = 1.0f / std::sqrt(sq_dev / n + eps);
     const float m1 = sum_gw / n;
     // mean(g w x̂) = rstd (Σ g w x - mean Σ g w) / d
-    const float m2 = s.rstd * (m.dot(gw, xr, d) - s.mean * sum_gw) / n;
-    const float c = s.rstd * m2;
-    for (std::int64_t j = 0; j < d; ++j) out[j] = s.rstd * (gw[j] - m1 - (xr[j] - s.mean) * c);
+    const float m2 = rstd * (sum_gwx - mean * sum_gw) / n;
+    const float c = rstd * m2;
+    for (std::int64_t j = 0; j < d; ++j) out[j] = rstd * (gr[j] * w[j] - m1 - (xr[j] - mean) * c);
   }
 }
 
@@ -98,8 +98,7 @@ void layer_norm_rows(const float* x, const float* w, const float* b, float* y, s
 void layer_norm_grad_x_rows(const float* g, const float* x, const float* w, float* gx,
                             std::int64_t rows, std::int64_t d, float eps) {
   parallel_for(rows, row_grain(d), [&](std::int64_t first, std::int64_t last) {
-    std::vector<float> gw(static_cast<std::size_t>(d));
-    grad_x_range(g, x, w, gx, gw.data(), first, last, d, eps);
+    grad_x_range(g, x, w, gx, first, last, d, eps);
   });
 }
 

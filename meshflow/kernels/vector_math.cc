@@ -61,6 +61,16 @@ const VectorMath kScalar{
           for (std::int64_t i = 0; i < n; ++i) s += (x[i] - c) * (x[i] - c);
           return s;
         },
+    .norm_grad_sums =
+        [](const float* x, const float* g, const float* w, float c, std::int64_t n) {
+          std::array<float, 3> out{};
+          for (std::int64_t i = 0; i < n; ++i) {
+            out[0] += (x[i] - c) * (x[i] - c);
+            out[1] += g[i] * w[i];
+            out[2] += g[i] * w[i] * x[i];
+          }
+          return out;
+        },
     .exp_sum =
         [](const float* x, float shift, float* y, std::int64_t n) {
           float sum = 0;

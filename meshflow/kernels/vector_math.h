@@ -9,6 +9,7 @@
 // in float lanes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,9 @@ struct VectorMath {
   float (*sum)(const float* x, std::int64_t n);  // Σ x
   float (*dot)(const float* a, const float* b, std::int64_t n);  // Σ a b
   float (*sum_sq_dev)(const float* x, float c, std::int64_t n);  // Σ (x - c)²
+  // Layer norm's gradient sums in one pass: {Σ (x - c)², Σ g w, Σ g w x}.
+  std::array<float, 3> (*norm_grad_sums)(const float* x, const float* g, const float* w, float c,
+                                         std::int64_t n);
   // Returns Σ exp(x - shift), shift at least every x (their max, so no term exceeds 1); writes
   // the terms to y unless y is null; streams a row of kStreamFloats or more. A term below the
   // smallest normal float (x - shift < -87.3) is 0: a denormal softmax probability weighs

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 
@@ -206,6 +207,35 @@ struct SimdLoops {
                                                      (i * sizeof(float) + kAheadBytes)));
   }
 
+  static std::array<float, 3> norm_grad_sums(const float* x, const float* g, const float* w,
+                                             float c, std::int64_t n) {
+    const R cv = V::set1(c);
+    // Two sets of running sums: one would wait on the last add's latency.
+    R dev0 = V::set1(0.0f), gw0 = dev0, gwx0 = dev0, dev1 = dev0, gw1 = dev0, gwx1 = dev0;
+    const auto step = [&](std::int64_t i, R& dev, R& gw, R& gwx) {
+      const R xv = V::load(x + i), d = V::sub(xv, cv);
+      const R t = V::mul(V::load(g + i), V::load(w + i));
+      dev = V::fmadd(d, d, dev);
+      gw = V::add(gw, t);
+      gwx = V::fmadd(t, xv, gwx);
+    };
+    std::int64_t i = 0;
+    for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      step(i, dev0, gw0, gwx0);
+      step(i + kWidth, dev1, gw1, gwx1);
+    }
+    for (; i + kWidth <= n; i += kWidth) step(i, dev0, gw0, gwx0);
+    std::array<float, 3> out = {V::hsum(V::add(dev0, dev1)), V::hsum(V::add(gw0, gw1)),
+                                V::hsum(V::add(gwx0, gwx1))};
+    for (; i < n; ++i) {
+      const float t = g[i] * w[i];
+      out[0] += (x[i] - c) * (x[i] - c);
+      out[1] += t;
+      out[2] += t * x[i];
+    }
+    return out;
+  }
+
   static float exp_sum(const float* x, float shift, float* y, std::int64_t n) {
     const R s = V::set1(shift);
     R acc = V::set1(0.0f);
@@ -283,6 +313,7 @@ struct SimdLoops {
             .sum = sum,
             .dot = dot,
             .sum_sq_dev = sum_sq_dev,
+            .norm_grad_sums = norm_grad_sums,
             .exp_sum = exp_sum,
             .sum_exp = sum_exp};
   }

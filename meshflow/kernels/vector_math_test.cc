@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -124,6 +125,29 @@ TEST(VectorMath, StreamingExpSumAsFloat64) {
     }
     const std::vector<float> row = {1, std::nanf(""), 2};
     EXPECT_TRUE(std::isnan(m->sum_exp(row.data(), 2, 3))) << m->isa;
+  }
+}
+
+TEST(VectorMath, LayerNormGradientSumsAsFloat64) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (std::int64_t n : {0, 1, 7, 16, 31, 33, 512, 4099}) {
+      const std::vector<float> x = values(n, 3, 53 + static_cast<unsigned>(n));
+      const std::vector<float> g = values(n, 2, 59 + static_cast<unsigned>(n));
+      const std::vector<float> w = values(n, 1.5f, 61 + static_cast<unsigned>(n));
+      const auto len = static_cast<std::int64_t>(x.size());
+      const float c = 0.37f;
+      double dev = 0, gw = 0, gwx = 0, abs_gw = 0, abs_gwx = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const double t = double{g[i]} * w[i];
+        dev += (double{x[i]} - c) * (double{x[i]} - c);
+        gw += t, abs_gw += std::abs(t);
+        gwx += t * x[i], abs_gwx += std::abs(t * x[i]);
+      }
+      const std::array<float, 3> got = m->norm_grad_sums(x.data(), g.data(), w.data(), c, len);
+      EXPECT_NEAR(got[0], dev, 1e-6 * dev + 1e-30) << m->isa << " n=" << n;
+      EXPECT_NEAR(got[1], gw, 1e-6 * abs_gw + 1e-30) << m->isa << " n=" << n;
+      EXPECT_NEAR(got[2], gwx, 1e-6 * abs_gwx + 1e-30) << m->isa << " n=" << n;
+    }
   }
 }
 
