@@ -17,6 +17,7 @@
 #include "meshflow/graph/model_file.h"
 #include "meshflow/graph/parallel_op.h"
 #include "meshflow/graph/passes.h"
+#include "meshflow/ops/attention.h"
 #include "meshflow/ops/strategy.h"
 #include "meshflow/plan/plan_cache.h"
 #include "meshflow/plan/transitions.h"
@@ -52,6 +53,25 @@ Layout gradient_layout(const Strategy& s, std::size_t i) {
     }
   }
   return with_placements(in, std::move(ps));
+}
+
+// Returns the work points of `op`'s kernel under strategy s on the device that does the most:
+// the first device, whose shards are the largest, except for a causal attention, whose later
+// query shards see more keys (every device's is counted).
+double most_work(const Op& op, const std::vector<TensorSpec>& globals, const Strategy& s) {
+  const std::vector<DeviceId> first{s.output.mesh.devices[0]};
+  const bool by_offsets = op.causal && is_attention_family(op.type);
+  double most = 0;
+  for (DeviceId device : by_offsets ? s.output.mesh.devices : first) {
+    std::vector<Shape> local;
+    ShardOffsets offsets;
+    for (const Layout& l : s.inputs) {
+      local.push_back(local_shape(l, device));
+      offsets.push_back(shard_box(l, device).offset);
+    }
+    most = std::max(most, work_points(op, globals, local, local_shape(s.output, device), offsets));
+  }
+  return most;
 }
 
 bool is_source(const Node& n) { return n.kind == NodeKind::kInput || n.kind == NodeKind::kWeight; }
@@ -281,16 +301,11 @@ struct Builder {
     for (const Strategy& s : strategies) {
       std::vector<Layout> results{s.output};
       if (pin && *pin != s.output) results.push_back(*pin);
+      const double work = most_work(op, globals, s);
       for (const Layout& result : results) {
-        std::vector<Shape> local;
         double bytes = static_cast<double>(shard_bytes_of(s.output));
-        for (const Layout& l : s.inputs) {
-          local.push_back(local_shape(l, mesh.devices[0]));
-          bytes += static_cast<double>(shard_bytes_of(l));
-        }
-        const double forward = kernel_seconds(
-            machine, work_points(op, globals, local, local_shape(s.output, mesh.devices[0])),
-            bytes);
+        for (const Layout& l : s.inputs) bytes += static_cast<double>(shard_bytes_of(l));
+        const double forward = kernel_seconds(machine, work, bytes);
         double backward = forward * with_gradient;
         if (bias_gradient)
           backward += kernel_seconds(machine, 0, static_cast<double>(shard_bytes_of(s.output)));

@@ -324,7 +324,7 @@ OpRoute route(const Op& op, const std::vector<Layout>& layouts) {
       bytes += static_cast<double>(numel(local.back()) * size_of(layouts[i].dtype));
     }
     *r.local_kernels_s += kernel_seconds(
-        default_machine(), work_points(d->op, d->globals, local, d->local_out), bytes);
+        default_machine(), work_points(d->op, d->globals, local, d->local_out, d->offsets), bytes);
   }
   return r;
 }

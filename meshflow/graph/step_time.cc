@@ -37,7 +37,8 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
       bytes += bytes_of(g, a, device);
     }
     t.compute_s = kernel_seconds(
-        machine, work_points(c->call->op, c->call->globals, local, c->local_out), bytes);
+        machine, work_points(c->call->op, c->call->globals, local, c->local_out, c->offsets),
+        bytes);
     return t;
   }
   if (std::holds_alternative<MoveTask>(task.work)) {

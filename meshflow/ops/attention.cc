@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
@@ -33,6 +34,20 @@ Dims dims_of(const Shape& q, const Shape& k, const Shape& v) {
   d.sk = k[k.size() - 2];
   d.dv = v.back();
   return d;
+}
+
+// The keys a block of `rows` query rows from r0 sees: all, or with a causal mask those up to
+// its last query's global position (q_off + r0 + rows), counted from k's first (k_off).
+std::int64_t block_keys(const Op& op, const Dims& d, std::int64_t q_off, std::int64_t k_off,
+                        std::int64_t r0, std::int64_t rows) {
+  return op.causal ? std::clamp<std::int64_t>(q_off + r0 + rows - k_off, 0, d.sk) : d.sk;
+}
+
+// The sequence offsets of q's and k's shards (0 where none is given).
+std::pair<std::int64_t, std::int64_t> sequence_offsets(std::size_t rank,
+                                                       const ShardOffsets& offsets) {
+  const std::size_t seq = rank - 2;
+  return {offsets.size() > 0 ? offsets[0][seq] : 0, offsets.size() > 1 ? offsets[1][seq] : 0};
 }
 
 }  // namespace
@@ -98,8 +113,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
         const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
         // A causal block sees the keys up to its last query's position: the products and rows
         // below run over those `keys` columns only (the rest of P and dS is 0).
-        const std::int64_t keys =
-            op.causal ? std::clamp<std::int64_t>(q_off + r0 + rows - k_off, 0, d.sk) : d.sk;
+        const std::int64_t keys = block_keys(op, d, q_off, k_off, r0, rows);
         // P = softmax(scale * q kᵀ, masked) for this block of query rows
         gemm<T>(false, true, rows, keys, d.dk, qb + r0 * d.dk, d.dk, kb, d.dk, T(0), p.data(),
                 d.sk);
@@ -159,9 +173,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
 
 Tensor attention_kernel(const Op& op, const std::vector<const Tensor*>& in,
                         const ShardOffsets& offsets) {
-  const std::size_t seq = in[0]->shape().size() - 2;
-  const std::int64_t q_off = offsets.size() > 0 ? offsets[0][seq] : 0;
-  const std::int64_t k_off = offsets.size() > 1 ? offsets[1][seq] : 0;
+  const auto [q_off, k_off] = sequence_offsets(in[0]->shape().size(), offsets);
   return in[0]->dtype() == DType::kFloat64 ? run<double>(op, in, q_off, k_off)
                                            : run<float>(op, in, q_off, k_off);
 }
@@ -201,15 +213,16 @@ DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& in) {
   return l;
 }
 
-double attention_work(const Op& op, const std::vector<Shape>& local) {
+double attention_work(const Op& op, const std::vector<Shape>& local, const ShardOffsets& offsets) {
   const Dims d = dims_of(local[0], local[1], local[2]);
+  const auto [q_off, k_off] = sequence_offsets(local[0].size(), offsets);
   // Score pairs the kernel computes: every (query, key), or with a causal mask the keys up to
-  // each block's last query (queries and keys starting at the same position, as on one device).
+  // each block's last query (a later query shard sees more of them).
   double pairs = 0;
   for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
     const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
-    pairs += static_cast<double>(rows) *
-             static_cast<double>(op.causal ? std::min(d.sk, r0 + rows) : d.sk);
+    pairs +=
+        static_cast<double>(rows) * static_cast<double>(block_keys(op, d, q_off, k_off, r0, rows));
   }
   // Each pass recomputes the scores (dk); the forward multiplies them by v (dv); grad_v adds
   // Pᵀ g (dv); grad_q and grad_k add g vᵀ (dv) and dS k or dSᵀ q (dk).

@@ -20,7 +20,9 @@ TensorSpec infer_attention(const Op& op, const std::vector<TensorSpec>& inputs);
 Tensor attention_kernel(const Op& op, const std::vector<const Tensor*>& in,
                         const ShardOffsets& offsets);
 DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& inputs);
-// Multiply-adds of the kernel on local operands: two products of Sq x Sk by Dk and Dv.
-double attention_work(const Op& op, const std::vector<Shape>& local);
+// Multiply-adds of the kernel on local operands whose shards start at `offsets` (the kernel's):
+// two products of Sq x Sk by Dk and Dv, over the keys each block of queries sees.
+double attention_work(const Op& op, const std::vector<Shape>& local,
+                      const ShardOffsets& offsets = {});
 
 }  // namespace meshflow

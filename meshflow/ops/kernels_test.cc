@@ -65,6 +65,25 @@ TEST(WorkPoints, ProductOfEveryLabelsLocalExtent) {
   EXPECT_EQ(work_points(Op{.type = OpType::kNeg}, {scalar}, {{}}, {}), 1);
 }
 
+// A causal attention's work counts the keys each block of 64 queries sees, from where the
+// query shard starts: of 256 positions split in two, the second half sees 3 times the first's.
+TEST(WorkPoints, CausalAttentionCountsTheKeysAQueryShardSees) {
+  const TensorSpec qkv{{2, 256, 8}, DType::kFloat32};
+  const Op op{.type = OpType::kAttention, .causal = true};
+  const std::vector<TensorSpec> globals{qkv, qkv, qkv};
+  const Shape half{2, 128, 8}, whole{2, 256, 8};
+  // pairs x (Dk + Dv) x batch; blocks of 64 rows see 64, 128, ... keys
+  const double first = work_points(op, globals, {half, whole, whole}, half, {{0, 0, 0}});
+  const double second = work_points(op, globals, {half, whole, whole}, half, {{0, 128, 0}});
+  EXPECT_EQ(first, 2.0 * 64 * (64 + 128) * 16);
+  EXPECT_EQ(second, 2.0 * 64 * (192 + 256) * 16);
+  EXPECT_EQ(work_points(op, globals, {whole, whole, whole}, whole), first + second);
+  // Without the mask every query sees every key, wherever its shard starts.
+  const Op full{.type = OpType::kAttention};
+  EXPECT_EQ(work_points(full, globals, {half, whole, whole}, half, {{0, 128, 0}}),
+            2.0 * 128 * 256 * 16);
+}
+
 TEST(Kernels, MatmulWithBatchedLeftOperandMatchesNaiveLoops) {
   for (DType dt : {DType::kFloat32, DType::kFloat64}) {
     const Tensor a = rnd({2, 3, 5}, 1, dt), b = rnd({5, 4}, 2, dt);

@@ -235,12 +235,13 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
 }
 
 double work_points(const Op& op, const std::vector<TensorSpec>& globals,
-                   const std::vector<Shape>& local, const Shape& local_out) {
+                   const std::vector<Shape>& local, const Shape& local_out,
+                   const ShardOffsets& offsets) {
   MESHFLOW_CHECK(local.size() == globals.size());
   // one copy (views), one row copy or add per id (embedding)
   if (is_view_family(op.type) || is_embedding_family(op.type))
     return static_cast<double>(numel(local_out));
-  if (is_attention_family(op.type)) return attention_work(op, local);
+  if (is_attention_family(op.type)) return attention_work(op, local, offsets);
   const DimLabels labels = dim_labels(op, globals);
   std::map<int, std::int64_t> extent;
   auto take = [&](const std::vector<int>& dims, const Shape& shape) {

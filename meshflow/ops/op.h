@@ -159,10 +159,12 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& inputs);
 
 // Returns the multiply-adds (or elementwise steps) of `op`'s kernel (op as normalize returns it,
 // on operands of `globals` specs) run on operands of `local` shapes giving a result of
-// `local_out` shape: the product of the extents of every label (1 for a scalar). What the cost
-// model prices a kernel by (plan/cost_model.h, kernel_seconds).
+// `local_out` shape: the product of the extents of every label (1 for a scalar); a causal
+// attention's also depends on where its shards start (`offsets`, as run_kernel takes them). What
+// the cost model prices a kernel by (plan/cost_model.h, kernel_seconds).
 double work_points(const Op& op, const std::vector<TensorSpec>& globals,
-                   const std::vector<Shape>& local, const Shape& local_out);
+                   const std::vector<Shape>& local, const Shape& local_out,
+                   const ShardOffsets& offsets = {});
 
 // Returns the labels from, from + 1, ..., to - 1.
 std::vector<int> label_range(int from, int to);
