@@ -19,9 +19,9 @@ namespace meshflow {
 // The loops of one instruction set. Every function takes n elements; an output may alias its
 // input (in place).
 struct VectorMath {
-  // A row at least this long (16 KiB) is streamed from memory, not read from cache: exp_sum and
-  // sum_exp then prefetch as far ahead of each read (a long row read chunk by chunk, or rows
-  // one after another, never wait on memory).
+  // A row at least this long (16 KiB) comes from memory, not from cache: exp_sum then streams
+  // it, prefetching as far ahead of each read (a long row read chunk by chunk, or rows one after
+  // another, never wait on memory). sum_exp streams every row.
   static constexpr std::int64_t kStreamFloats = 4096;
 
   std::string_view isa;  // "avx512", "avx2", "sse2", "scalar"
