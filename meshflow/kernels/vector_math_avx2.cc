@@ -40,9 +40,9 @@ struct Avx2 {
     return _mm256_blendv_ps(pos, neg, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_LT_OQ));
   }
   static Reg abs(Reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
-  // Lanes below the smallest normal float become 0 (NaN stays).
-  static Reg flush_tiny(Reg a) {
-    return _mm256_andnot_ps(_mm256_cmp_ps(a, _mm256_set1_ps(kSmallestNormal), _CMP_LT_OQ), a);
+  // Lanes below t become 0 (NaN stays).
+  static Reg flush_below(Reg a, float t) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(a, _mm256_set1_ps(t), _CMP_LT_OQ), a);
   }
   static Reg tanh(Reg a) { return Sleef_tanhf8_u10avx2(a); }
   static float hsum(Reg a) {

@@ -36,9 +36,9 @@ struct Avx512 {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_LT_OQ), pos, neg);
   }
   static Reg abs(Reg a) { return _mm512_abs_ps(a); }
-  // Lanes below the smallest normal float become 0 (NaN stays).
-  static Reg flush_tiny(Reg a) {
-    const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(kSmallestNormal), _CMP_LT_OQ);
+  // Lanes below t become 0 (NaN stays).
+  static Reg flush_below(Reg a, float t) {
+    const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(t), _CMP_LT_OQ);
     return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), a);
   }
   static Reg tanh(Reg a) { return Sleef_tanhf16_u10avx512f(a); }

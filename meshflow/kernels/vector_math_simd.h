@@ -84,7 +84,12 @@ struct SimdLoops {
     poly = V::fmadd(poly, t, V::set1(-0.142248362f));
     poly = V::fmadd(poly, t, V::set1(0.127414793f));
     poly = V::mul(poly, t);
-    *gauss = exp<true>(V::mul(V::mul(x, x), V::set1(-0.5f)));
+    // A density below 2^-100 (|x| above 11.8) is 0: Φ's tail and x φ(x) are then far below
+    // float's resolution against 1. The exponent stops at -87, so that no step makes or reads a
+    // denormal, which runs 10-100x slower where the caller does not flush them (gelu_grad of 2M
+    // values of N(0, 32²) took 26 ms, 2.3 ms flushed).
+    const R half_sq = V::max(V::set1(-87.0f), V::mul(V::mul(x, x), V::set1(-0.5f)));
+    *gauss = V::flush_below(exp<true>(half_sq), 0x1p-100f);
     const R h = V::mul(poly, *gauss);
     return V::select_negative(x, h, V::sub(V::set1(1.0f), h));
   }
@@ -122,7 +127,9 @@ struct SimdLoops {
   static void sigmoid(const float* x, float* y, std::int64_t n) {
     map(x, y, n, [](R v) {
       const R one = V::set1(1.0f);
-      return V::div(one, V::add(one, exp(V::sub(V::set1(0.0f), v))));
+      // exp(-x) stops at exp(-87) (x above 87, where 1 + it is 1): no denormal operand.
+      const R neg = V::max(V::set1(-87.0f), V::sub(V::set1(0.0f), v));
+      return V::div(one, V::add(one, exp(neg)));
     });
   }
   static void gelu(const float* x, float* y, std::int64_t n) { map(x, y, n, gelu_of); }
@@ -243,7 +250,7 @@ struct SimdLoops {
     const bool stream = n >= VectorMath::kStreamFloats;
     for (; i + kWidth <= n; i += kWidth) {
       if (stream) prefetch_ahead(x, i);
-      const R e = V::flush_tiny(exp<true>(V::sub(V::load(x + i), s)));
+      const R e = V::flush_below(exp<true>(V::sub(V::load(x + i), s)), kSmallestNormal);
       if (y) V::store(y + i, e);
       acc = V::add(acc, e);
     }
@@ -251,7 +258,7 @@ struct SimdLoops {
       alignas(64) float buf[kWidth];
       std::fill(buf, buf + kWidth, -std::numeric_limits<float>::infinity());  // exp: 0
       std::copy(x + i, x + n, buf);
-      const R e = V::flush_tiny(exp(V::sub(V::load(buf), s)));
+      const R e = V::flush_below(exp(V::sub(V::load(buf), s)), kSmallestNormal);
       acc = V::add(acc, e);
       if (y) {
         V::store(buf, e);

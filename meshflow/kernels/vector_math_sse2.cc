@@ -38,9 +38,9 @@ struct Sse2 {
     return _mm_or_ps(_mm_and_ps(m, neg), _mm_andnot_ps(m, pos));
   }
   static Reg abs(Reg a) { return _mm_andnot_ps(_mm_set1_ps(-0.0f), a); }
-  // Lanes below the smallest normal float become 0 (NaN stays).
-  static Reg flush_tiny(Reg a) {
-    return _mm_andnot_ps(_mm_cmplt_ps(a, _mm_set1_ps(kSmallestNormal)), a);
+  // Lanes below t become 0 (NaN stays).
+  static Reg flush_below(Reg a, float t) {
+    return _mm_andnot_ps(_mm_cmplt_ps(a, _mm_set1_ps(t)), a);
   }
   static Reg tanh(Reg a) { return Sleef_tanhf4_u10sse2(a); }
   static float hsum(Reg a) {
