@@ -36,6 +36,21 @@ double timed(Communicator& comm, int reps, const std::function<void()>& fn) {
   return median(t);
 }
 
+// Returns each of fns' median span as `timed` does, the functions taking turns (one timed run of
+// each per round): a second in which the machine is slow then costs every function one sample
+// out of `reps`, not one function all of them, and the fits see no probe skewed alone.
+std::vector<double> timed_in_turn(Communicator& comm, int reps,
+                                  const std::vector<std::function<void()>>& fns) {
+  for (const auto& fn : fns) time_between_barriers(comm, fn);
+  std::vector<std::vector<double>> t(fns.size());
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < fns.size(); ++i)
+      t[i].push_back(time_between_barriers(comm, fns[i]));
+  std::vector<double> out;
+  for (std::vector<double>& v : t) out.push_back(median(std::move(v)));
+  return out;
+}
+
 // One operator run on one device's own operands: what the cost model prices by its points (its
 // multiply-adds or elementwise steps) and bytes (operands and result), as graph/step_time.cc
 // prices a task.
@@ -248,25 +263,40 @@ MachineModel calibrate(const CalibrateOptions& options) {
 
     // Kernels: each probe's time on a core of its own, then the two rates.
     const double sharing = core_sharing(m, n, threads);
-    std::vector<KernelTime> kernels;
-    for (KernelProbe& p : kernel_probes()) {
+    std::vector<KernelProbe> probes = kernel_probes();
+    struct Call {
+      Op op;
       std::vector<TensorSpec> specs;
       std::vector<const Tensor*> in;
+      double points = 0, bytes = 0;
+    };
+    std::vector<Call> calls;
+    std::vector<std::function<void()>> runs;
+    for (KernelProbe& p : probes) {
+      Call c;
       std::vector<Shape> shapes;
-      double bytes = 0;
       for (const Tensor& t : p.inputs) {
-        specs.push_back(spec_of(t));
-        in.push_back(&t);
+        c.specs.push_back(spec_of(t));
+        c.in.push_back(&t);
         shapes.push_back(t.shape());
-        bytes += static_cast<double>(t.nbytes());
+        c.bytes += static_cast<double>(t.nbytes());
       }
-      const Op op = normalize(p.op, specs);
-      const Tensor out = run_kernel(op, in, specs);
-      bytes += static_cast<double>(out.nbytes());
-      const double t = timed(comm, options.reps, [&] { run_kernel(op, in, specs); });
-      const double points = work_points(op, specs, shapes, out.shape());
-      kernels.push_back({.t = t / sharing, .x = 2 * points, .y = bytes / 2, .product = p.product});
-      say(fmt::format("kernel {}: {:.3f} ms ({})", p.name, t * 1e3, at_once));
+      c.op = normalize(p.op, c.specs);
+      const Tensor out = run_kernel(c.op, c.in, c.specs);
+      c.bytes += static_cast<double>(out.nbytes());
+      c.points = work_points(c.op, c.specs, shapes, out.shape());
+      calls.push_back(std::move(c));
+    }
+    for (const Call& c : calls) runs.push_back([&c] { run_kernel(c.op, c.in, c.specs); });
+    const std::vector<double> times = timed_in_turn(comm, options.reps, runs);
+    std::vector<KernelTime> kernels;
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      const double t = times[i];
+      kernels.push_back({.t = t / sharing,
+                         .x = 2 * calls[i].points,
+                         .y = calls[i].bytes / 2,
+                         .product = probes[i].product});
+      say(fmt::format("kernel {}: {:.3f} ms ({})", probes[i].name, t * 1e3, at_once));
     }
     const auto [flops, element_bytes] = fit_kernel_rates(kernels);
     m.gemm_gflops = flops / 1e9;
@@ -325,11 +355,15 @@ MachineModel calibrate(const CalibrateOptions& options) {
              },
              1, b, 0},
         };
-        for (const Case& c : cases) {
-          const double t = timed(comm, options.reps, c.run);
-          colls.push_back({.t = t, .rounds = c.rounds, .received = c.received, .memory = c.memory});
+        std::vector<std::function<void()>> collectives;
+        for (const Case& c : cases) collectives.push_back(c.run);
+        const std::vector<double> spans = timed_in_turn(comm, options.reps, collectives);
+        for (std::size_t i = 0; i < cases.size(); ++i) {
+          const Case& c = cases[i];
+          colls.push_back(
+              {.t = spans[i], .rounds = c.rounds, .received = c.received, .memory = c.memory});
           say(fmt::format("{} of {} bytes a device: {:.1f} us", c.name,
-                          static_cast<std::int64_t>(b), t * 1e6));
+                          static_cast<std::int64_t>(b), spans[i] * 1e6));
         }
       }
       const auto [overhead, latency, per_byte] = fit_link(colls);
