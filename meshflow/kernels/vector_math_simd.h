@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -39,6 +40,15 @@ struct SimdLoops {
     std::copy(buf, buf + (n - i), y + i);
   }
 
+  // Returns c[0] x^(N-1) + c[1] x^(N-2) + ... + c[N-1] by Horner's rule (N-1 multiply-adds,
+  // unrolled: N is a constant).
+  template <std::size_t N>
+  static R polynomial(R x, const float (&c)[N]) {
+    R p = V::set1(c[0]);
+    for (std::size_t k = 1; k < N; ++k) p = V::fmadd(p, x, V::set1(c[k]));
+    return p;
+  }
+
   // Returns exp(x), inline: x = n ln2 + r with |r| <= ln2/2 (Cody and Waite's two-part ln2),
   // exp(r) by a degree-6 polynomial (fitted here for relative error below 2e-9 on that range,
   // Lawson's iteration; 6 multiply-adds), times 2^n by V::scale2 (overflow to inf, underflow to
@@ -53,13 +63,8 @@ struct SimdLoops {
     const R n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
     R r = V::fmadd(n, V::set1(-0.693359375f), x);
     r = V::fmadd(n, V::set1(2.12194440e-4f), r);
-    R p = V::set1(0.00138368399f);
-    p = V::fmadd(p, r, V::set1(0.00837481581f));
-    p = V::fmadd(p, r, V::set1(0.0416682251f));
-    p = V::fmadd(p, r, V::set1(0.166664198f));
-    p = V::fmadd(p, r, V::set1(0.499999911f));
-    p = V::fmadd(p, r, V::set1(1.0f));
-    p = V::fmadd(p, r, V::set1(1.0f));
+    const R p = polynomial(
+        r, {0.00138368399f, 0.00837481581f, 0.0416682251f, 0.166664198f, 0.499999911f, 1.0f, 1.0f});
     return V::scale2(p, n);
   }
 
@@ -78,12 +83,8 @@ struct SimdLoops {
   // costs five exps.
   static R normal_cdf(R x, R* gauss) {
     const R t = recip(V::fmadd(V::set1(0.2316419f), V::abs(x), V::set1(1.0f)));
-    R poly = V::set1(0.53070271f);
-    poly = V::fmadd(poly, t, V::set1(-0.72657603f));
-    poly = V::fmadd(poly, t, V::set1(0.71070689f));
-    poly = V::fmadd(poly, t, V::set1(-0.142248362f));
-    poly = V::fmadd(poly, t, V::set1(0.127414793f));
-    poly = V::mul(poly, t);
+    const R poly = V::mul(
+        polynomial(t, {0.53070271f, -0.72657603f, 0.71070689f, -0.142248362f, 0.127414793f}), t);
     // A density below 2^-100 (|x| above 11.8) is 0: Φ's tail and x φ(x) are then far below
     // float's resolution against 1. The exponent stops at -87, so that no step makes or reads a
     // denormal, which runs 10-100x slower where the caller does not flush them (gelu_grad of 2M
@@ -102,18 +103,12 @@ struct SimdLoops {
   static R normal_cdf_centered(R x) {
     const R c = V::min(V::set1(5.5f), V::max(V::set1(-5.5f), x));
     const R s = V::mul(c, c);
-    R p = V::set1(2.2748034567143804e-08f);
-    p = V::fmadd(p, s, V::set1(6.352166565193329e-06f));
-    p = V::fmadd(p, s, V::set1(0.0001688395714154467f));
-    p = V::fmadd(p, s, V::set1(0.00467734644189477f));
-    p = V::fmadd(p, s, V::set1(0.03385404497385025f));
-    p = V::fmadd(p, s, V::set1(0.398942232131958f));
-    R q = V::set1(1.1974685776294791e-06f);
-    q = V::fmadd(q, s, V::set1(7.365168130490929e-05f));
-    q = V::fmadd(q, s, V::set1(0.0018845249433070421f));
-    q = V::fmadd(q, s, V::set1(0.028646672144532204f));
-    q = V::fmadd(q, s, V::set1(0.2515254318714142f));
-    q = V::fmadd(q, s, V::set1(1.0f));
+    const R p =
+        polynomial(s, {2.2748034567143804e-08f, 6.352166565193329e-06f, 0.0001688395714154467f,
+                       0.00467734644189477f, 0.03385404497385025f, 0.398942232131958f});
+    const R q =
+        polynomial(s, {1.1974685776294791e-06f, 7.365168130490929e-05f, 0.0018845249433070421f,
+                       0.028646672144532204f, 0.2515254318714142f, 1.0f});
     return V::mul(V::mul(c, p), recip(q));
   }
 
@@ -276,12 +271,8 @@ struct SimdLoops {
     t = V::max(V::set1(-126.0f), t);
     const R n = V::round(t);
     const R f = V::sub(t, n);
-    R p = V::set1(0.001326472731307149f);
-    p = V::fmadd(p, f, V::set1(0.009671512991189957f));
-    p = V::fmadd(p, f, V::set1(0.05550733581185341f));
-    p = V::fmadd(p, f, V::set1(0.24022242426872253f));
-    p = V::fmadd(p, f, V::set1(0.6931470036506653f));
-    p = V::fmadd(p, f, V::set1(1.0f));
+    const R p = polynomial(f, {0.001326472731307149f, 0.009671512991189957f, 0.05550733581185341f,
+                               0.24022242426872253f, 0.6931470036506653f, 1.0f});
     return V::scale2(p, n);
   }
 
