@@ -23,10 +23,14 @@ void prefetch_row(const float* p, std::int64_t d) {
   for (std::int64_t j = 0; j < d; j += 64 / sizeof(float)) __builtin_prefetch(p + j);
 }
 
+// Returns 1 / sqrt(var + eps) from the row's Σ (x - mean)² over d values.
+float rstd_of(float sq_dev, std::int64_t d, float eps) {
+  return 1.0f / std::sqrt(sq_dev / static_cast<float>(d) + eps);
+}
+
 RowStats row_stats(const VectorMath& m, const float* x, std::int64_t d, float eps) {
-  const float n = static_cast<float>(d);
-  const float mean = m.sum(x, d) / n;
-  return {mean, 1.0f / std::sqrt(m.sum_sq_dev(x, mean, d) / n + eps)};
+  const float mean = m.sum(x, d) / static_cast<float>(d);
+  return {mean, rstd_of(m.sum_sq_dev(x, mean, d), d, eps)};
 }
 
 MESHFLOW_VECTOR_CLONES
@@ -60,7 +64,7 @@ void grad_x_range(const float* g, const float* x, const float* __restrict w, flo
     }
     const float mean = m.sum(xr, d) / n;
     const auto [sq_dev, sum_gw, sum_gwx] = m.norm_grad_sums(xr, gr, w, mean, d);
-    const float rstd = 1.0f / std::sqrt(sq_dev / n + eps);
+    const float rstd = rstd_of(sq_dev, d, eps);
     const float m1 = sum_gw / n;
     // mean(g w x̂) = rstd (Σ g w x - mean Σ g w) / d
     const float m2 = rstd * (sum_gwx - mean * sum_gw) / n;
