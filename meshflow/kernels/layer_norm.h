@@ -1,6 +1,7 @@
 // Layer norm's float32 row loops (the last dim of [rows, d] normalised, torch.nn.LayerNorm's
 // biased variance): the forward pass, the gradient of x and the gradient of the scale w, each
-// one pass over a row after its statistics (two vector reductions over the row, in cache).
+// one pass over a row after its statistics (one vector reduction over the row, which brings it
+// into cache; see layer_norm.cc for their precision).
 // Float accumulation, vectorised (kernels/vector_math.h), as PyTorch's CPU kernel does.
 #pragma once
 

@@ -55,19 +55,23 @@ const VectorMath kScalar{
           for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
           return s;
         },
-    .sum_sq_dev =
+    .shifted_sums =
         [](const float* x, float c, std::int64_t n) {
-          float s = 0;
-          for (std::int64_t i = 0; i < n; ++i) s += (x[i] - c) * (x[i] - c);
-          return s;
+          std::array<float, 2> out{};
+          for (std::int64_t i = 0; i < n; ++i) {
+            out[0] += x[i] - c;
+            out[1] += (x[i] - c) * (x[i] - c);
+          }
+          return out;
         },
     .norm_grad_sums =
         [](const float* x, const float* g, const float* w, float c, std::int64_t n) {
-          std::array<float, 3> out{};
+          std::array<float, 4> out{};
           for (std::int64_t i = 0; i < n; ++i) {
-            out[0] += (x[i] - c) * (x[i] - c);
-            out[1] += g[i] * w[i];
-            out[2] += g[i] * w[i] * x[i];
+            out[0] += x[i] - c;
+            out[1] += (x[i] - c) * (x[i] - c);
+            out[2] += g[i] * w[i];
+            out[3] += g[i] * w[i] * (x[i] - c);
           }
           return out;
         },

@@ -34,9 +34,10 @@ struct VectorMath {
   float (*max)(const float* x, std::int64_t n);  // -inf for n = 0; NaN if any is NaN
   float (*sum)(const float* x, std::int64_t n);  // Σ x
   float (*dot)(const float* a, const float* b, std::int64_t n);  // Σ a b
-  float (*sum_sq_dev)(const float* x, float c, std::int64_t n);  // Σ (x - c)²
-  // Layer norm's gradient sums in one pass: {Σ (x - c)², Σ g w, Σ g w x}.
-  std::array<float, 3> (*norm_grad_sums)(const float* x, const float* g, const float* w, float c,
+  // A row's moments about c in one pass: {Σ d, Σ d²}, d = x - c.
+  std::array<float, 2> (*shifted_sums)(const float* x, float c, std::int64_t n);
+  // Layer norm's gradient sums in one pass: {Σ d, Σ d², Σ g w, Σ g w d}, d = x - c.
+  std::array<float, 4> (*norm_grad_sums)(const float* x, const float* g, const float* w, float c,
                                          std::int64_t n);
   // Returns Σ exp(x - shift), shift at least every x (their max, so no term exceeds 1); writes
   // the terms to y unless y is null; streams a row of kStreamFloats or more. A term below the

@@ -191,15 +191,28 @@ struct SimdLoops {
     return reduce(
         a, b, n, [](R u, R v) { return V::mul(u, v); }, [](float u, float v) { return u * v; });
   }
-  static float sum_sq_dev(const float* x, float c, std::int64_t n) {
+  static std::array<float, 2> shifted_sums(const float* x, float c, std::int64_t n) {
     const R cv = V::set1(c);
-    return reduce(
-        x, x, n,
-        [cv](R v, R) {
-          const R d = V::sub(v, cv);
-          return V::mul(d, d);
-        },
-        [c](float v, float) { return (v - c) * (v - c); });
+    // Two sets of running sums: one would wait on the last add's latency.
+    R s0 = V::set1(0.0f), q0 = s0, s1 = s0, q1 = s0;
+    const auto step = [&](std::int64_t i, R& s, R& q) {
+      const R d = V::sub(V::load(x + i), cv);
+      s = V::add(s, d);
+      q = V::fmadd(d, d, q);
+    };
+    std::int64_t i = 0;
+    for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      step(i, s0, q0);
+      step(i + kWidth, s1, q1);
+    }
+    for (; i + kWidth <= n; i += kWidth) step(i, s0, q0);
+    std::array<float, 2> out = {V::hsum(V::add(s0, s1)), V::hsum(V::add(q0, q1))};
+    for (; i < n; ++i) {
+      const float d = x[i] - c;
+      out[0] += d;
+      out[1] += d * d;
+    }
+    return out;
   }
 
   // Prefetches the line kAheadBytes past x[i] (never faults, so it may pass the row's end).
@@ -209,31 +222,33 @@ struct SimdLoops {
                                                      (i * sizeof(float) + kAheadBytes)));
   }
 
-  static std::array<float, 3> norm_grad_sums(const float* x, const float* g, const float* w,
+  static std::array<float, 4> norm_grad_sums(const float* x, const float* g, const float* w,
                                              float c, std::int64_t n) {
     const R cv = V::set1(c);
     // Two sets of running sums: one would wait on the last add's latency.
-    R dev0 = V::set1(0.0f), gw0 = dev0, gwx0 = dev0, dev1 = dev0, gw1 = dev0, gwx1 = dev0;
-    const auto step = [&](std::int64_t i, R& dev, R& gw, R& gwx) {
-      const R xv = V::load(x + i), d = V::sub(xv, cv);
+    R s0 = V::set1(0.0f), q0 = s0, gw0 = s0, gwd0 = s0, s1 = s0, q1 = s0, gw1 = s0, gwd1 = s0;
+    const auto step = [&](std::int64_t i, R& s, R& q, R& gw, R& gwd) {
+      const R d = V::sub(V::load(x + i), cv);
       const R t = V::mul(V::load(g + i), V::load(w + i));
-      dev = V::fmadd(d, d, dev);
+      s = V::add(s, d);
+      q = V::fmadd(d, d, q);
       gw = V::add(gw, t);
-      gwx = V::fmadd(t, xv, gwx);
+      gwd = V::fmadd(t, d, gwd);
     };
     std::int64_t i = 0;
     for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
-      step(i, dev0, gw0, gwx0);
-      step(i + kWidth, dev1, gw1, gwx1);
+      step(i, s0, q0, gw0, gwd0);
+      step(i + kWidth, s1, q1, gw1, gwd1);
     }
-    for (; i + kWidth <= n; i += kWidth) step(i, dev0, gw0, gwx0);
-    std::array<float, 3> out = {V::hsum(V::add(dev0, dev1)), V::hsum(V::add(gw0, gw1)),
-                                V::hsum(V::add(gwx0, gwx1))};
+    for (; i + kWidth <= n; i += kWidth) step(i, s0, q0, gw0, gwd0);
+    std::array<float, 4> out = {V::hsum(V::add(s0, s1)), V::hsum(V::add(q0, q1)),
+                                V::hsum(V::add(gw0, gw1)), V::hsum(V::add(gwd0, gwd1))};
     for (; i < n; ++i) {
-      const float t = g[i] * w[i];
-      out[0] += (x[i] - c) * (x[i] - c);
-      out[1] += t;
-      out[2] += t * x[i];
+      const float d = x[i] - c, t = g[i] * w[i];
+      out[0] += d;
+      out[1] += d * d;
+      out[2] += t;
+      out[3] += t * d;
     }
     return out;
   }
@@ -310,7 +325,7 @@ struct SimdLoops {
             .max = max,
             .sum = sum,
             .dot = dot,
-            .sum_sq_dev = sum_sq_dev,
+            .shifted_sums = shifted_sums,
             .norm_grad_sums = norm_grad_sums,
             .exp_sum = exp_sum,
             .sum_exp = sum_exp};

@@ -136,17 +136,19 @@ TEST(VectorMath, LayerNormGradientSumsAsFloat64) {
       const std::vector<float> w = values(n, 1.5f, 61 + static_cast<unsigned>(n));
       const auto len = static_cast<std::int64_t>(x.size());
       const float c = 0.37f;
-      double dev = 0, gw = 0, gwx = 0, abs_gw = 0, abs_gwx = 0;
+      double sum = 0, abs_sum = 0, sq = 0, gw = 0, abs_gw = 0, gwd = 0, abs_gwd = 0;
       for (std::size_t i = 0; i < x.size(); ++i) {
-        const double t = double{g[i]} * w[i];
-        dev += (double{x[i]} - c) * (double{x[i]} - c);
+        const double t = double{g[i]} * w[i], d = double{x[i]} - c;
+        sum += d, abs_sum += std::abs(d);
+        sq += d * d;
         gw += t, abs_gw += std::abs(t);
-        gwx += t * x[i], abs_gwx += std::abs(t * x[i]);
+        gwd += t * d, abs_gwd += std::abs(t * d);
       }
-      const std::array<float, 3> got = m->norm_grad_sums(x.data(), g.data(), w.data(), c, len);
-      EXPECT_NEAR(got[0], dev, 1e-6 * dev + 1e-30) << m->isa << " n=" << n;
-      EXPECT_NEAR(got[1], gw, 1e-6 * abs_gw + 1e-30) << m->isa << " n=" << n;
-      EXPECT_NEAR(got[2], gwx, 1e-6 * abs_gwx + 1e-30) << m->isa << " n=" << n;
+      const std::array<float, 4> got = m->norm_grad_sums(x.data(), g.data(), w.data(), c, len);
+      EXPECT_NEAR(got[0], sum, 1e-6 * abs_sum + 1e-30) << m->isa << " n=" << n;
+      EXPECT_NEAR(got[1], sq, 1e-6 * sq + 1e-30) << m->isa << " n=" << n;
+      EXPECT_NEAR(got[2], gw, 1e-6 * abs_gw + 1e-30) << m->isa << " n=" << n;
+      EXPECT_NEAR(got[3], gwd, 1e-6 * abs_gwd + 1e-30) << m->isa << " n=" << n;
     }
   }
 }
@@ -157,19 +159,23 @@ TEST(VectorMath, SumsDotsAndSquaredDeviationsAsFloat64) {
       const std::vector<float> a = values(n, 3, 41 + static_cast<unsigned>(n));
       const std::vector<float> b = values(n, 2, 43 + static_cast<unsigned>(n));
       const auto len = static_cast<std::int64_t>(a.size());
-      double sum = 0, abs_sum = 0, dot = 0, abs_dot = 0, dev = 0;
+      double sum = 0, abs_sum = 0, dot = 0, abs_dot = 0, dev = 0, abs_dev = 0;
       for (std::size_t i = 0; i < a.size(); ++i) {
         sum += a[i];
         abs_sum += std::abs(a[i]);
         dot += double{a[i]} * b[i];
         abs_dot += std::abs(double{a[i]} * b[i]);
         dev += (a[i] - 0.25) * (a[i] - 0.25);
+        abs_dev += std::abs(a[i] - 0.25);
       }
       // float accumulation: error within a few ULP of the sum of magnitudes per term
       const double tol = 8 * std::numeric_limits<float>::epsilon() * static_cast<double>(len);
       EXPECT_NEAR(m->sum(a.data(), len), sum, tol * abs_sum + 1e-30) << m->isa << " n=" << n;
       EXPECT_NEAR(m->dot(a.data(), b.data(), len), dot, tol * abs_dot + 1e-30) << m->isa;
-      EXPECT_NEAR(m->sum_sq_dev(a.data(), 0.25f, len), dev, tol * dev + 1e-30) << m->isa;
+      const std::array<float, 2> moments = m->shifted_sums(a.data(), 0.25f, len);
+      EXPECT_NEAR(moments[0], sum - 0.25 * static_cast<double>(len), tol * abs_dev + 1e-30)
+          << m->isa;
+      EXPECT_NEAR(moments[1], dev, tol * dev + 1e-30) << m->isa;
     }
   }
 }

@@ -1,0 +1,122 @@
+// The row loops against float64 arithmetic on the same float inputs, on rows whose mean is far
+// from 0 next to their spread (where a mean rounded to float would cost x̂ its precision), rows
+// whose first values are far from the rest (the one-pass moments' worst shift) and constant rows.
+#include "meshflow/kernels/layer_norm.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace meshflow {
+namespace {
+
+constexpr float kEps = 1e-5f;
+
+struct Rows {
+  std::string kind;
+  std::int64_t d = 0;
+  std::vector<float> x;
+};
+
+// Four rows of width d of one kind.
+Rows rows_of(const std::string& kind, std::int64_t d, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> unit(0, 1);
+  Rows r{kind, d, {}};
+  for (int row = 0; row < 4; ++row) {
+    for (std::int64_t j = 0; j < d; ++j) {
+      float v = unit(rng);
+      if (kind == "mean 1e4") v = 1e4f + v;
+      if (kind == "mean -300, spread 0.01") v = -300.0f + 0.01f * v;
+      if (kind == "first 64 far") v = (j < 64 ? 50.0f : -50.0f) + v;
+      if (kind == "constant") v = 2.5f;
+      r.x.push_back(v);
+    }
+  }
+  return r;
+}
+
+// The values and, for each, the largest magnitude of the terms that make them (float's precision
+// is relative to those: gx of a row of width 1 is 0 made of rstd g w - rstd g w).
+struct Reference {
+  std::vector<double> y, gx, gw;
+  double y_terms = 0, gx_terms = 0, gw_terms = 0;
+};
+
+// Layer norm and its gradients in float64 from the float inputs, two-pass statistics.
+Reference reference(const std::vector<float>& x, const std::vector<float>& g,
+                    const std::vector<float>& w, const std::vector<float>& b, std::int64_t d) {
+  const auto rows = static_cast<std::int64_t>(x.size()) / d;
+  Reference out{.gw = std::vector<double>(static_cast<std::size_t>(d), 0.0)};
+  std::vector<double> gw_terms(out.gw.size(), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto at = [&](const std::vector<float>& v, std::int64_t j) {
+      return double{v[static_cast<std::size_t>(r * d + j)]};
+    };
+    double mean = 0, var = 0, m1 = 0, m2 = 0;
+    for (std::int64_t j = 0; j < d; ++j) mean += at(x, j);
+    mean /= static_cast<double>(d);
+    for (std::int64_t j = 0; j < d; ++j) var += (at(x, j) - mean) * (at(x, j) - mean);
+    const double rstd = 1 / std::sqrt(var / static_cast<double>(d) + double{kEps});
+    std::vector<double> xhat;
+    for (std::int64_t j = 0; j < d; ++j) xhat.push_back((at(x, j) - mean) * rstd);
+    for (std::int64_t j = 0; j < d; ++j) {
+      const auto k = static_cast<std::size_t>(j);
+      out.y.push_back(xhat[k] * w[k] + b[k]);
+      m1 += at(g, j) * w[k] / static_cast<double>(d);
+      m2 += at(g, j) * w[k] * xhat[k] / static_cast<double>(d);
+      out.gw[k] += at(g, j) * xhat[k];
+      gw_terms[k] += std::abs(at(g, j) * xhat[k]);
+      out.y_terms = std::max(out.y_terms, std::abs(xhat[k] * w[k]) + std::abs(b[k]));
+      out.gx_terms = std::max(out.gx_terms, rstd * std::abs(at(g, j) * w[k]));
+    }
+    for (std::int64_t j = 0; j < d; ++j) {
+      const auto k = static_cast<std::size_t>(j);
+      out.gx.push_back(rstd * (at(g, j) * w[k] - m1 - xhat[k] * m2));
+    }
+  }
+  for (double t : gw_terms) out.gw_terms = std::max(out.gw_terms, t);
+  return out;
+}
+
+// Every value within tol times the largest term.
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double terms,
+                  double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double scale = terms;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tol * scale + 1e-30) << what << " at " << i;
+  }
+}
+
+TEST(LayerNormRows, ForwardAndBothGradientsAsFloat64WhateverTheRowsMean) {
+  for (const std::string kind :
+       {"centred", "mean 1e4", "mean -300, spread 0.01", "first 64 far", "constant"}) {
+    for (std::int64_t d : {1, 7, 64, 100, 512, 1000}) {
+      const Rows r = rows_of(kind, d, static_cast<unsigned>(d) + 7);
+      std::mt19937 rng(static_cast<unsigned>(d) + 11);
+      std::normal_distribution<float> unit(0, 1);
+      std::vector<float> g(r.x.size()), w(static_cast<std::size_t>(d)), b(w.size());
+      for (float& v : g) v = unit(rng);
+      for (float& v : w) v = 1 + 0.5f * unit(rng);
+      for (float& v : b) v = unit(rng);
+      const Reference want = reference(r.x, g, w, b, d);
+      const auto rows = static_cast<std::int64_t>(r.x.size()) / d;
+      std::vector<float> y(r.x.size()), gx(r.x.size()), gw(w.size());
+      layer_norm_rows(r.x.data(), w.data(), b.data(), y.data(), rows, d, kEps);
+      layer_norm_grad_x_rows(g.data(), r.x.data(), w.data(), gx.data(), rows, d, kEps);
+      layer_norm_grad_w_rows(g.data(), r.x.data(), gw.data(), rows, d, kEps);
+      const std::string what = kind + ", d=" + std::to_string(d);
+      expect_close(y, want.y, want.y_terms, 2e-6, "y, " + what);
+      expect_close(gx, want.gx, want.gx_terms, 1e-5, "gx, " + what);
+      expect_close(gw, want.gw, want.gw_terms, 1e-5, "gw, " + what);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshflow
