@@ -128,7 +128,7 @@ double simulated_bubble(const std::vector<std::vector<ScheduledGroup>>& orders,
   };
   std::map<std::tuple<int, int, int>, double> finish;  // (stage, kind, micro-batch)
   std::vector<std::size_t> next(orders.size(), 0);
-  std::vector<double> free_at(orders.size(), 0), first(orders.size(), -1), busy(orders.size(), 0);
+  std::vector<double> free_at(orders.size(), 0), busy(orders.size(), 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int st = 0; st < p; ++st) {
@@ -146,7 +146,6 @@ double simulated_bubble(const std::vector<std::vector<ScheduledGroup>>& orders,
         if (g.kind == GroupKind::kForward && st > 0) ok = need(st - 1, GroupKind::kForward);
         if (g.kind == GroupKind::kBackward && st < p - 1) ok = need(st + 1, GroupKind::kBackward);
         if (!ok) break;
-        if (first[su] < 0) first[su] = ready;
         free_at[su] = ready + length(st, g);
         busy[su] += length(st, g);
         finish[{st, static_cast<int>(g.kind), g.micro_batch}] = free_at[su];
@@ -158,7 +157,9 @@ double simulated_bubble(const std::vector<std::vector<ScheduledGroup>>& orders,
   double sum = 0;
   for (std::size_t su = 0; su < orders.size(); ++su) {
     MESHFLOW_CHECK(next[su] == orders[su].size(), "schedule deadlocks on stage {}", su);
-    const double window = free_at[su] - first[su];
+    // Every stage's window opens at the step's start, where the runtime starts its first group
+    // (a later stage's wait for its first activation is idle, as the runtime counts it).
+    const double window = free_at[su];
     sum += window > 0 ? (window - busy[su]) / window : 0;
   }
   return orders.empty() ? 0 : sum / static_cast<double>(orders.size());

@@ -47,7 +47,8 @@ struct GroupSeconds {
 
 // Returns the bubble of `orders` run with each stage's group times (`seconds`, one per stage)
 // and transfers that take no time: the mean over stages of the idle part of each stage's window
-// (its first group's start to its last group's end), as the runtime measures it.
+// (the step's start, where its first group starts waiting for its input, to its last group's
+// end), as the runtime measures it.
 double simulated_bubble(const std::vector<std::vector<ScheduledGroup>>& orders,
                         const std::vector<GroupSeconds>& seconds);
 
