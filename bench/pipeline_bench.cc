@@ -48,16 +48,29 @@ Model mlp(const std::vector<DeviceMesh>& meshes, std::int64_t batch, std::int64_
   return Model{.pcg = std::move(g)};
 }
 
-// Trains `model` for 1 + reps steps; returns the timed steps' reports and the stage peaks.
-TrainReport train(const Model& model, Schedule s, int micro_batches, int reps) {
+TrainOptions options(Schedule s, int micro_batches, int reps) {
   TrainOptions o{.steps = 1 + reps,
                  .optimizer = resolve_optimizer({.lr = 0.01}),
                  .micro_batches = micro_batches,
                  .schedule = s};
   o.run.threads_per_device = 1;
-  TrainReport r = train_model(model, o);
+  return o;
+}
+
+// Trains `model` for 1 + reps steps; returns the timed steps' reports and the stage peaks.
+TrainReport train(const Model& model, Schedule s, int micro_batches, int reps) {
+  TrainReport r = train_model(model, options(s, micro_batches, reps));
   r.steps.erase(r.steps.begin());
   return r;
+}
+
+// explain's estimate of the step's bubble (the schedule simulated with the default machine's
+// group times).
+double estimated_bubble(const Model& model, Schedule s, int micro_batches) {
+  const TrainOptions o = options(s, micro_batches, 0);
+  const std::optional<ScheduleExplanation> e = explain_model_schedule(
+      model, o.run, {.update = o.optimizer.rule, .micro_batches = micro_batches}, s);
+  return e ? e->est_bubble : 0.0;
 }
 
 }  // namespace
@@ -97,6 +110,7 @@ BenchReport run_pipeline_bench(const PipelineBenchOptions& options) {
       result.extra["micro_batches"] = m;
       result.extra["bubble"] = median(bubbles);
       result.extra["bubble_theory"] = theory_bubble(schedule, kStages, m);
+      result.extra["est_bubble"] = estimated_bubble(staged, schedule, m);
       result.extra["median_s"] = median(result.case_s);
       result.extra["vs_ideal"] = median(result.case_s) / median(ideal);
       result.extra["peak_activation_bytes"] = peaks;
