@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
@@ -87,15 +88,57 @@ void add_to(float* __restrict sum, const float* __restrict x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) sum[i] += x[i];
 }
 
+namespace {
+
+// The row blocks sum_rows adds separately: about kBlockElements values each, at most
+// kMaxBlocks, at most one per row. A function of the shape alone, so that every team size adds
+// the same numbers in the same order.
+constexpr std::int64_t kBlockElements = 32 * 1024, kMaxBlocks = 32;
+
+std::int64_t row_blocks(std::int64_t rows, std::int64_t cols) {
+  return std::clamp<std::int64_t>(rows * cols / kBlockElements, 1, std::min(rows, kMaxBlocks));
+}
+
+template <typename T>
+void sum_block(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    sum_columns_f32(x, rows, cols, cols, out);
+  } else {
+    sum_columns(x, rows, cols, cols, out);
+  }
+}
+
+}  // namespace
+
+// Each block of rows is summed in row order into its own partial row, the blocks split over
+// the team's threads (each thread reads whole rows one after another); the partial rows are then
+// added in block order. Splitting the columns instead (each thread reading its piece of every
+// row) took 1.8x as long on two threads for [2048, 512].
 template <typename T>
 void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
-  parallel_for(cols, column_grain(rows), [&](std::int64_t begin, std::int64_t end) {
-    if constexpr (std::is_same_v<T, float>) {
-      sum_columns_f32(x + begin, rows, cols, end - begin, out + begin);
-    } else {
-      sum_columns(x + begin, rows, cols, end - begin, out + begin);
+  const std::int64_t blocks = rows == 0 ? 1 : row_blocks(rows, cols);
+  if (blocks == 1) {
+    sum_block(x, rows, cols, out);
+    return;
+  }
+  std::vector<T> partial(static_cast<std::size_t>(blocks * cols));
+  parallel_for(blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t b = begin; b < end; ++b) {
+      const std::int64_t first = part_begin(rows, static_cast<int>(blocks), static_cast<int>(b), 1);
+      const std::int64_t last =
+          part_begin(rows, static_cast<int>(blocks), static_cast<int>(b) + 1, 1);
+      sum_block(x + first * cols, last - first, cols, partial.data() + b * cols);
     }
   });
+  std::copy(partial.begin(), partial.begin() + cols, out);
+  for (std::int64_t b = 1; b < blocks; ++b) {
+    const T* __restrict p = partial.data() + b * cols;
+    if constexpr (std::is_same_v<T, float>) {
+      add_to(out, p, cols);
+    } else {
+      for (std::int64_t j = 0; j < cols; ++j) out[j] += p[j];
+    }
+  }
 }
 
 template void sum_rows<float>(const float*, std::int64_t, std::int64_t, float*);

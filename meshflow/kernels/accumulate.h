@@ -16,8 +16,9 @@ void add_to(float* sum, const float* x, std::int64_t n);
 void scale_in_place(Tensor& t, double s);
 
 // out[j] = Σ over r of x[r * cols + j] for j < cols: the rows of a [rows, cols] array added into
-// one (a bias's or a broadcast operand's gradient). Each element sums its column in row order,
-// alone or with the columns split over the device's threads, so the bits are the same.
+// one (a bias's or a broadcast operand's gradient). The rows are summed in blocks whose bounds
+// depend on the shape alone, each block in row order and the blocks' sums in block order,
+// alone or with the blocks split over the device's threads, so the bits are the same.
 template <typename T>
 void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out);
 

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "meshflow/kernels/parallel.h"
 
@@ -47,6 +50,45 @@ TEST(Accumulate, AddsAndScalesElementwiseAloneAndOnATeam) {
         }
       });
     }
+  }
+}
+
+// Shapes that sum in one block, in several of uneven rows, and one row per block; a team of 3
+// gives the same bits as one thread, and both are within float's rounding of the double sums.
+TEST(Accumulate, SumRowsAsDoubleWithTheSameBitsOnATeam) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  ThreadTeam team(3);
+  for (auto [rows, cols] :
+       {std::pair<std::int64_t, std::int64_t>{7, 33}, {3001, 100}, {5, 100003}, {2048, 512}}) {
+    std::vector<float> x(static_cast<std::size_t>(rows * cols));
+    for (float& v : x) v = u(rng);
+    std::vector<float> alone(static_cast<std::size_t>(cols)), split(alone.size());
+    sum_rows<float>(x.data(), rows, cols, alone.data());
+    {
+      const UseTeam use(&team);
+      sum_rows<float>(x.data(), rows, cols, split.data());
+    }
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double want = 0, magnitude = 0;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        want += x[static_cast<std::size_t>(r * cols + j)];
+        magnitude += std::abs(x[static_cast<std::size_t>(r * cols + j)]);
+      }
+      const auto k = static_cast<std::size_t>(j);
+      ASSERT_EQ(alone[k], split[k]) << rows << "x" << cols << " column " << j;
+      ASSERT_NEAR(alone[k], want, 1e-6 * magnitude) << rows << "x" << cols << " column " << j;
+    }
+  }
+  std::vector<std::uint64_t> counts(3000 * 40);
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = i % 7;
+  std::vector<std::uint64_t> got(40);
+  const UseTeam use(&team);
+  sum_rows<std::uint64_t>(counts.data(), 3000, 40, got.data());
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    std::uint64_t want = 0;
+    for (std::size_t r = 0; r < 3000; ++r) want += counts[r * 40 + j];
+    ASSERT_EQ(got[j], want) << "column " << j;
   }
 }
 
