@@ -91,34 +91,41 @@ void add_to(float* __restrict sum, const float* __restrict x, std::int64_t n) {
 namespace {
 
 // The row blocks sum_rows adds separately: about kBlockElements values each, at most
-// kMaxBlocks, at most one per row. A function of the shape alone, so that every team size adds
-// the same numbers in the same order.
-constexpr std::int64_t kBlockElements = 32 * 1024, kMaxBlocks = 32;
+// kMaxBlocks, at most one per row; one (the columns split over the threads instead) for rows of
+// kWideRow values or more, each thread's piece of a row then long enough to stream. A function of
+// the shape alone, so that every team size adds the same numbers in the same order.
+constexpr std::int64_t kBlockElements = 32 * 1024, kMaxBlocks = 32, kWideRow = 8 * 1024;
 
 std::int64_t row_blocks(std::int64_t rows, std::int64_t cols) {
+  if (cols >= kWideRow) return 1;
   return std::clamp<std::int64_t>(rows * cols / kBlockElements, 1, std::min(rows, kMaxBlocks));
 }
 
+// sum_columns, through the vector clones for float.
 template <typename T>
-void sum_block(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
+void sum_block(const T* x, std::int64_t rows, std::int64_t stride, std::int64_t n, T* out) {
   if constexpr (std::is_same_v<T, float>) {
-    sum_columns_f32(x, rows, cols, cols, out);
+    sum_columns_f32(x, rows, stride, n, out);
   } else {
-    sum_columns(x, rows, cols, cols, out);
+    sum_columns(x, rows, stride, n, out);
   }
 }
 
 }  // namespace
 
-// Each block of rows is summed in row order into its own partial row, the blocks split over
-// the team's threads (each thread reads whole rows one after another); the partial rows are then
-// added in block order. Splitting the columns instead (each thread reading its piece of every
-// row) took 1.8x as long on two threads for [2048, 512].
+// One block: the columns split over the team's threads, each summed in row order. Several: each
+// block of rows summed in row order into its own partial row, the blocks split over the threads
+// (each reading whole rows one after another), then the partial rows added in block order.
+// Splitting the 512 columns of [2048, 512] took 1.8x as long on two threads (each reading 1 KiB
+// of every 2 KiB row); blocks of single rows took 5x as long for [8, 131072] (one thread adding
+// the eight partial rows).
 template <typename T>
 void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
   const std::int64_t blocks = rows == 0 ? 1 : row_blocks(rows, cols);
   if (blocks == 1) {
-    sum_block(x, rows, cols, out);
+    parallel_for(cols, column_grain(rows), [&](std::int64_t begin, std::int64_t end) {
+      sum_block(x + begin, rows, cols, end - begin, out + begin);
+    });
     return;
   }
   std::vector<T> partial(static_cast<std::size_t>(blocks * cols));
@@ -127,7 +134,7 @@ void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
       const std::int64_t first = part_begin(rows, static_cast<int>(blocks), static_cast<int>(b), 1);
       const std::int64_t last =
           part_begin(rows, static_cast<int>(blocks), static_cast<int>(b) + 1, 1);
-      sum_block(x + first * cols, last - first, cols, partial.data() + b * cols);
+      sum_block(x + first * cols, last - first, cols, cols, partial.data() + b * cols);
     }
   });
   std::copy(partial.begin(), partial.begin() + cols, out);
