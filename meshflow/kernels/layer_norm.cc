@@ -24,9 +24,9 @@ struct RowStats {
 // The moments are summed about c in one pass over the row: offset = Σd / n and
 // var = Σd² / n - offset², d = x - c. That difference cancels in float as offset² outgrows var,
 // so c is the mean of the row's first kShiftFloats values: by Cauchy-Schwarz over those k
-// values, offset² <= (n / k) var, and var keeps its relative precision to within about n / k
-// roundings (8 for the GPT's rows of 512). A shift of 0 (the textbook one-pass formula) would
-// lose all of it on a row of mean 1e4 and spread 1.
+// values, offset² <= (n / k) var, so the difference's rounding, about ε (var + 2 offset²), stays
+// within (1 + 2n / k) ε of var (17 ε for the GPT's rows of 512). A shift of 0 (the textbook
+// one-pass formula) would lose all of var's precision on a row of mean 1e4 and spread 1.
 constexpr std::int64_t kShiftFloats = 64;
 
 float shift_of(const VectorMath& m, const float* x, std::int64_t d) {
