@@ -60,7 +60,7 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
   }
   if (const auto* n = std::get_if<GradNormTask>(&task.work)) {
     double bytes = 0;
-    for (ValueId v : n->counted) bytes += bytes_of(g, v, device);
+    for (const NormTerm& c : n->counted) bytes += bytes_of(g, c.value, device) / c.parts;
     // One pass that only reads them.
     t.update_s = kernel_seconds(machine, 0, bytes);
     return t;

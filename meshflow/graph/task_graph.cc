@@ -21,13 +21,19 @@ bool is_source(NodeKind kind) {
   return kind == NodeKind::kInput || kind == NodeKind::kWeight || kind == NodeKind::kState;
 }
 
-// Returns true when `device` holds the copy of its shard of `layout` that is counted once: its
-// coordinate is 0 on every mesh dim where the layout is Replicate.
-bool counts_replica(const Layout& layout, DeviceId device) {
+// Returns `device`'s part of its shard of `layout` in the squared norm: its index among the
+// devices holding the same shard (its coordinates on the mesh dims where the layout is
+// Replicate, in row-major order) and their count.
+NormTerm norm_term(ValueId value, const Layout& layout, DeviceId device) {
   const std::vector<std::int64_t> coords = coordinates(layout.mesh, device);
-  for (std::size_t j = 0; j < layout.placements.size(); ++j)
-    if (layout.placements[j].is_replicate() && coords[j] != 0) return false;
-  return true;
+  NormTerm t{.value = value};
+  for (std::size_t j = 0; j < layout.placements.size(); ++j) {
+    if (!layout.placements[j].is_replicate()) continue;
+    const auto size = static_cast<int>(layout.mesh.shape[j]);
+    t.part = t.part * size + static_cast<int>(coords[j]);
+    t.parts *= size;
+  }
+  return t;
 }
 
 // Adds deps (producers of what a task reads, and for an in-place update the readers since)
@@ -141,7 +147,7 @@ std::vector<ValueId> task_reads(const Task& task) {
           reads.insert(reads.end(), w.state.begin(), w.state.end());
         }
         if constexpr (std::is_same_v<W, GradNormTask>) {
-          reads = w.counted;
+          for (const NormTerm& t : w.counted) reads.push_back(t.value);
           if (w.loss) reads.push_back(*w.loss);
         }
       },
@@ -311,8 +317,8 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
             if (!find_device(l.mesh, d)) continue;
             if (i == 0) {
               t.loss = n.inputs[0];
-            } else if (counts_replica(l, d)) {
-              t.counted.push_back(n.inputs[i]);
+            } else {
+              t.counted.push_back(norm_term(n.inputs[i], l, d));
             }
           }
           g.devices[index[d]].tasks.push_back(Task{.out = id, .phase = n.phase, .work = t});
@@ -375,7 +381,10 @@ std::string to_text(const TaskGraph& graph) {
                   fmt::join(w.group, ","), to_string(w.local_out));
             } else if constexpr (std::is_same_v<W, GradNormTask>) {
               std::string args = w.loss ? fmt::format("loss {}", name(*w.loss)) : "";
-              for (ValueId v : w.counted) args += (args.empty() ? "" : ", ") + name(v);
+              for (const NormTerm& c : w.counted) {
+                args += (args.empty() ? "" : ", ") + name(c.value);
+                if (c.parts > 1) args += fmt::format(" part {}/{}", c.part + 1, c.parts);
+              }
               return fmt::format("grad_norm_sq_term({})", args);
             } else {
               std::string args =

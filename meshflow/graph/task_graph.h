@@ -80,12 +80,20 @@ struct UpdateTask {
   bool operator==(const UpdateTask&) const = default;
 };
 
-// This device's term of the squared global gradient norm: the sum of squares of the gradient
-// shards it counts (each element of a gradient is counted on one device: the device with
-// coordinate 0 on every mesh dim where the gradient is Replicate), NaN when it holds a shard of
-// the loss (`loss`) that is not finite.
+// A gradient shard a device counts in the squared norm: of the `parts` devices holding copies of
+// it (the devices that differ only on mesh dims where the gradient is Replicate), this device
+// counts part `part` of its elements, [part_begin(n, parts, part), part_begin(n, parts, part + 1))
+// (kernels/parallel.h, align 1), so each element is counted once and the replicas share the work.
+struct NormTerm {
+  ValueId value = 0;
+  int part = 0, parts = 1;
+  bool operator==(const NormTerm&) const = default;
+};
+
+// This device's term of the squared global gradient norm: the sum of squares of its parts of the
+// gradient shards (`counted`), NaN when it holds a shard of the loss (`loss`) that is not finite.
 struct GradNormTask {
-  std::vector<ValueId> counted;
+  std::vector<NormTerm> counted;
   std::optional<ValueId> loss;
   bool operator==(const GradNormTask&) const = default;
 };

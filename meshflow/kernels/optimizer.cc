@@ -210,13 +210,16 @@ double clip_coefficient(const UpdateRule& rule, double norm_sq) {
   return std::min(1.0, *rule.clip_grad_norm / (std::sqrt(norm_sq) + kEps));
 }
 
-double sum_of_squares(const Tensor& t) {
+double sum_of_squares(const Tensor& t, std::int64_t first, std::int64_t last) {
+  MESHFLOW_CHECK(0 <= first && first <= last && last <= t.numel(),
+                 "sum_of_squares of [{}, {}) of {}", first, last, t.numel());
   double total = 0;
   visit_dtype(t.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
       // Parts over the device's threads, their sums added in part order.
-      const std::span<const T> all = t.data<T>();
+      const std::span<const T> all = t.data<T>().subspan(static_cast<std::size_t>(first),
+                                                         static_cast<std::size_t>(last - first));
       const auto n = static_cast<std::int64_t>(all.size());
       const int parts = parallel_parts(n, kElementGrain);
       std::vector<double> part_sums(static_cast<std::size_t>(parts), 0.0);
@@ -236,5 +239,7 @@ double sum_of_squares(const Tensor& t) {
   });
   return total;
 }
+
+double sum_of_squares(const Tensor& t) { return sum_of_squares(t, 0, t.numel()); }
 
 }  // namespace meshflow

@@ -63,8 +63,10 @@ void update_shard(const UpdateRule& rule, const StepScalars& s, Tensor& weight, 
 // and the rule's clip_grad_norm: min(1, clip / (√norm_sq + 1e-6)); 1 without clipping.
 double clip_coefficient(const UpdateRule& rule, double norm_sq);
 
-// Returns the sum of the squares of `t`'s elements (floating point), accumulated in double:
-// non-finite when any element is.
+// Returns the sum of the squares of `t`'s elements [first, last) (floating point), accumulated
+// in double: non-finite when any of them is.
+double sum_of_squares(const Tensor& t, std::int64_t first, std::int64_t last);
+// ... of all of them.
 double sum_of_squares(const Tensor& t);
 
 }  // namespace meshflow

@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
+
+#include "meshflow/core/error.h"
 
 namespace meshflow {
 namespace {
@@ -115,6 +118,20 @@ TEST(SumOfSquares, AccumulatesInDoubleAndSeesNonFiniteElements) {
   EXPECT_TRUE(std::isnan(sum_of_squares(bad)));
   bad.data<float>()[4098] = std::numeric_limits<float>::infinity();
   EXPECT_TRUE(std::isinf(sum_of_squares(bad)));
+  // Ranges: three parts sum to the whole, and the bad element is seen only by its part's.
+  double parts = 0;
+  for (auto [begin, end] :
+       {std::pair<std::int64_t, std::int64_t>{0, 1000}, {1000, 1000}, {1000, 4099}}) {
+    double part = 0;
+    for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i)
+      part += at(t, i) * at(t, i);
+    EXPECT_NEAR(sum_of_squares(t, begin, end), part, 1e-9 * want);
+    parts += sum_of_squares(t, begin, end);
+  }
+  EXPECT_NEAR(parts, want, 1e-9 * want);
+  EXPECT_TRUE(std::isfinite(sum_of_squares(bad, 0, 4098)));
+  EXPECT_TRUE(std::isinf(sum_of_squares(bad, 4098, 4099)));
+  EXPECT_THROW(sum_of_squares(t, 5, 4100), Error);
 }
 
 TEST(ClipCoefficient, IsTorchsClampedRatio) {

@@ -16,6 +16,7 @@
 #include "meshflow/kernels/accumulate.h"
 #include "meshflow/kernels/float_mode.h"
 #include "meshflow/kernels/optimizer.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/elementwise.h"
 #include "meshflow/runtime/executor.h"
 #include "meshflow/runtime/overlap.h"
@@ -97,7 +98,11 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
   }
   if (const auto* n = std::get_if<GradNormTask>(&task.work)) {
     double term = 0;
-    for (ValueId v : n->counted) term += sum_of_squares(value(v));
+    for (const NormTerm& t : n->counted) {
+      const Tensor& shard = value(t.value);
+      term += sum_of_squares(shard, part_begin(shard.numel(), t.parts, t.part, 1),
+                             part_begin(shard.numel(), t.parts, t.part + 1, 1));
+    }
     if (n->loss && !std::isfinite(sum_of_squares(value(*n->loss))))
       term = std::numeric_limits<double>::quiet_NaN();
     Tensor out(DType::kFloat64, Shape{});
