@@ -28,17 +28,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Returns the median span of fn run by every device at once (after one untimed run).
-double timed(Communicator& comm, int reps, const std::function<void()>& fn) {
-  time_between_barriers(comm, fn);
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) t.push_back(time_between_barriers(comm, fn));
-  return median(t);
-}
-
-// Returns each of fns' median span as `timed` does, the functions taking turns (one timed run of
-// each per round): a second in which the machine is slow then costs every function one sample
-// out of `reps`, not one function all of them, and the fits see no probe skewed alone.
+// Returns each of fns' median span, run by every device at once after one untimed run, the
+// functions taking turns (one timed run of each per round): a second in which the machine is slow
+// then costs every function one sample out of `reps`, not one function all of them, and the fits
+// see no probe skewed alone.
 std::vector<double> timed_in_turn(Communicator& comm, int reps,
                                   const std::vector<std::function<void()>>& fns) {
   for (const auto& fn : fns) time_between_barriers(comm, fn);
@@ -49,6 +42,11 @@ std::vector<double> timed_in_turn(Communicator& comm, int reps,
   std::vector<double> out;
   for (std::vector<double>& v : t) out.push_back(median(std::move(v)));
   return out;
+}
+
+// Returns the median span of fn run by every device at once (after one untimed run).
+double timed(Communicator& comm, int reps, const std::function<void()>& fn) {
+  return timed_in_turn(comm, reps, {fn})[0];
 }
 
 // One operator run on one device's own operands: what the cost model prices by its points (its
