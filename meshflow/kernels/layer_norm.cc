@@ -21,6 +21,9 @@ struct RowStats {
   float shift = 0, offset = 0, rstd = 0;
 };
 
+// x - mean, as (x - shift) - offset.
+inline float centred(const RowStats& s, float x) { return (x - s.shift) - s.offset; }
+
 // The moments are summed about c in one pass over the row: offset = Σd / n and
 // var = Σd² / n - offset², d = x - c. That difference cancels in float as offset² outgrows var,
 // so c is the mean of the row's first kShiftFloats values: by Cauchy-Schwarz over those k
@@ -59,8 +62,7 @@ void forward_range(const float* x, const float* __restrict w, const float* __res
     const float* __restrict xr = x + r * d;
     float* __restrict yr = y + r * d;
     const RowStats s = row_stats(m, xr, d, eps);
-    for (std::int64_t j = 0; j < d; ++j)
-      yr[j] = ((xr[j] - s.shift) - s.offset) * s.rstd * w[j] + b[j];
+    for (std::int64_t j = 0; j < d; ++j) yr[j] = centred(s, xr[j]) * s.rstd * w[j] + b[j];
   }
 }
 
@@ -83,7 +85,7 @@ void grad_x_range(const float* g, const float* x, const float* __restrict w, flo
     const float m2 = s.rstd * (sum_gwd - s.offset * sum_gw) / n;
     const float k = s.rstd * m2;
     for (std::int64_t j = 0; j < d; ++j)
-      out[j] = s.rstd * (gr[j] * w[j] - m1 - ((xr[j] - c) - s.offset) * k);
+      out[j] = s.rstd * (gr[j] * w[j] - m1 - centred(s, xr[j]) * k);
   }
 }
 
@@ -96,8 +98,7 @@ void grad_w_range(const float* g, const float* x, float* __restrict sum, std::in
     const float* __restrict xr = x + r * d;
     const float* __restrict gr = g + r * d;
     const RowStats s = row_stats(m, xr, d, eps);
-    for (std::int64_t j = 0; j < d; ++j)
-      sum[j] += gr[j] * (((xr[j] - s.shift) - s.offset) * s.rstd);
+    for (std::int64_t j = 0; j < d; ++j) sum[j] += gr[j] * (centred(s, xr[j]) * s.rstd);
   }
 }
 
