@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <utility>
 
 #include "meshflow/core/error.h"
@@ -82,33 +83,64 @@ TensorSpec infer_attention(const Op& op, const std::vector<TensorSpec>& in) {
 
 namespace {
 
+// What one pass makes: the forward's result, or any of the three gradients (their operands
+// are the same, and they share the probabilities and, for q and k, dS).
+struct Wanted {
+  bool out = false, q = false, k = false, v = false;
+};
+
+Wanted wanted(std::span<const Op> ops) {
+  Wanted w;
+  for (const Op& op : ops) {
+    bool& slot = op.type == OpType::kAttention        ? w.out
+                 : op.type == OpType::kAttentionGradQ ? w.q
+                 : op.type == OpType::kAttentionGradK ? w.k
+                                                      : w.v;
+    MESHFLOW_CHECK(!slot, "{} twice in one attention pass", to_string(op.type));
+    slot = true;
+  }
+  MESHFLOW_CHECK(!w.out || ops.size() == 1, "attention's forward runs alone");
+  return w;
+}
+
 template <typename T>
-Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_off,
-           std::int64_t k_off) {
+std::vector<Tensor> run(std::span<const Op> ops, const std::vector<const Tensor*>& in,
+                        std::int64_t q_off, std::int64_t k_off) {
   const Tensor &q = *in[0], &k = *in[1], &v = *in[2];
   const Dims d = dims_of(q.shape(), k.shape(), v.shape());
   const T scale =
       static_cast<T>(1 / std::sqrt(static_cast<double>(std::max<std::int64_t>(1, d.dk))));
-  const OpType type = op.type;
-  Shape out_shape = type == OpType::kAttentionGradK   ? k.shape()
-                    : type == OpType::kAttentionGradV ? v.shape()
+  const Op& op = ops.front();  // causal is the same for every op of the pass
+  const Wanted w = wanted(ops);
+  std::vector<Tensor> outs;
+  for (const Op& o : ops) {
+    Shape shape = o.type == OpType::kAttentionGradK   ? k.shape()
+                  : o.type == OpType::kAttentionGradV ? v.shape()
                                                       : q.shape();
-  if (type == OpType::kAttention) out_shape.back() = d.dv;
-  Tensor out(q.dtype(), out_shape);  // zeros: gradients of k and v accumulate over blocks
-  if (d.sk == 0 || d.sq == 0) return out;
-  const T* g = type == OpType::kAttention ? nullptr : in[3]->data<T>().data();
+    if (o.type == OpType::kAttention) shape.back() = d.dv;
+    outs.emplace_back(q.dtype(), shape);  // zeros: gradients of k and v accumulate over blocks
+  }
+  if (d.sk == 0 || d.sq == 0) return outs;
+  auto result = [&](OpType type) -> T* {
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].type == type) return outs[i].data<T>().data();
+    return nullptr;
+  };
+  T* const o_data = result(OpType::kAttention);
+  T* const dq_data = result(OpType::kAttentionGradQ);
+  T* const dk_data = result(OpType::kAttentionGradK);
+  T* const dv_data = result(OpType::kAttentionGradV);
+  const T* g = w.out ? nullptr : in[3]->data<T>().data();
+  const bool ds = w.q || w.k;  // dS is needed
   // The leading dims (batch and heads) split over the device's threads, each part with its own
   // block of scores.
   parallel_for(d.batch, 1, [&](std::int64_t first_batch, std::int64_t last_batch) {
     std::vector<T> p(static_cast<std::size_t>(kBlockRows * d.sk));
-    std::vector<T> dp(type == OpType::kAttention || type == OpType::kAttentionGradV
-                          ? 0
-                          : static_cast<std::size_t>(kBlockRows * d.sk));
+    std::vector<T> dp(ds ? static_cast<std::size_t>(kBlockRows * d.sk) : 0);
     for (std::int64_t b = first_batch; b < last_batch; ++b) {
       const T* qb = q.data<T>().data() + b * d.sq * d.dk;
       const T* kb = k.data<T>().data() + b * d.sk * d.dk;
       const T* vb = v.data<T>().data() + b * d.sk * d.dv;
-      T* ob = out.data<T>().data() + b * (out.numel() / d.batch);
       for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
         const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
         // A causal block sees the keys up to its last query's position: the products and rows
@@ -133,16 +165,17 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
             for (std::int64_t j = 0; j < keys; ++j) row[j] = j < last ? row[j] * inv : 0;
           }
         }
-        const T* gb = g ? g + (b * d.sq + r0) * d.dv : nullptr;
-        if (type == OpType::kAttention) {
-          gemm<T>(false, false, rows, d.dv, keys, p.data(), d.sk, vb, d.dv, T(0), ob + r0 * d.dv,
-                  d.dv);
+        if (w.out) {  // out = P v
+          gemm<T>(false, false, rows, d.dv, keys, p.data(), d.sk, vb, d.dv, T(0),
+                  o_data + (b * d.sq + r0) * d.dv, d.dv);
           continue;
         }
-        if (type == OpType::kAttentionGradV) {  // dv += Pᵀ g
-          gemm<T>(true, false, keys, d.dv, rows, p.data(), d.sk, gb, d.dv, T(1), ob, d.dv);
-          continue;
+        const T* gb = g + (b * d.sq + r0) * d.dv;
+        if (w.v) {  // dv += Pᵀ g
+          gemm<T>(true, false, keys, d.dv, rows, p.data(), d.sk, gb, d.dv, T(1),
+                  dv_data + b * d.sk * d.dv, d.dv);
         }
+        if (!ds) continue;
         // dS = P ⊙ (dP − rowsum(dP ⊙ P)) * scale, dP = g vᵀ
         gemm<T>(false, true, rows, keys, d.dv, gb, d.dv, vb, d.dv, T(0), dp.data(), d.sk);
         for (std::int64_t i = 0; i < rows; ++i) {
@@ -156,26 +189,33 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in, std::int64_t q_of
             for (std::int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
           }
         }
-        if (type == OpType::kAttentionGradQ) {  // dq = dS k
-          gemm<T>(false, false, rows, d.dk, keys, dp.data(), d.sk, kb, d.dk, T(0), ob + r0 * d.dk,
-                  d.dk);
-        } else {  // dk += dSᵀ q
-          gemm<T>(true, false, keys, d.dk, rows, dp.data(), d.sk, qb + r0 * d.dk, d.dk, T(1), ob,
-                  d.dk);
+        if (w.q) {  // dq = dS k
+          gemm<T>(false, false, rows, d.dk, keys, dp.data(), d.sk, kb, d.dk, T(0),
+                  dq_data + (b * d.sq + r0) * d.dk, d.dk);
+        }
+        if (w.k) {  // dk += dSᵀ q
+          gemm<T>(true, false, keys, d.dk, rows, dp.data(), d.sk, qb + r0 * d.dk, d.dk, T(1),
+                  dk_data + b * d.sk * d.dk, d.dk);
         }
       }
     }
   });
-  return out;
+  return outs;
 }
 
 }  // namespace
 
 Tensor attention_kernel(const Op& op, const std::vector<const Tensor*>& in,
                         const ShardOffsets& offsets) {
+  return std::move(attention_kernels({&op, 1}, in, offsets).front());
+}
+
+std::vector<Tensor> attention_kernels(std::span<const Op> ops, const std::vector<const Tensor*>& in,
+                                      const ShardOffsets& offsets) {
+  MESHFLOW_CHECK(!ops.empty());
   const auto [q_off, k_off] = sequence_offsets(in[0]->shape().size(), offsets);
-  return in[0]->dtype() == DType::kFloat64 ? run<double>(op, in, q_off, k_off)
-                                           : run<float>(op, in, q_off, k_off);
+  return in[0]->dtype() == DType::kFloat64 ? run<double>(ops, in, q_off, k_off)
+                                           : run<float>(ops, in, q_off, k_off);
 }
 
 DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& in) {
@@ -213,7 +253,8 @@ DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& in) {
   return l;
 }
 
-double attention_work(const Op& op, const std::vector<Shape>& local, const ShardOffsets& offsets) {
+double attention_work(std::span<const Op> ops, const std::vector<Shape>& local,
+                      const ShardOffsets& offsets) {
   const Dims d = dims_of(local[0], local[1], local[2]);
   const auto [q_off, k_off] = sequence_offsets(local[0].size(), offsets);
   // Score pairs the kernel computes: every (query, key), or with a causal mask the keys up to
@@ -221,14 +262,17 @@ double attention_work(const Op& op, const std::vector<Shape>& local, const Shard
   double pairs = 0;
   for (std::int64_t r0 = 0; r0 < d.sq; r0 += kBlockRows) {
     const std::int64_t rows = std::min(kBlockRows, d.sq - r0);
-    pairs +=
-        static_cast<double>(rows) * static_cast<double>(block_keys(op, d, q_off, k_off, r0, rows));
+    pairs += static_cast<double>(rows) *
+             static_cast<double>(block_keys(ops.front(), d, q_off, k_off, r0, rows));
   }
-  // Each pass recomputes the scores (dk); the forward multiplies them by v (dv); grad_v adds
-  // Pᵀ g (dv); grad_q and grad_k add g vᵀ (dv) and dS k or dSᵀ q (dk).
-  const bool two_products = op.type == OpType::kAttention || op.type == OpType::kAttentionGradV;
-  return static_cast<double>(d.batch) * pairs *
-         static_cast<double>(two_products ? d.dk + d.dv : 2 * d.dk + d.dv);
+  // A pass computes the scores once (dk); the forward multiplies them by v (dv); grad_v adds
+  // Pᵀ g (dv); grad_q and grad_k share g vᵀ (dv) and add dS k or dSᵀ q (dk each).
+  const Wanted w = wanted(ops);
+  const double per_pair =
+      static_cast<double>(d.dk) +
+      static_cast<double>(d.dv) * ((w.out ? 1 : 0) + (w.v ? 1 : 0) + (w.q || w.k ? 1 : 0)) +
+      static_cast<double>(d.dk) * ((w.q ? 1 : 0) + (w.k ? 1 : 0));
+  return static_cast<double>(d.batch) * pairs * per_pair;
 }
 
 }  // namespace meshflow

@@ -1,5 +1,6 @@
 // Kernels against independent references: naive loops written here for every forward operator,
 // and central finite differences for every gradient program (float64).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -400,6 +401,64 @@ TEST(Kernels, AttentionInFloat32MatchesFloat64) {
       for (std::int64_t c = 0; c < 6; ++c)
         want.push_back(full[static_cast<std::size_t>((n * 150 + i) * 6 + c)]);
   expect_near(got, want, 2e-5, "causal query shard at offset 80, float32");
+}
+
+// Attention's gradients run together (run_kernels: one pass sharing the probabilities and dS)
+// give what each gives alone, bit for bit: every subset in both orders, float32 and float64,
+// full and causal, on the whole operands and on a query shard starting at key 80; and the
+// pass's work is the shared products', less than the three alone.
+TEST(Kernels, AttentionGradientsRunTogetherGiveWhatEachGivesAlone) {
+  const OpType kQ = OpType::kAttentionGradQ, kK = OpType::kAttentionGradK;
+  const OpType kV = OpType::kAttentionGradV;
+  const std::vector<std::vector<OpType>> sets = {{kQ, kK, kV}, {kV, kK, kQ}, {kQ, kK},
+                                                 {kK, kV},     {kV, kQ},     {kK, kQ}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const Tensor q = rnd({2, 150, 8}, 41, dtype), k = rnd({2, 150, 8}, 42, dtype);
+    const Tensor v = rnd({2, 150, 6}, 43, dtype), g = rnd({2, 150, 6}, 44, dtype);
+    const Tensor tail = slice(q, Box{{0, 80, 0}, {2, 70, 8}});
+    const Tensor g_tail = slice(g, Box{{0, 80, 0}, {2, 70, 6}});
+    const TensorSpec qs{{2, 150, 8}, dtype}, ks = spec_of(k), vs = spec_of(v);
+    const TensorSpec gs{{2, 150, 6}, dtype};
+    struct Operands {
+      std::vector<const Tensor*> locals;
+      ShardOffsets offsets;
+      std::string what;
+    };
+    const std::vector<Operands> operands = {
+        {{&q, &k, &v, &g}, {}, "whole"},
+        {{&tail, &k, &v, &g_tail}, {{0, 80, 0}, {0, 0, 0}, {0, 0, 0}, {0, 80, 0}}, "shard"}};
+    for (bool causal : {false, true})
+      for (const Operands& o : operands)
+        for (const std::vector<OpType>& set : sets) {
+          std::vector<Op> ops;
+          for (OpType t : set) ops.push_back(Op{.type = t, .causal = causal});
+          const std::vector<Tensor> together =
+              run_kernels(ops, o.locals, {qs, ks, vs, gs}, o.offsets);
+          ASSERT_EQ(together.size(), ops.size());
+          for (std::size_t i = 0; i < ops.size(); ++i) {
+            const Tensor alone = run_kernel(ops[i], o.locals, {qs, ks, vs, gs}, o.offsets);
+            const std::string what =
+                fmt::format("{} {} {} {} of {}", to_string(dtype), causal ? "causal" : "full",
+                            o.what, to_string(set[i]), set.size());
+            ASSERT_EQ(together[i].shape(), alone.shape()) << what;
+            std::vector<double> want;
+            for (std::int64_t e = 0; e < alone.numel(); ++e) want.push_back(at(alone, e));
+            expect_near(together[i], want, 0, what);
+          }
+        }
+  }
+  const std::vector<Shape> local = {{2, 150, 8}, {2, 150, 8}, {2, 150, 8}, {2, 150, 8}};
+  std::vector<TensorSpec> globals;
+  for (const Shape& s : local) globals.push_back({s, DType::kFloat32});
+  double alone = 0;
+  std::vector<Op> all;
+  for (OpType t : {kQ, kK, kV}) {
+    all.push_back(Op{.type = t});
+    alone += work_points(all.back(), globals, local, local[0]);
+  }
+  // Alone: 3 + 3 + 2 products of 150 x 150 by 8 per batch; together: 5.
+  EXPECT_DOUBLE_EQ(alone, 2.0 * 150 * 150 * 8 * 8);
+  EXPECT_DOUBLE_EQ(work_points(all, local), 2.0 * 150 * 150 * 8 * 5);
 }
 
 // A device's team (kernels/parallel.h) splits each kernel into parts: float32 results at sizes

@@ -220,6 +220,26 @@ void run_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& local
   add_into(sum, made);
 }
 
+bool runs_together(const Op& a, const Op& b) {
+  const auto grad = [](OpType t) { return is_attention_family(t) && t != OpType::kAttention; };
+  return grad(a.type) && grad(b.type) && a.type != b.type && a.causal == b.causal;
+}
+
+std::vector<Tensor> run_kernels(std::span<const Op> ops, const std::vector<const Tensor*>& locals,
+                                const std::vector<TensorSpec>& globals,
+                                const ShardOffsets& offsets) {
+  MESHFLOW_CHECK(!ops.empty());
+  if (ops.size() == 1) {
+    std::vector<Tensor> out;
+    out.push_back(run_kernel(ops.front(), locals, globals, offsets));
+    return out;
+  }
+  for (std::size_t i = 1; i < ops.size(); ++i)
+    MESHFLOW_CHECK(runs_together(ops.front(), ops[i]), "{} and {} do not run as one kernel",
+                   to_string(ops.front().type), to_string(ops[i].type));
+  return attention_kernels(ops, locals, offsets);
+}
+
 DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
   const Shape out = infer(op, in).shape;
   if (is_binary(op.type) || is_unary(op.type) || is_unary_grad(op.type))
@@ -241,7 +261,7 @@ double work_points(const Op& op, const std::vector<TensorSpec>& globals,
   // one copy (views), one row copy or add per id (embedding)
   if (is_view_family(op.type) || is_embedding_family(op.type))
     return static_cast<double>(numel(local_out));
-  if (is_attention_family(op.type)) return attention_work(op, local, offsets);
+  if (is_attention_family(op.type)) return attention_work({&op, 1}, local, offsets);
   const DimLabels labels = dim_labels(op, globals);
   std::map<int, std::int64_t> extent;
   auto take = [&](const std::vector<int>& dims, const Shape& shape) {
@@ -256,6 +276,12 @@ double work_points(const Op& op, const std::vector<TensorSpec>& globals,
   double points = 1;
   for (const auto& [label, e] : extent) points *= static_cast<double>(e);
   return points;
+}
+
+double work_points(std::span<const Op> ops, const std::vector<Shape>& local,
+                   const ShardOffsets& offsets) {
+  MESHFLOW_CHECK(ops.size() >= 2 && runs_together(ops[0], ops[1]));
+  return attention_work(ops, local, offsets);
 }
 
 std::vector<int> label_range(int from, int to) {

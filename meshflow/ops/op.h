@@ -135,6 +135,16 @@ void run_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& local
                            const std::vector<TensorSpec>& globals, const ShardOffsets& offsets,
                            Tensor& sum);
 
+// Returns whether `a` and `b`, run on the same operands, run as one kernel (run_kernels): two of
+// attention's gradients (ops/attention.h), which share their probabilities.
+bool runs_together(const Op& a, const Op& b);
+
+// Runs `ops` (distinct, each runs_together with every other) on the same locals in one kernel, as
+// run_kernel does each; returns their results in order, each what run_kernel gives it alone.
+std::vector<Tensor> run_kernels(std::span<const Op> ops, const std::vector<const Tensor*>& locals,
+                                const std::vector<TensorSpec>& globals,
+                                const ShardOffsets& offsets = {});
+
 // The sharding rule of an operator (ops/strategy.h turns it into strategies): dims of operands
 // and result that carry the same label index the same elements; a label on operands but not on
 // the result is summed away.
@@ -164,6 +174,11 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& inputs);
 // the cost model prices a kernel by (plan/cost_model.h, kernel_seconds).
 double work_points(const Op& op, const std::vector<TensorSpec>& globals,
                    const std::vector<Shape>& local, const Shape& local_out,
+                   const ShardOffsets& offsets = {});
+
+// Returns the multiply-adds of run_kernels(ops, ...) on operands of `local` shapes (ops as
+// run_kernels takes them, at least two): less than their work_points one by one.
+double work_points(std::span<const Op> ops, const std::vector<Shape>& local,
                    const ShardOffsets& offsets = {});
 
 // Returns the labels from, from + 1, ..., to - 1.
