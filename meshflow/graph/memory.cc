@@ -84,7 +84,7 @@ std::vector<DeviceMemory> estimate_memory(const Pcg& pcg, const TaskGraph& g, in
     auto run = [&](TaskPart part) {
       for (const Task& t : dt.tasks) {
         if (part != TaskPart::kAll && t.once_per_step != (part == TaskPart::kOncePerStep)) continue;
-        if (makes_value(t)) set(t.out, shard_bytes(g, t.out, d));
+        for (ValueId v : values_made(t)) set(v, shard_bytes(g, v, d));
         if (t.reuses_input) set(task_reads(t)[0], 0);  // the result is the input's buffer
         observe();
         for (ValueId v : t.release)

@@ -1,9 +1,12 @@
 // Each pass on small graphs, as golden text: the graph after every pass and the task graph of
 // DESIGN.md's DP×TP MLP and of a two-stage pipeline, and the sequence-parallel MLP decomposed
 // for --overlap. A change to any pass shows here as a diff.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "meshflow/graph/compile.h"
@@ -11,6 +14,7 @@
 #include "meshflow/graph/model_file.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/graph/testing.h"
+#include "meshflow/ops/attention.h"
 
 namespace meshflow {
 namespace {
@@ -113,6 +117,79 @@ TEST(Passes, KernelsAccumulateOnlyValuesNoMicroBatchTaskReads) {
     }
     EXPECT_GE(accumulating, 2) << "device " << dt.device << ": w1's and w2's gradients";
   }
+}
+
+// Attention's three gradients of one attention run as one task per device (ComputeTask::fused,
+// one pass sharing the probabilities) on every GPT layout, in one micro-batch and in two: each
+// value is made by one task only, and every value made is dropped.
+TEST(Passes, AttentionsGradientsRunAsOneTask) {
+  for (const char* file : {"gpt_dp.json", "gpt_tp.json", "gpt_sp.json", "gpt_pp.json"}) {
+    const Model m = load_model(std::filesystem::path(MESHFLOW_EXAMPLES_DIR) / "gpt" / file);
+    for (int micro : {1, 2}) {
+      const Pcg g = compile(m.pcg, Mode::kTrain, {.micro_batches = micro});
+      const TaskGraph t = expand_shards(g, {*g.loss});
+      const std::string what = fmt::format("{}, {} micro-batches", file, micro);
+      int fused_tasks = 0;
+      for (const DeviceTasks& dt : t.devices) {
+        std::map<ValueId, int> made;
+        std::set<ValueId> released, fused;
+        for (const Task& task : dt.tasks) {
+          for (ValueId v : values_made(task)) ++made[v];
+          released.insert(task.release.begin(), task.release.end());
+          const auto* c = std::get_if<ComputeTask>(&task.work);
+          if (!c || c->fused.empty()) continue;
+          ++fused_tasks;
+          std::set<OpType> types = {c->call->op.type};
+          for (const FusedKernel& f : c->fused) types.insert(f.op.type);
+          EXPECT_EQ(types, (std::set<OpType>{OpType::kAttentionGradQ, OpType::kAttentionGradK,
+                                             OpType::kAttentionGradV}))
+              << what;
+          const std::vector<ValueId> v = values_made(task);
+          fused.insert(v.begin(), v.end());
+        }
+        for (const auto& [v, times] : made) {
+          EXPECT_EQ(times, 1) << what << ": device " << dt.device << " makes " << t.names[v];
+          EXPECT_TRUE(released.count(v) || v == *g.loss ||
+                      std::count(dt.accumulated.begin(), dt.accumulated.end(), v))
+              << what << ": device " << dt.device << " keeps " << t.names[v];
+        }
+        for (ValueId id = 0; id < static_cast<ValueId>(g.nodes.size()); ++id) {
+          const Node& n = g.nodes[static_cast<std::size_t>(id)];
+          if (n.kind != NodeKind::kCompute || !is_attention_family(n.op.type) ||
+              n.op.type == OpType::kAttention || !find_device(n.layout->mesh, dt.device))
+            continue;
+          EXPECT_TRUE(fused.count(id))
+              << what << ": device " << dt.device << " runs " << n.name << " alone";
+        }
+      }
+      EXPECT_GT(fused_tasks, 0) << what;
+    }
+  }
+}
+
+// A gradient summed over micro-batches (here q's, k's and v's: weights, read by their updates)
+// runs alone, adding into its running sum.
+TEST(Passes, AttentionsGradientsOfWeightsRunAlone) {
+  Pcg g;
+  const DeviceMesh mesh = parse_mesh("1");
+  std::vector<ValueId> qkv;
+  for (const char* name : {"q", "k", "v"})
+    qkv.push_back(add_weight(g, name, {{2, 8, 4}}, mesh, parse_placements("R"),
+                             Source::normal(1, qkv.size() + 1)));
+  const ValueId o = add_compute(g, "o", Op{.type = OpType::kAttention, .causal = true}, qkv);
+  set_loss(g, add_compute(g, "loss", Op{.type = OpType::kSum, .dims = {0, 1, 2}}, {o}));
+  const Pcg c = compile(g, Mode::kTrain, {.micro_batches = 2});
+  const TaskGraph t = expand_shards(c, {*c.loss});
+  int alone = 0;
+  for (const Task& task : t.devices.at(0).tasks) {
+    const auto* k = std::get_if<ComputeTask>(&task.work);
+    if (!k || !is_attention_family(k->call->op.type) || k->call->op.type == OpType::kAttention)
+      continue;
+    EXPECT_TRUE(k->fused.empty()) << t.names[task.out];
+    EXPECT_TRUE(task.accumulates) << t.names[task.out];
+    ++alone;
+  }
+  EXPECT_EQ(alone, 3);
 }
 
 // A reshape takes its input's buffer exactly where this device drops the input right after it

@@ -36,9 +36,18 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
       local.push_back(local_shape(g.layouts[static_cast<std::size_t>(a)], device));
       bytes += bytes_of(g, a, device);
     }
-    t.compute_s = kernel_seconds(
-        machine, work_points(c->call->op, c->call->globals, local, c->local_out, c->offsets),
-        bytes);
+    if (c->fused.empty()) {
+      t.compute_s = kernel_seconds(
+          machine, work_points(c->call->op, c->call->globals, local, c->local_out, c->offsets),
+          bytes);
+      return t;
+    }
+    std::vector<Op> ops = {c->call->op};
+    for (const FusedKernel& f : c->fused) {
+      ops.push_back(f.op);
+      bytes += bytes_of(g, f.out, device);
+    }
+    t.compute_s = kernel_seconds(machine, work_points(ops, local, c->offsets), bytes);
     return t;
   }
   if (std::holds_alternative<MoveTask>(task.work)) {

@@ -48,12 +48,14 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
     Task& task = dt.tasks[t];
     const std::vector<ValueId> reads = task_reads(task);
     // An update writes its weight and state in place, a replacing move its weight; every
-    // other task writes its own value, and a decomposed gather also its operand 0 as gathered.
+    // other task writes its own value, and a fused kernel's the others' values, a decomposed
+    // gather its operand 0 as gathered.
     const std::vector<ValueId> in_place = writes_in_place(task);
     std::vector<ValueId> writes = in_place.empty() ? std::vector<ValueId>{task.out} : in_place;
-    if (const auto* o = std::get_if<OverlapTask>(&task.work)) {
-      if (o->decomposition.kind == Decomposition::Kind::kGatherOperand)
-        writes.push_back(o->call->args[0]);
+    if (in_place.empty()) {
+      const std::vector<ValueId> made = values_made(task);
+      for (ValueId v : made)
+        if (v != task.out) writes.push_back(v);
     }
     std::set<int> deps;
     for (ValueId v : reads) {
@@ -108,7 +110,10 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
     task.once_per_step = once[static_cast<std::size_t>(task.out)];
     const std::vector<ValueId> reads = task_reads(task);
     (task.once_per_step ? read_once : read_per_micro_batch).insert(reads.begin(), reads.end());
-    if (!task.once_per_step && makes_value(task)) made_per_micro_batch.insert(task.out);
+    if (!task.once_per_step) {
+      const std::vector<ValueId> made = values_made(task);
+      made_per_micro_batch.insert(made.begin(), made.end());
+    }
   }
   for (ValueId v : made_per_micro_batch) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
@@ -117,6 +122,12 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
   }
   const std::set<ValueId> accumulated(dt.accumulated.begin(), dt.accumulated.end());
   for (Task& task : dt.tasks) {
+    if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
+      for (const FusedKernel& f : c->fused)
+        MESHFLOW_CHECK(!accumulated.count(task.out) && !accumulated.count(f.out),
+                       "\"{}\" is summed over micro-batches but runs fused",
+                       pcg.nodes[static_cast<std::size_t>(f.out)].name);
+    }
     task.accumulates = std::holds_alternative<ComputeTask>(task.work) &&
                        accumulated.count(task.out) && !read_per_micro_batch.count(task.out);
     if (const auto* c = std::get_if<ComputeTask>(&task.work);
@@ -167,6 +178,17 @@ std::vector<bool> accumulated_in_place(const DeviceTasks& dt) {
 bool makes_value(const Task& task) {
   if (const auto* m = std::get_if<MoveTask>(&task.work)) return m->program->in_to && !m->replaces;
   return !std::holds_alternative<UpdateTask>(task.work);
+}
+
+std::vector<ValueId> values_made(const Task& task) {
+  std::vector<ValueId> made;
+  if (makes_value(task)) made.push_back(task.out);
+  if (const auto* c = std::get_if<ComputeTask>(&task.work))
+    for (const FusedKernel& f : c->fused) made.push_back(f.out);
+  if (const auto* o = std::get_if<OverlapTask>(&task.work);
+      o && o->decomposition.kind == Decomposition::Kind::kGatherOperand)
+    made.push_back(o->call->args[0]);
+  return made;
 }
 
 std::vector<ValueId> writes_in_place(const Task& task) {
@@ -222,6 +244,41 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
     } else {
       absorbed[static_cast<std::size_t>(id)] = true;
       scatter_of[static_cast<std::size_t>(d->move)] = id;
+    }
+  }
+  // Attention's gradients of the same operands on the same devices run as one kernel
+  // (run_kernels) in the first one's task, which makes the others' values too; only where none
+  // of them is summed over micro-batches (kept, or read once per step), whose kernels add into
+  // the sums alone (Task::accumulates).
+  const std::vector<bool> once = once_per_step(pcg);
+  std::set<ValueId> read_once;
+  for (std::size_t id = 0; id < pcg.nodes.size(); ++id)
+    if (once[id]) read_once.insert(pcg.nodes[id].inputs.begin(), pcg.nodes[id].inputs.end());
+  std::vector<std::vector<ValueId>> fused(pcg.nodes.size());  // first -> the others
+  {
+    std::map<std::vector<ValueId>, std::vector<ValueId>> groups;  // operands -> firsts
+    for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
+      const Node& n = pcg.nodes[static_cast<std::size_t>(id)];
+      if (n.kind != NodeKind::kCompute || n.decomposed || keep.count(id) || read_once.count(id))
+        continue;
+      std::vector<ValueId>& firsts = groups[n.inputs];
+      const auto joins = [&](ValueId first) {
+        const Node& f = pcg.nodes[static_cast<std::size_t>(first)];
+        if (f.layout->mesh != n.layout->mesh || f.phase != n.phase ||
+            once[static_cast<std::size_t>(first)] != once[static_cast<std::size_t>(id)] ||
+            !runs_together(f.op, n.op))
+          return false;
+        for (ValueId o : fused[static_cast<std::size_t>(first)])
+          if (!runs_together(pcg.nodes[static_cast<std::size_t>(o)].op, n.op)) return false;
+        return true;
+      };
+      const auto first = std::find_if(firsts.begin(), firsts.end(), joins);
+      if (first == firsts.end()) {
+        firsts.push_back(id);
+      } else {
+        fused[static_cast<std::size_t>(*first)].push_back(id);
+        absorbed[static_cast<std::size_t>(id)] = true;
+      }
     }
   }
   // Which devices run each node (a move: its plan's, with their programs), counted first so
@@ -285,10 +342,15 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
           ShardOffsets offsets;
           for (ValueId v : n.inputs)
             offsets.push_back(shard_box(*pcg.nodes[static_cast<std::size_t>(v)].layout, d).offset);
+          ComputeTask c{call, local_shape(layout, d), std::move(offsets)};
+          for (ValueId o : fused[static_cast<std::size_t>(id)]) {
+            const Node& other = pcg.nodes[static_cast<std::size_t>(o)];
+            c.fused.push_back(FusedKernel{.out = o,
+                                          .op = normalize(other.op, call->globals),
+                                          .local_out = local_shape(*other.layout, d)});
+          }
           g.devices[index[d]].tasks.push_back(
-              Task{.out = id,
-                   .phase = n.phase,
-                   .work = ComputeTask{call, local_shape(layout, d), std::move(offsets)}});
+              Task{.out = id, .phase = n.phase, .work = std::move(c)});
         }
         break;
       }
@@ -337,7 +399,6 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         break;
     }
   }
-  const std::vector<bool> once = once_per_step(pcg);
   for (DeviceTasks& dt : g.devices) {
     link(dt, pcg.nodes.size(), keep);
     split_by_micro_batch(dt, pcg, keep, once);
@@ -360,8 +421,12 @@ std::string to_text(const TaskGraph& graph) {
             if constexpr (std::is_same_v<W, ComputeTask>) {
               std::string args;
               for (ValueId v : w.call->args) args += (args.empty() ? "" : ", ") + name(v);
-              return fmt::format("{}({}) -> {}", to_string(w.call->op), args,
-                                 to_string(w.local_out));
+              std::string made =
+                  fmt::format("{}({}) -> {}", to_string(w.call->op), args, to_string(w.local_out));
+              for (const FusedKernel& f : w.fused)
+                made += fmt::format(", with {} = {} -> {}", name(f.out), to_string(f.op),
+                                    to_string(f.local_out));
+              return made;
             } else if constexpr (std::is_same_v<W, MoveTask>) {
               std::string steps;
               for (const DeviceStep& s : w.program->steps)

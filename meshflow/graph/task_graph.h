@@ -26,14 +26,26 @@ struct KernelCall {
   bool operator==(const KernelCall&) const = default;
 };
 
-// The node's kernel on this device's shards -> a shard of local_out. The call is shared by
-// every device of the node (a task graph of 64 devices holds it once).
+// Another node's kernel run in the same pass as a compute task's own (ops/op.h's run_kernels:
+// attention's gradients, which share their probabilities): same operands, a shard of local_out
+// of value `out`.
+struct FusedKernel {
+  ValueId out = 0;
+  Op op;  // normalised
+  Shape local_out;
+  bool operator==(const FusedKernel&) const = default;
+};
+
+// The node's kernel on this device's shards -> a shard of local_out (and with `fused`, the other
+// nodes' shards too, from one run_kernels). The call is shared by every device of the node (a
+// task graph of 64 devices holds it once).
 struct ComputeTask {
   std::shared_ptr<const KernelCall> call;
   Shape local_out;
   ShardOffsets offsets;  // where this device's argument shards start (run_kernel's)
+  std::vector<FusedKernel> fused;
   bool operator==(const ComputeTask& o) const {
-    return *call == *o.call && local_out == o.local_out && offsets == o.offsets;
+    return *call == *o.call && local_out == o.local_out && offsets == o.offsets && fused == o.fused;
   }
 };
 
@@ -162,6 +174,10 @@ std::vector<ValueId> task_reads(const Task& task);
 // devices; an update writes its weight in place and makes none, and a move that replaces a
 // weight makes none either.
 bool makes_value(const Task& task);
+
+// Returns the values `task` makes on its device: its own where makes_value, and those of the
+// kernels fused into it and a decomposed gather's operand 0 as gathered.
+std::vector<ValueId> values_made(const Task& task);
 
 // Returns the values `task` writes in place: an update's weight (or chunk) and state, the
 // weight a move replaces; none for other tasks.

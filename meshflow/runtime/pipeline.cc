@@ -311,7 +311,7 @@ std::int64_t activation_set_bytes(const TaskGraph& graph, const DevicePipeline& 
   std::set<ValueId> made, read;
   for (int k : pipeline.forward) {
     const Task& t = tasks[static_cast<std::size_t>(k)];
-    if (makes_value(t)) made.insert(t.out);
+    for (ValueId v : values_made(t)) made.insert(v);
   }
   for (const std::vector<int>* group : {&pipeline.backward, &pipeline.weight})
     for (int k : *group)
@@ -334,8 +334,11 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   std::vector<ValueId> own;
   for (std::size_t v = 0; v < micro_inputs.size(); ++v)
     if (!micro_inputs[v].empty()) own.push_back(static_cast<ValueId>(v));
-  for (const Task& t : dt.tasks)
-    if (!t.once_per_step && !accumulated[static_cast<std::size_t>(t.out)]) own.push_back(t.out);
+  for (const Task& t : dt.tasks) {
+    if (t.once_per_step) continue;
+    for (ValueId v : values_made(t))
+      if (!accumulated[static_cast<std::size_t>(v)]) own.push_back(v);
+  }
   std::sort(own.begin(), own.end());
   own.erase(std::unique(own.begin(), own.end()), own.end());
   std::vector<std::vector<Tensor>> sets(M);

@@ -62,21 +62,31 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
     std::vector<const Tensor*> locals;
     locals.reserve(c->call->args.size());
     for (ValueId v : c->call->args) locals.push_back(&value(v));
-    Tensor out;
+    // The task's own kernel, and those fused into it: their ops, values and shapes in order.
+    std::vector<Op> ops = {c->call->op};
+    std::vector<std::pair<ValueId, const Shape*>> made = {{task.out, &c->local_out}};
+    for (const FusedKernel& f : c->fused) {
+      ops.push_back(f.op);
+      made.emplace_back(f.out, &f.local_out);
+    }
+    std::vector<Tensor> outs;
     try {
       if (task.accumulates && options.accumulate) {
         run_kernel_accumulate(c->call->op, locals, c->call->globals, c->offsets, value(task.out));
         return TraceKind::kCompute;
       }
-      out = run_kernel(c->call->op, locals, c->call->globals, c->offsets);
+      outs = run_kernels(ops, locals, c->call->globals, c->offsets);
     } catch (const Error& e) {  // bad data (an id, a label): name the node that read it
       if (e.kind() == ErrorKind::kInternal) throw;
       fail(e.kind(), "node \"{}\": {}", graph.names[static_cast<std::size_t>(task.out)], e.what());
     }
-    MESHFLOW_CHECK(out.shape() == c->local_out, "task \"{}\": kernel gave {}, expected {}",
-                   graph.names[static_cast<std::size_t>(task.out)], to_string(out.shape()),
-                   to_string(c->local_out));
-    value(task.out) = std::move(out);
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      const auto [v, shape] = made[i];
+      MESHFLOW_CHECK(outs[i].shape() == *shape, "task \"{}\": kernel gave {}, expected {}",
+                     graph.names[static_cast<std::size_t>(v)], to_string(outs[i].shape()),
+                     to_string(*shape));
+      value(v) = std::move(outs[i]);
+    }
     return TraceKind::kCompute;
   }
   if (const auto* m = std::get_if<MoveTask>(&task.work)) {
