@@ -193,10 +193,16 @@ std::vector<Case> cases(const Operands& operands) {
   c.push_back({.name = "attention_fwd", .what = "causal, q, k, v [8, 8, 256, 64]", .run = [d] {
                  call(Op{.type = OpType::kAttention, .causal = true}, {&d->q, &d->k, &d->v});
                }});
-  c.push_back({.name = "attention_bwd", .what = "dq, dk and dv", .run = [d] {
+  // The three gradients in one pass, as a training step runs them (graph/task_graph.h's fused).
+  c.push_back({.name = "attention_bwd", .what = "dq, dk and dv in one pass", .run = [d] {
+                 std::vector<Op> ops;
                  for (OpType t :
                       {OpType::kAttentionGradQ, OpType::kAttentionGradK, OpType::kAttentionGradV})
-                   call(Op{.type = t, .causal = true}, {&d->q, &d->k, &d->v, &d->g_att});
+                   ops.push_back(Op{.type = t, .causal = true});
+                 const std::vector<const Tensor*> in = {&d->q, &d->k, &d->v, &d->g_att};
+                 std::vector<TensorSpec> specs;
+                 for (const Tensor* t : in) specs.push_back(spec_of(*t));
+                 run_kernels(ops, in, specs);
                }});
   return c;
 }
