@@ -154,7 +154,10 @@ class ProductFloor {
         for (ValueId v : c->call->args)
           local.push_back(local_shape(t.layouts[static_cast<std::size_t>(v)], dt.device));
         const int times = task.once_per_step ? 1 : micro_batches;
-        for (int i = 0; i < times; ++i) add(d.products, c->call->op.type, local);
+        for (int i = 0; i < times; ++i) {
+          add(d.products, c->call->op.type, local);
+          for (const FusedKernel& f : c->fused) add(d.products, f.op.type, local);
+        }
       }
       std::int64_t most = 1;
       for (const Product& p : d.products) most = std::max({most, p.m * p.k, p.k * p.n, p.m * p.n});
