@@ -128,6 +128,13 @@ struct SharedFacts {
   std::map<int, std::set<ValueId>> upstream;
 };
 
+// Returns whether `values` holds the task's value or one it makes beside it (a fused kernel's).
+bool holds_any(const std::set<ValueId>& values, const Task& t) {
+  if (values.contains(t.out)) return true;
+  const std::vector<ValueId> made = values_made(t);
+  return std::any_of(made.begin(), made.end(), [&](ValueId v) { return values.contains(v); });
+}
+
 SharedFacts shared_facts(const TaskGraph& graph, const PipelineStages& stages, int micro_batches) {
   SharedFacts f;
   // Tags: one block of micro_batches per crossing value, numbered alike on every device.
@@ -163,13 +170,16 @@ SharedFacts shared_facts(const TaskGraph& graph, const PipelineStages& stages, i
           if (!per_micro_batch(t)) continue;
           auto cross = crossing(graph, stages, t);
           needed[i] = (cross && cross->second < cross->first && f.read_anywhere.contains(t.out)) ||
-                      upstream.contains(t.out);
+                      holds_any(upstream, t);
         }
         for (std::size_t i = dt.tasks.size(); i-- > 0;)
           if (needed[i])
             for (int d : dt.tasks[i].deps) needed[static_cast<std::size_t>(d)] = true;
-        for (std::size_t i = 0; i < dt.tasks.size(); ++i)
-          if (needed[i]) upstream.insert(dt.tasks[i].out);
+        for (std::size_t i = 0; i < dt.tasks.size(); ++i) {
+          if (!needed[i]) continue;
+          upstream.insert(dt.tasks[i].out);
+          for (ValueId v : values_made(dt.tasks[i])) upstream.insert(v);
+        }
       }
     }
   }
@@ -220,7 +230,7 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
     } else if (t.phase == Phase::kForward || sends_forward_values(idx)) {
       p.forward.push_back(idx);
       in_forward[i] = true;
-    } else if (split_weights && !upstream.contains(t.out)) {
+    } else if (split_weights && !holds_any(upstream, t)) {
       p.weight.push_back(idx);
     } else {
       p.backward.push_back(idx);
