@@ -142,15 +142,19 @@ std::vector<Case> cases(const Operands& operands) {
                      call(Op{.type = OpType::kLayerNorm}, {&d->x, &d->ln_w, &d->ln_b});
                    },
                .bytes = 2 * width});
+  // As a training step runs them: dx alone (zero-bubble schedules run it apart), dw and db in
+  // one pass over g and x (graph/task_graph.h's fused kernels).
   c.push_back({.name = "layer_norm_bwd",
-               .what = "dx (g, x, w), dw (g, x) and db (g), three tasks",
+               .what = "dx (g, x, w), then dw (g, x) and db (g) in one pass",
                .run =
                    [d] {
                      call(Op{.type = OpType::kLayerNormGradX}, {&d->g_width, &d->x, &d->ln_w});
-                     call(Op{.type = OpType::kLayerNormGradW}, {&d->g_width, &d->x});
-                     call(Op{.type = OpType::kSumTo, .shape = {kWidth}}, {&d->g_width});
+                     const std::vector<Op> ops = {Op{.type = OpType::kLayerNormGradW},
+                                                  Op{.type = OpType::kSumTo, .shape = {kWidth}}};
+                     const TensorSpec spec = spec_of(d->x);
+                     run_kernels(ops, {&d->g_width, &d->x}, {spec, spec});
                    },
-               .bytes = 3 * width + 2 * width + width});
+               .bytes = 3 * width + 2 * width});
   c.push_back({.name = "softmax_ce_fwd",
                .what = "logits [2048, 8192] and labels -> the mean loss",
                .run =

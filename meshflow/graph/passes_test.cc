@@ -120,16 +120,17 @@ TEST(Passes, KernelsAccumulateOnlyValuesNoMicroBatchTaskReads) {
 }
 
 // Attention's three gradients of one attention run as one task per device (ComputeTask::fused,
-// one pass sharing the probabilities) on every GPT layout, in one micro-batch and in two: each
-// value is made by one task only, and every value made is dropped.
-TEST(Passes, AttentionsGradientsRunAsOneTask) {
+// one pass sharing the probabilities), and layer norm's scale and bias gradients as another (one
+// pass over g), on every GPT layout, in one micro-batch and in two: each value is made by one
+// task only, and every value made is dropped or summed over the micro-batches.
+TEST(Passes, SiblingGradientsRunAsOneTask) {
   for (const char* file : {"gpt_dp.json", "gpt_tp.json", "gpt_sp.json", "gpt_pp.json"}) {
     const Model m = load_model(std::filesystem::path(MESHFLOW_EXAMPLES_DIR) / "gpt" / file);
     for (int micro : {1, 2}) {
       const Pcg g = compile(m.pcg, Mode::kTrain, {.micro_batches = micro});
       const TaskGraph t = expand_shards(g, {*g.loss});
       const std::string what = fmt::format("{}, {} micro-batches", file, micro);
-      int fused_tasks = 0;
+      int attention = 0, layer_norm = 0;
       for (const DeviceTasks& dt : t.devices) {
         std::map<ValueId, int> made;
         std::set<ValueId> released, fused;
@@ -138,12 +139,16 @@ TEST(Passes, AttentionsGradientsRunAsOneTask) {
           released.insert(task.release.begin(), task.release.end());
           const auto* c = std::get_if<ComputeTask>(&task.work);
           if (!c || c->fused.empty()) continue;
-          ++fused_tasks;
           std::set<OpType> types = {c->call->op.type};
           for (const FusedKernel& f : c->fused) types.insert(f.op.type);
-          EXPECT_EQ(types, (std::set<OpType>{OpType::kAttentionGradQ, OpType::kAttentionGradK,
-                                             OpType::kAttentionGradV}))
-              << what;
+          const bool attention_grads =
+              types == std::set<OpType>{OpType::kAttentionGradQ, OpType::kAttentionGradK,
+                                        OpType::kAttentionGradV};
+          const bool norm_grads =
+              types == std::set<OpType>{OpType::kLayerNormGradW, OpType::kSumTo};
+          EXPECT_TRUE(attention_grads || norm_grads) << what << ": " << t.names[task.out];
+          attention += attention_grads;
+          layer_norm += norm_grads;
           const std::vector<ValueId> v = values_made(task);
           fused.insert(v.begin(), v.end());
         }
@@ -155,21 +160,26 @@ TEST(Passes, AttentionsGradientsRunAsOneTask) {
         }
         for (ValueId id = 0; id < static_cast<ValueId>(g.nodes.size()); ++id) {
           const Node& n = g.nodes[static_cast<std::size_t>(id)];
-          if (n.kind != NodeKind::kCompute || !is_attention_family(n.op.type) ||
-              n.op.type == OpType::kAttention || !find_device(n.layout->mesh, dt.device))
+          // (layer norm's two share a task only where layout inference gave them g in one
+          // layout: not where a micro-batched step moves g for dx and dw and not for the bias)
+          const bool attention_grad =
+              is_attention_family(n.op.type) && n.op.type != OpType::kAttention;
+          if (n.kind != NodeKind::kCompute || !attention_grad ||
+              !find_device(n.layout->mesh, dt.device))
             continue;
           EXPECT_TRUE(fused.count(id))
               << what << ": device " << dt.device << " runs " << n.name << " alone";
         }
       }
-      EXPECT_GT(fused_tasks, 0) << what;
+      EXPECT_GT(attention, 0) << what;
+      EXPECT_GT(layer_norm, 0) << what;
     }
   }
 }
 
-// A gradient summed over micro-batches (here q's, k's and v's: weights, read by their updates)
-// runs alone, adding into its running sum.
-TEST(Passes, AttentionsGradientsOfWeightsRunAlone) {
+// Gradients summed over micro-batches (here q's, k's and v's: weights, read by their updates) run
+// fused too: made in one pass, then added to their sums (the task never adds into them itself).
+TEST(Passes, AttentionsGradientsOfWeightsRunAsOneTaskAndAreAdded) {
   Pcg g;
   const DeviceMesh mesh = parse_mesh("1");
   std::vector<ValueId> qkv;
@@ -180,16 +190,18 @@ TEST(Passes, AttentionsGradientsOfWeightsRunAlone) {
   set_loss(g, add_compute(g, "loss", Op{.type = OpType::kSum, .dims = {0, 1, 2}}, {o}));
   const Pcg c = compile(g, Mode::kTrain, {.micro_batches = 2});
   const TaskGraph t = expand_shards(c, {*c.loss});
-  int alone = 0;
-  for (const Task& task : t.devices.at(0).tasks) {
+  const DeviceTasks& dt = t.devices.at(0);
+  int fused = 0;
+  for (const Task& task : dt.tasks) {
     const auto* k = std::get_if<ComputeTask>(&task.work);
-    if (!k || !is_attention_family(k->call->op.type) || k->call->op.type == OpType::kAttention)
-      continue;
-    EXPECT_TRUE(k->fused.empty()) << t.names[task.out];
-    EXPECT_TRUE(task.accumulates) << t.names[task.out];
-    ++alone;
+    if (!k || k->fused.empty()) continue;
+    ++fused;
+    EXPECT_EQ(k->fused.size(), 2u);
+    EXPECT_FALSE(task.accumulates);
+    for (ValueId v : values_made(task))
+      EXPECT_EQ(std::count(dt.accumulated.begin(), dt.accumulated.end(), v), 1) << t.names[v];
   }
-  EXPECT_EQ(alone, 3);
+  EXPECT_EQ(fused, 1);
 }
 
 // A reshape takes its input's buffer exactly where this device drops the input right after it

@@ -43,11 +43,14 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
       return t;
     }
     std::vector<Op> ops = {c->call->op};
+    std::vector<Shape> outs = {c->local_out};
     for (const FusedKernel& f : c->fused) {
       ops.push_back(f.op);
+      outs.push_back(f.local_out);
       bytes += bytes_of(g, f.out, device);
     }
-    t.compute_s = kernel_seconds(machine, work_points(ops, local, c->offsets), bytes);
+    t.compute_s =
+        kernel_seconds(machine, work_points(ops, c->call->globals, local, outs, c->offsets), bytes);
     return t;
   }
   if (std::holds_alternative<MoveTask>(task.work)) {

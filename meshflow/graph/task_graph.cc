@@ -122,14 +122,9 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
   }
   const std::set<ValueId> accumulated(dt.accumulated.begin(), dt.accumulated.end());
   for (Task& task : dt.tasks) {
-    if (const auto* c = std::get_if<ComputeTask>(&task.work)) {
-      for (const FusedKernel& f : c->fused)
-        MESHFLOW_CHECK(!accumulated.count(task.out) && !accumulated.count(f.out),
-                       "\"{}\" is summed over micro-batches but runs fused",
-                       pcg.nodes[static_cast<std::size_t>(f.out)].name);
-    }
-    task.accumulates = std::holds_alternative<ComputeTask>(task.work) &&
-                       accumulated.count(task.out) && !read_per_micro_batch.count(task.out);
+    const auto* compute = std::get_if<ComputeTask>(&task.work);
+    task.accumulates = compute && compute->fused.empty() && accumulated.count(task.out) &&
+                       !read_per_micro_batch.count(task.out);
     if (const auto* c = std::get_if<ComputeTask>(&task.work);
         c && c->call->op.type == OpType::kReshape) {
       const ValueId in = c->call->args[0];
@@ -246,37 +241,47 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
       scatter_of[static_cast<std::size_t>(d->move)] = id;
     }
   }
-  // Attention's gradients of the same operands on the same devices run as one kernel
-  // (run_kernels) in the first one's task, which makes the others' values too; only where none
-  // of them is summed over micro-batches (kept, or read once per step), whose kernels add into
-  // the sums alone (Task::accumulates).
+  // Kernels that run as one (ops/op.h's runs_together: attention's gradients, layer norm's
+  // weight gradients) on the same devices in the same pass run in one task, in the first one's
+  // place: the group's operands are its longest member's (the others' a prefix of them), all
+  // made before the first. A value of such a task that is summed over micro-batches is made and
+  // then added, never added into by the kernel (Task::accumulates).
   const std::vector<bool> once = once_per_step(pcg);
-  std::set<ValueId> read_once;
-  for (std::size_t id = 0; id < pcg.nodes.size(); ++id)
-    if (once[id]) read_once.insert(pcg.nodes[id].inputs.begin(), pcg.nodes[id].inputs.end());
-  std::vector<std::vector<ValueId>> fused(pcg.nodes.size());  // first -> the others
+  std::vector<std::vector<ValueId>> group(pcg.nodes.size());  // first -> its members, in order
   {
-    std::map<std::vector<ValueId>, std::vector<ValueId>> groups;  // operands -> firsts
+    auto node = [&](ValueId v) -> const Node& { return pcg.nodes[static_cast<std::size_t>(v)]; };
+    std::map<ValueId, std::vector<ValueId>> firsts;  // operand 0 -> the groups' firsts
     for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
-      const Node& n = pcg.nodes[static_cast<std::size_t>(id)];
-      if (n.kind != NodeKind::kCompute || n.decomposed || keep.count(id) || read_once.count(id))
-        continue;
-      std::vector<ValueId>& firsts = groups[n.inputs];
+      const Node& n = node(id);
+      if (n.kind != NodeKind::kCompute || n.decomposed || n.inputs.empty()) continue;
       const auto joins = [&](ValueId first) {
-        const Node& f = pcg.nodes[static_cast<std::size_t>(first)];
+        const Node& f = node(first);
         if (f.layout->mesh != n.layout->mesh || f.phase != n.phase ||
-            once[static_cast<std::size_t>(first)] != once[static_cast<std::size_t>(id)] ||
-            !runs_together(f.op, n.op))
+            once[static_cast<std::size_t>(first)] != once[static_cast<std::size_t>(id)])
           return false;
-        for (ValueId o : fused[static_cast<std::size_t>(first)])
-          if (!runs_together(pcg.nodes[static_cast<std::size_t>(o)].op, n.op)) return false;
-        return true;
+        const std::vector<ValueId>* longest = &n.inputs;
+        for (ValueId m : group[static_cast<std::size_t>(first)])
+          if (node(m).inputs.size() > longest->size()) longest = &node(m).inputs;
+        for (ValueId m : group[static_cast<std::size_t>(first)]) {
+          const std::vector<ValueId>& in = node(m).inputs;
+          if (!std::equal(in.begin(), in.end(), longest->begin())) return false;
+        }
+        if (!std::equal(n.inputs.begin(), n.inputs.end(), longest->begin()) ||
+            std::any_of(longest->begin(), longest->end(), [&](ValueId v) { return v >= first; }))
+          return false;
+        std::vector<TensorSpec> specs;
+        for (ValueId v : *longest) specs.push_back(node(v).spec);
+        return std::all_of(group[static_cast<std::size_t>(first)].begin(),
+                           group[static_cast<std::size_t>(first)].end(),
+                           [&](ValueId m) { return runs_together(node(m).op, n.op, specs); });
       };
-      const auto first = std::find_if(firsts.begin(), firsts.end(), joins);
-      if (first == firsts.end()) {
-        firsts.push_back(id);
+      std::vector<ValueId>& candidates = firsts[n.inputs[0]];
+      const auto first = std::find_if(candidates.begin(), candidates.end(), joins);
+      if (first == candidates.end()) {
+        candidates.push_back(id);
+        group[static_cast<std::size_t>(id)] = {id};
       } else {
-        fused[static_cast<std::size_t>(*first)].push_back(id);
+        group[static_cast<std::size_t>(*first)].push_back(id);
         absorbed[static_cast<std::size_t>(id)] = true;
       }
     }
@@ -337,20 +342,29 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
           add_overlap(id, n, layout);
           break;
         }
-        auto call = kernel_call(n);
+        // The group's member with the most operands makes the call; the others run fused.
+        const std::vector<ValueId>& members = group[static_cast<std::size_t>(id)];
+        const ValueId primary =
+            *std::max_element(members.begin(), members.end(), [&](ValueId a, ValueId b) {
+              return pcg.nodes[static_cast<std::size_t>(a)].inputs.size() <
+                     pcg.nodes[static_cast<std::size_t>(b)].inputs.size();
+            });
+        const Node& p = pcg.nodes[static_cast<std::size_t>(primary)];
+        auto call = kernel_call(p);
         for (DeviceId d : on) {
           ShardOffsets offsets;
-          for (ValueId v : n.inputs)
+          for (ValueId v : p.inputs)
             offsets.push_back(shard_box(*pcg.nodes[static_cast<std::size_t>(v)].layout, d).offset);
-          ComputeTask c{call, local_shape(layout, d), std::move(offsets)};
-          for (ValueId o : fused[static_cast<std::size_t>(id)]) {
+          ComputeTask c{call, local_shape(*p.layout, d), std::move(offsets)};
+          for (ValueId o : members) {
+            if (o == primary) continue;
             const Node& other = pcg.nodes[static_cast<std::size_t>(o)];
             c.fused.push_back(FusedKernel{.out = o,
-                                          .op = normalize(other.op, call->globals),
+                                          .op = kernel_call(other)->op,
                                           .local_out = local_shape(*other.layout, d)});
           }
           g.devices[index[d]].tasks.push_back(
-              Task{.out = id, .phase = n.phase, .work = std::move(c)});
+              Task{.out = primary, .phase = n.phase, .work = std::move(c)});
         }
         break;
       }

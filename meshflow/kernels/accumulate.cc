@@ -96,11 +96,6 @@ namespace {
 // the shape alone, so that every team size adds the same numbers in the same order.
 constexpr std::int64_t kBlockElements = 32 * 1024, kMaxBlocks = 32, kWideRow = 8 * 1024;
 
-std::int64_t row_blocks(std::int64_t rows, std::int64_t cols) {
-  if (cols >= kWideRow) return 1;
-  return std::clamp<std::int64_t>(rows * cols / kBlockElements, 1, std::min(rows, kMaxBlocks));
-}
-
 // sum_columns, through the vector clones for float.
 template <typename T>
 void sum_block(const T* x, std::int64_t rows, std::int64_t stride, std::int64_t n, T* out) {
@@ -113,6 +108,11 @@ void sum_block(const T* x, std::int64_t rows, std::int64_t stride, std::int64_t 
 
 }  // namespace
 
+std::int64_t sum_rows_blocks(std::int64_t rows, std::int64_t cols) {
+  if (rows == 0 || cols >= kWideRow) return 1;
+  return std::clamp<std::int64_t>(rows * cols / kBlockElements, 1, std::min(rows, kMaxBlocks));
+}
+
 // One block: the columns split over the team's threads, each summed in row order. Several: each
 // block of rows summed in row order into its own partial row, the blocks split over the threads
 // (each reading whole rows one after another), then the partial rows added in block order.
@@ -121,7 +121,7 @@ void sum_block(const T* x, std::int64_t rows, std::int64_t stride, std::int64_t 
 // the eight partial rows).
 template <typename T>
 void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
-  const std::int64_t blocks = rows == 0 ? 1 : row_blocks(rows, cols);
+  const std::int64_t blocks = sum_rows_blocks(rows, cols);
   if (blocks == 1) {
     parallel_for(cols, column_grain(rows), [&](std::int64_t begin, std::int64_t end) {
       sum_block(x + begin, rows, cols, end - begin, out + begin);

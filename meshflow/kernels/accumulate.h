@@ -22,4 +22,10 @@ void scale_in_place(Tensor& t, double s);
 template <typename T>
 void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out);
 
+// The blocks of rows sum_rows adds separately for a [rows, cols] array, a function of the shape
+// alone: block b is rows [part_begin(rows, n, b, 1), part_begin(rows, n, b + 1, 1)) of n (each
+// summed from 0 in row order, then the blocks' sums in block order). 1: sum_rows splits the
+// columns over the threads instead, each summed in row order.
+std::int64_t sum_rows_blocks(std::int64_t rows, std::int64_t cols);
+
 }  // namespace meshflow

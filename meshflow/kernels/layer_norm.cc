@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "meshflow/kernels/accumulate.h"
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/kernels/vector_math.h"
 #include "meshflow/kernels/vectorize.h"
@@ -91,15 +92,42 @@ void grad_x_range(const float* g, const float* x, const float* __restrict w, flo
 
 // sum[j] += Σ over the rows of g x̂.
 MESHFLOW_VECTOR_CLONES
-void grad_w_range(const float* g, const float* x, float* __restrict sum, std::int64_t first,
-                  std::int64_t last, std::int64_t d, float eps) {
+// sum += Σ over rows [first, last) of g x̂, and with `bias` bias += Σ of g, in row order.
+void grad_w_range(const float* g, const float* x, float* __restrict sum, float* __restrict bias,
+                  std::int64_t first, std::int64_t last, std::int64_t d, float eps) {
   const VectorMath& m = vector_math();
   for (std::int64_t r = first; r < last; ++r) {
     const float* __restrict xr = x + r * d;
     const float* __restrict gr = g + r * d;
     const RowStats s = row_stats(m, xr, d, eps);
     for (std::int64_t j = 0; j < d; ++j) sum[j] += gr[j] * (centred(s, xr[j]) * s.rstd);
+    if (bias)
+      for (std::int64_t j = 0; j < d; ++j) bias[j] += gr[j];
   }
+}
+
+// out = partial row 0 + partial row 1 + ..., in order.
+void add_partials(const std::vector<float>& partial, std::int64_t parts, std::int64_t d,
+                  float* out) {
+  std::copy(partial.begin(), partial.begin() + d, out);
+  for (std::int64_t p = 1; p < parts; ++p) add_to(out, partial.data() + p * d, d);
+}
+
+// gw (and with gb, the bias's gradient) summed in sum_rows' blocks of rows (`blocks` > 1), each
+// into its own partial row, the blocks split over the device's threads.
+void grad_w_blocks(const float* g, const float* x, float* gw, float* gb, std::int64_t rows,
+                   std::int64_t d, float eps, std::int64_t blocks) {
+  std::vector<float> pw(static_cast<std::size_t>(blocks * d), 0.0f);
+  std::vector<float> pb(gb ? pw.size() : 0, 0.0f);
+  parallel_for(blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t b = begin; b < end; ++b) {
+      const auto n = static_cast<int>(blocks), k = static_cast<int>(b);
+      grad_w_range(g, x, pw.data() + b * d, gb ? pb.data() + b * d : nullptr,
+                   part_begin(rows, n, k, 1), part_begin(rows, n, k + 1, 1), d, eps);
+    }
+  });
+  add_partials(pw, blocks, d, gw);
+  if (gb) add_partials(pb, blocks, d, gb);
 }
 
 }  // namespace
@@ -120,15 +148,28 @@ void layer_norm_grad_x_rows(const float* g, const float* x, const float* w, floa
 
 void layer_norm_grad_w_rows(const float* g, const float* x, float* gw, std::int64_t rows,
                             std::int64_t d, float eps) {
+  if (const std::int64_t blocks = sum_rows_blocks(rows, d); blocks > 1) {
+    grad_w_blocks(g, x, gw, nullptr, rows, d, eps, blocks);
+    return;
+  }
   // Each part sums its rows into its own row of `partial`; the parts are added in order.
   const int parts = parallel_parts(rows, row_grain(d));
   std::vector<float> partial(static_cast<std::size_t>(parts * d), 0.0f);
   parallel_parts_for(rows, parts, [&](int part, std::int64_t first, std::int64_t last) {
-    grad_w_range(g, x, partial.data() + part * d, first, last, d, eps);
+    grad_w_range(g, x, partial.data() + part * d, nullptr, first, last, d, eps);
   });
-  for (std::int64_t j = 0; j < d; ++j) gw[j] = partial[static_cast<std::size_t>(j)];
-  for (int part = 1; part < parts; ++part)
-    for (std::int64_t j = 0; j < d; ++j) gw[j] += partial[static_cast<std::size_t>(part * d + j)];
+  add_partials(partial, parts, d, gw);
+}
+
+void layer_norm_grad_wb_rows(const float* g, const float* x, float* gw, float* gb,
+                             std::int64_t rows, std::int64_t d, float eps) {
+  const std::int64_t blocks = sum_rows_blocks(rows, d);
+  if (blocks == 1) {  // sum_rows splits the columns: each alone
+    layer_norm_grad_w_rows(g, x, gw, rows, d, eps);
+    sum_rows(g, rows, d, gb);
+    return;
+  }
+  grad_w_blocks(g, x, gw, gb, rows, d, eps, blocks);
 }
 
 }  // namespace meshflow

@@ -458,13 +458,55 @@ TEST(Kernels, AttentionGradientsRunTogetherGiveWhatEachGivesAlone) {
   }
   // Alone: 3 + 3 + 2 products of 150 x 150 by 8 per batch; together: 5.
   EXPECT_DOUBLE_EQ(alone, 2.0 * 150 * 150 * 8 * 8);
-  EXPECT_DOUBLE_EQ(work_points(all, local), 2.0 * 150 * 150 * 8 * 5);
+  EXPECT_DOUBLE_EQ(work_points(all, globals, local, {local[0], local[0], local[0]}),
+                   2.0 * 150 * 150 * 8 * 5);
+}
+
+// Layer norm's weight gradients run together (one pass over g and x) give what each gives
+// alone, bit for bit, in either order: float32 and float64, on shapes whose rows sum_rows adds in
+// blocks (the pass shared) and in one (each alone), alone and on a team of 3.
+TEST(Kernels, LayerNormWeightGradientsRunTogetherGiveWhatEachGivesAlone) {
+  ThreadTeam team(3);
+  for (DType dtype : {DType::kFloat32, DType::kFloat64})
+    for (const Shape& shape :
+         std::vector<Shape>{{2048, 512}, {2, 64, 512}, {256, 1000}, {3, 7}, {4, 8192}}) {
+      const Tensor g = rnd(shape, 51, dtype), x = rnd(shape, 52, dtype);
+      const TensorSpec spec{shape, dtype};
+      const Op gw{.type = OpType::kLayerNormGradW},
+          gb{.type = OpType::kSumTo, .shape = {shape.back()}};
+      ASSERT_TRUE(runs_together(gw, gb, {spec, spec}) && runs_together(gb, gw, {spec, spec}));
+      const Tensor w_alone = run_kernel(gw, {&g, &x}, {spec, spec});
+      const Tensor b_alone = run_kernel(gb, {&g}, {spec});
+      for (bool on_team : {false, true})
+        for (bool sum_first : {false, true}) {
+          const std::vector<Op> ops = sum_first ? std::vector<Op>{gb, gw} : std::vector<Op>{gw, gb};
+          std::vector<Tensor> together;
+          {
+            const UseTeam use(on_team ? &team : nullptr);
+            together = run_kernels(ops, {&g, &x}, {spec, spec});
+          }
+          const std::string what =
+              fmt::format("{} {}{}{}", to_string(dtype), to_string(shape),
+                          on_team ? " on a team" : "", sum_first ? ", sum_to first" : "");
+          const std::optional<std::string> dw = compare_exact(together[sum_first ? 1 : 0], w_alone);
+          const std::optional<std::string> db = compare_exact(together[sum_first ? 0 : 1], b_alone);
+          EXPECT_FALSE(dw) << what << " dw: " << *dw;
+          EXPECT_FALSE(db) << what << " db: " << *db;
+        }
+    }
+  // Not together: a sum to another shape, or over operands that are not (g, x) alike.
+  const TensorSpec s{{4, 6}, DType::kFloat32};
+  const Op gw{.type = OpType::kLayerNormGradW};
+  EXPECT_FALSE(runs_together(gw, Op{.type = OpType::kSumTo, .shape = {1, 6}}, {s, s}));
+  EXPECT_FALSE(
+      runs_together(gw, Op{.type = OpType::kSumTo, .shape = {6}}, {s, {{4, 6}, DType::kFloat64}}));
+  EXPECT_FALSE(runs_together(gw, gw, {s, s}));
 }
 
 // A device's team (kernels/parallel.h) splits each kernel into parts: float32 results at sizes
 // that split equal the kernel's alone, bit for bit where each element is computed the same way
-// (elementwise, rows, attention's heads) and to rounding where parts sum separately (the loss,
-// layer norm's weight gradient, a GEMM split by columns).
+// (elementwise, rows, attention's heads, sums in blocks fixed by the shape) and to rounding where
+// parts sum separately (the loss, a GEMM split by columns).
 TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
   const DType f = DType::kFloat32;
   const Tensor x = rnd({256, 1024}, 1, f), g = rnd({256, 1024}, 2, f), w = rnd({1024}, 3, f);
@@ -491,7 +533,7 @@ TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
       {Op{.type = OpType::kSoftmaxCrossEntropyGrad}, {&x, &labels, &one}, true},
       {Op{.type = OpType::kLayerNorm}, {&x, &w, &b}, true},
       {Op{.type = OpType::kLayerNormGradX}, {&g, &x, &w}, true},
-      {Op{.type = OpType::kLayerNormGradW}, {&g, &x}, false},
+      {Op{.type = OpType::kLayerNormGradW}, {&g, &x}, true},      // sum_rows' row blocks
       {Op{.type = OpType::kSumTo, .shape = {1024}}, {&x}, true},  // rows added, columns split
       {Op{.type = OpType::kSum, .dims = {0, 1}}, {&x3}, true},
       {Op{.type = OpType::kTranspose, .dims = {1, 0}}, {&x}, true},

@@ -132,6 +132,41 @@ Tensor layer_norm_kernel(const Op& op, const std::vector<const Tensor*>& in) {
   return in[0]->dtype() == DType::kFloat64 ? run_double(op, in) : run_float(op, in);
 }
 
+bool are_layer_norm_weight_grads(const Op& a, const Op& b, const std::vector<TensorSpec>& in) {
+  const auto is = [&](OpType x, OpType y) { return a.type == x && b.type == y; };
+  if (!is(OpType::kLayerNormGradW, OpType::kSumTo) && !is(OpType::kSumTo, OpType::kLayerNormGradW))
+    return false;
+  const Op& sum = a.type == OpType::kSumTo ? a : b;
+  const Op& grad_w = a.type == OpType::kSumTo ? b : a;
+  return in.size() == 2 && !in[0].shape.empty() && in[0].shape == in[1].shape &&
+         in[0].dtype == in[1].dtype && is_floating(in[0].dtype) &&
+         sum.shape == Shape{in[0].shape.back()} && grad_w.eps > 0;
+}
+
+std::vector<Tensor> layer_norm_weight_grads_kernel(std::span<const Op> ops,
+                                                   const std::vector<const Tensor*>& in) {
+  MESHFLOW_CHECK(ops.size() == 2 && in.size() == 2);
+  const bool sum_first = ops[0].type == OpType::kSumTo;
+  const Op& grad_w = ops[sum_first ? 1 : 0];
+  std::vector<Tensor> out;
+  if (in[0]->dtype() != DType::kFloat32) {  // float64: each alone
+    for (const Op& op : ops)
+      out.push_back(op.type == OpType::kSumTo ? run_kernel(op, {in[0]}, {spec_of(*in[0])})
+                                              : layer_norm_kernel(op, in));
+    return out;
+  }
+  const Tensor& x = *in[1];
+  const std::int64_t d = x.shape().back();
+  const std::int64_t rows = d == 0 ? 0 : x.numel() / d;
+  Tensor gw(x.dtype(), {d}), gb(x.dtype(), {d});
+  layer_norm_grad_wb_rows(in[0]->data<float>().data(), x.data<float>().data(),
+                          gw.data<float>().data(), gb.data<float>().data(), rows, d,
+                          static_cast<float>(grad_w.eps));
+  out.push_back(std::move(sum_first ? gb : gw));
+  out.push_back(std::move(sum_first ? gw : gb));
+  return out;
+}
+
 DimLabels layer_norm_labels(const Op& op, const std::vector<TensorSpec>& in) {
   DimLabels l;
   const int r = static_cast<int>(in[op.type == OpType::kLayerNorm ? 0 : 1].shape.size());

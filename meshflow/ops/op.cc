@@ -220,10 +220,23 @@ void run_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& local
   add_into(sum, made);
 }
 
-bool runs_together(const Op& a, const Op& b) {
+bool runs_together(const Op& a, const Op& b, const std::vector<TensorSpec>& operands) {
   const auto grad = [](OpType t) { return is_attention_family(t) && t != OpType::kAttention; };
-  return grad(a.type) && grad(b.type) && a.type != b.type && a.causal == b.causal;
+  if (grad(a.type) && grad(b.type))
+    return a.type != b.type && a.causal == b.causal && operands.size() == 4;
+  return are_layer_norm_weight_grads(a, b, operands);
 }
+
+namespace {
+
+// The first arity(op) of `all`.
+template <typename T>
+std::vector<T> operands_of(const Op& op, const std::vector<T>& all) {
+  const auto n = std::min(all.size(), static_cast<std::size_t>(arity(op.type).second));
+  return {all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n)};
+}
+
+}  // namespace
 
 std::vector<Tensor> run_kernels(std::span<const Op> ops, const std::vector<const Tensor*>& locals,
                                 const std::vector<TensorSpec>& globals,
@@ -234,10 +247,12 @@ std::vector<Tensor> run_kernels(std::span<const Op> ops, const std::vector<const
     out.push_back(run_kernel(ops.front(), locals, globals, offsets));
     return out;
   }
-  for (std::size_t i = 1; i < ops.size(); ++i)
-    MESHFLOW_CHECK(runs_together(ops.front(), ops[i]), "{} and {} do not run as one kernel",
-                   to_string(ops.front().type), to_string(ops[i].type));
-  return attention_kernels(ops, locals, offsets);
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    for (std::size_t j = i + 1; j < ops.size(); ++j)
+      MESHFLOW_CHECK(runs_together(ops[i], ops[j], globals), "{} and {} do not run as one kernel",
+                     to_string(ops[i].type), to_string(ops[j].type));
+  if (is_attention_family(ops.front().type)) return attention_kernels(ops, locals, offsets);
+  return layer_norm_weight_grads_kernel(ops, locals);
 }
 
 DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
@@ -278,10 +293,20 @@ double work_points(const Op& op, const std::vector<TensorSpec>& globals,
   return points;
 }
 
-double work_points(std::span<const Op> ops, const std::vector<Shape>& local,
+double work_points(std::span<const Op> ops, const std::vector<TensorSpec>& globals,
+                   const std::vector<Shape>& local, const std::vector<Shape>& local_outs,
                    const ShardOffsets& offsets) {
-  MESHFLOW_CHECK(ops.size() >= 2 && runs_together(ops[0], ops[1]));
-  return attention_work(ops, local, offsets);
+  MESHFLOW_CHECK(!ops.empty() && local_outs.size() == ops.size());
+  if (ops.size() > 1 && is_attention_family(ops.front().type))
+    return attention_work(ops, local, offsets);
+  double points = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const std::vector<Shape> in = operands_of(ops[i], local);
+    ShardOffsets at = offsets;
+    if (at.size() > in.size()) at.resize(in.size());
+    points += work_points(ops[i], operands_of(ops[i], globals), in, local_outs[i], at);
+  }
+  return points;
 }
 
 std::vector<int> label_range(int from, int to) {

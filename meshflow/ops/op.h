@@ -135,12 +135,15 @@ void run_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& local
                            const std::vector<TensorSpec>& globals, const ShardOffsets& offsets,
                            Tensor& sum);
 
-// Returns whether `a` and `b`, run on the same operands, run as one kernel (run_kernels): two of
-// attention's gradients (ops/attention.h), which share their probabilities.
-bool runs_together(const Op& a, const Op& b);
+// Returns whether `a` and `b` run as one kernel (run_kernels), each reading the first arity of
+// `operands` (so one's operand list is a prefix of the other's): two of attention's gradients of
+// the same operands (ops/attention.h; they share the probabilities), or layer norm's
+// layer_norm_grad_w(g, x) and its bias's sum_to(g, [D]) (ops/layer_norm.h; one pass over g).
+bool runs_together(const Op& a, const Op& b, const std::vector<TensorSpec>& operands);
 
-// Runs `ops` (distinct, each runs_together with every other) on the same locals in one kernel, as
-// run_kernel does each; returns their results in order, each what run_kernel gives it alone.
+// Runs `ops` (distinct, each pair runs_together on `globals`) in one kernel, each on the first
+// arity of `locals`, as run_kernel does each; returns their results in order, each bit for bit
+// what run_kernel gives it alone.
 std::vector<Tensor> run_kernels(std::span<const Op> ops, const std::vector<const Tensor*>& locals,
                                 const std::vector<TensorSpec>& globals,
                                 const ShardOffsets& offsets = {});
@@ -176,9 +179,11 @@ double work_points(const Op& op, const std::vector<TensorSpec>& globals,
                    const std::vector<Shape>& local, const Shape& local_out,
                    const ShardOffsets& offsets = {});
 
-// Returns the multiply-adds of run_kernels(ops, ...) on operands of `local` shapes (ops as
-// run_kernels takes them, at least two): less than their work_points one by one.
-double work_points(std::span<const Op> ops, const std::vector<Shape>& local,
+// Returns the multiply-adds (or elementwise steps) of run_kernels(ops, ...) on operands of
+// `local` shapes giving `local_outs`: attention's shared products once, else each op's
+// work_points on its operands.
+double work_points(std::span<const Op> ops, const std::vector<TensorSpec>& globals,
+                   const std::vector<Shape>& local, const std::vector<Shape>& local_outs,
                    const ShardOffsets& offsets = {});
 
 // Returns the labels from, from + 1, ..., to - 1.

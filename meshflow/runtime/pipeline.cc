@@ -369,8 +369,11 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   std::vector<Tensor> sums(dt.accumulated.size());
   std::vector<bool> summed(dt.accumulated.size(), false);
   std::map<ValueId, int> producer;  // accumulated value -> its per-micro-batch task
-  for (std::size_t t = 0; t < dt.tasks.size(); ++t)
-    if (!dt.tasks[t].once_per_step) producer[dt.tasks[t].out] = static_cast<int>(t);
+  for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
+    if (dt.tasks[t].once_per_step) continue;
+    producer[dt.tasks[t].out] = static_cast<int>(t);
+    for (ValueId v : values_made(dt.tasks[t])) producer[v] = static_cast<int>(t);
+  }
   std::vector<std::size_t> last_group(M, 0);
   for (std::size_t k = 0; k < pipeline.order.size(); ++k)
     last_group[static_cast<std::size_t>(pipeline.order[k].micro_batch)] = k;
