@@ -27,8 +27,9 @@ struct KernelCall {
 };
 
 // Another node's kernel run in the same pass as a compute task's own (ops/op.h's run_kernels:
-// attention's gradients, which share their probabilities): same operands, a shard of local_out
-// of value `out`.
+// attention's gradients, which share their probabilities; layer norm's scale and bias gradients,
+// one pass over g): it reads the first arity(op) of the call's operands and makes a shard of
+// local_out of value `out`.
 struct FusedKernel {
   ValueId out = 0;
   Op op;  // normalised

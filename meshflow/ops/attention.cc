@@ -118,7 +118,12 @@ std::vector<Tensor> run(std::span<const Op> ops, const std::vector<const Tensor*
                   : o.type == OpType::kAttentionGradV ? v.shape()
                                                       : q.shape();
     if (o.type == OpType::kAttention) shape.back() = d.dv;
-    outs.emplace_back(q.dtype(), shape);  // zeros: gradients of k and v accumulate over blocks
+    // Zeros where the blocks add into it (the gradients of k and v) or no block runs; the
+    // forward's result and dq have every row written by their block's product (zeros where it
+    // sees no key).
+    const bool summed = o.type == OpType::kAttentionGradK || o.type == OpType::kAttentionGradV;
+    outs.push_back(summed || d.sk == 0 || d.sq == 0 ? Tensor(q.dtype(), shape)
+                                                    : Tensor::uninitialized(q.dtype(), shape));
   }
   if (d.sk == 0 || d.sq == 0) return outs;
   auto result = [&](OpType type) -> T* {
