@@ -90,9 +90,8 @@ void grad_x_range(const float* g, const float* x, const float* __restrict w, flo
   }
 }
 
-// sum[j] += Σ over the rows of g x̂.
-MESHFLOW_VECTOR_CLONES
 // sum += Σ over rows [first, last) of g x̂, and with `bias` bias += Σ of g, in row order.
+MESHFLOW_VECTOR_CLONES
 void grad_w_range(const float* g, const float* x, float* __restrict sum, float* __restrict bias,
                   std::int64_t first, std::int64_t last, std::int64_t d, float eps) {
   const VectorMath& m = vector_math();
