@@ -43,6 +43,17 @@ Tensor call(const Op& op, const std::vector<const Tensor*>& in) {
   return run_kernel(normalize(op, specs), in, specs);
 }
 
+// Runs sibling operators on whole tensors in one pass, as a training step's task runs them
+// (graph/task_graph.h's fused kernels), each reading the first of `in` it takes.
+void call_together(const std::vector<Op>& ops, const std::vector<const Tensor*>& in) {
+  std::vector<TensorSpec> specs;
+  for (const Tensor* t : in) specs.push_back(spec_of(*t));
+  std::vector<Op> normalized;
+  for (const Op& op : ops)
+    normalized.push_back(normalize(op, {specs.begin(), specs.begin() + arity(op.type).second}));
+  run_kernels(normalized, in, specs);
+}
+
 Tensor random(const Shape& shape, std::uint64_t seed) {
   return random_tensor(DType::kFloat32, shape, seed);
 }
@@ -149,10 +160,9 @@ std::vector<Case> cases(const Operands& operands) {
                .run =
                    [d] {
                      call(Op{.type = OpType::kLayerNormGradX}, {&d->g_width, &d->x, &d->ln_w});
-                     const std::vector<Op> ops = {Op{.type = OpType::kLayerNormGradW},
-                                                  Op{.type = OpType::kSumTo, .shape = {kWidth}}};
-                     const TensorSpec spec = spec_of(d->x);
-                     run_kernels(ops, {&d->g_width, &d->x}, {spec, spec});
+                     call_together({Op{.type = OpType::kLayerNormGradW},
+                                    Op{.type = OpType::kSumTo, .shape = {kWidth}}},
+                                   {&d->g_width, &d->x});
                    },
                .bytes = 3 * width + 2 * width});
   c.push_back({.name = "softmax_ce_fwd",
@@ -203,10 +213,7 @@ std::vector<Case> cases(const Operands& operands) {
                  for (OpType t :
                       {OpType::kAttentionGradQ, OpType::kAttentionGradK, OpType::kAttentionGradV})
                    ops.push_back(Op{.type = t, .causal = true});
-                 const std::vector<const Tensor*> in = {&d->q, &d->k, &d->v, &d->g_att};
-                 std::vector<TensorSpec> specs;
-                 for (const Tensor* t : in) specs.push_back(spec_of(*t));
-                 run_kernels(ops, in, specs);
+                 call_together(ops, {&d->q, &d->k, &d->v, &d->g_att});
                }});
   return c;
 }

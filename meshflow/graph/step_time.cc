@@ -36,12 +36,7 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
       local.push_back(local_shape(g.layouts[static_cast<std::size_t>(a)], device));
       bytes += bytes_of(g, a, device);
     }
-    if (c->fused.empty()) {
-      t.compute_s = kernel_seconds(
-          machine, work_points(c->call->op, c->call->globals, local, c->local_out, c->offsets),
-          bytes);
-      return t;
-    }
+    // The task's own kernel and those fused into it (one op alone: its work_points).
     std::vector<Op> ops = {c->call->op};
     std::vector<Shape> outs = {c->local_out};
     for (const FusedKernel& f : c->fused) {
