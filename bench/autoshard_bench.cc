@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <numeric>
 #include <random>
 
+#include "bench/collectives_bench.h"
 #include "meshflow/auto/autoshard.h"
 #include "meshflow/auto/calibrate.h"
 #include "meshflow/core/file.h"
@@ -159,18 +161,9 @@ Measured measure(const AutoshardBenchOptions& o, const fs::path& path, int zero,
 
 void write(const fs::path& path, const nlohmann::json& j) { write_file_atomic(path, j.dump()); }
 
-// One case: the chosen layout against the hand layouts of `model` on `mesh`. The layouts take
-// turns, one timed step each per round (after a warm-up step), so that a machine whose speed
-// drifts during the run treats them alike.
-BenchResult layout_case(const AutoshardBenchOptions& o, const std::string& model,
-                        const std::string& mesh, const std::vector<HandLayout>& hand,
-                        const fs::path& folder, const MachineModel* machine,
-                        std::vector<double>& estimates, std::vector<double>& measured) {
-  BenchResult r{.case_name = model + " " + mesh,
-                .backend = "threads",
-                .mesh = mesh,
-                .devices = size(parse_mesh(mesh)),
-                .baseline = "best_hand_layout"};
+// One case: the chosen layout against the hand layouts of `model` on `mesh`, each with its
+// steps as they are timed.
+struct LayoutCase {
   struct Entry {
     std::string name;
     fs::path path;
@@ -178,34 +171,60 @@ BenchResult layout_case(const AutoshardBenchOptions& o, const std::string& model
     std::vector<double> step_s;
     double est_s = 0;
   };
-  std::vector<Entry> entries;
+  std::string model, mesh;
+  const MachineModel* machine = nullptr;
+  std::vector<Entry> entries;  // the hand layouts, then the chosen one
+  AutoshardResult chosen;
+};
+
+// Writes the hand layouts of `model` on `mesh` and the one autoshard chooses; times nothing.
+LayoutCase prepare_case(const std::string& model, const std::string& mesh,
+                        const std::vector<HandLayout>& hand, const fs::path& folder,
+                        const MachineModel* machine) {
+  LayoutCase c{.model = model, .mesh = mesh, .machine = machine};
   for (const HandLayout& l : hand) {
     const fs::path path = folder / fmt::format("{}_{}_{}.json", model, mesh, l.name);
     write(path, l.model);
-    entries.push_back({l.name, path, l.zero});
+    c.entries.push_back({l.name, path, l.zero});
   }
   // The search starts from the data-parallel file (its own placements are a candidate).
-  const AutoshardResult a =
-      autoshard(entries[0].path, {.mesh = mesh, .plan = {.machine = machine}}, folder);
+  c.chosen = autoshard(c.entries[0].path, {.mesh = mesh, .plan = {.machine = machine}}, folder);
   const fs::path chosen = folder / fmt::format("{}_{}_auto.json", model, mesh);
-  write(chosen, a.model);
-  entries.push_back({"auto", chosen, a.zero, a.micro_batches});
-  const AutoshardBenchOptions one_step = [&] {
-    AutoshardBenchOptions s = o;
-    s.reps = 1;
-    return s;
-  }();
+  write(chosen, c.chosen.model);
+  c.entries.push_back({"auto", chosen, c.chosen.zero, c.chosen.micro_batches});
+  return c;
+}
+
+// Times every layout of every case: `reps` rounds, each training every layout on every mesh
+// once (a warm-up step and a timed one), so that a machine whose speed drifts during the run
+// treats the layouts and the meshes alike (the rank correlation pools the meshes).
+void time_cases(const AutoshardBenchOptions& o, std::vector<LayoutCase>& cases) {
+  AutoshardBenchOptions one_step = o;
+  one_step.reps = 1;
   for (int round = 0; round < o.reps; ++round) {
-    for (Entry& e : entries) {
-      const Measured m = measure(one_step, e.path, e.zero, e.micro_batches, machine);
-      e.step_s.push_back(m.step_s.at(0));
-      e.est_s = m.est_s;
+    for (LayoutCase& c : cases) {
+      for (LayoutCase::Entry& e : c.entries) {
+        const Measured m = measure(one_step, e.path, e.zero, e.micro_batches, c.machine);
+        e.step_s.push_back(m.step_s.at(0));
+        e.est_s = m.est_s;
+      }
     }
   }
+}
+
+// The case's result; appends each layout's estimate and measured median.
+BenchResult layout_result(const LayoutCase& c, std::vector<double>& estimates,
+                          std::vector<double>& measured) {
+  BenchResult r{.case_name = c.model + " " + c.mesh,
+                .backend = "threads",
+                .mesh = c.mesh,
+                .devices = size(parse_mesh(c.mesh)),
+                .baseline = "best_hand_layout"};
+  const AutoshardResult& a = c.chosen;
   nlohmann::json layouts = nlohmann::json::object();
   std::string best;
   double best_s = 0;
-  for (const Entry& e : entries) {
+  for (const LayoutCase::Entry& e : c.entries) {
     const double step = median(e.step_s);
     layouts[e.name] = {{"median_s", step},
                        {"est_step_s", e.est_s},
@@ -216,8 +235,7 @@ BenchResult layout_case(const AutoshardBenchOptions& o, const std::string& model
     if (e.name == "auto") continue;
     if (best.empty() || step < best_s) best = e.name, best_s = step, r.baseline_s = e.step_s;
   }
-  const Entry& mine = entries.back();
-  r.case_s = mine.step_s;
+  r.case_s = c.entries.back().step_s;
   layouts["auto"]["micro_batches"] = a.micro_batches;
   r.extra["best_hand_layout"] = best;
   r.extra["est_step_s"] = a.est_step_s;
@@ -294,23 +312,27 @@ BenchResult search_case(const AutoshardBenchOptions& o, const std::string& name,
 
 BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
   BenchReport report{.benchmark = "autoshard", .progress = o.progress};
+  report.memcpy_gbps = measured_memcpy_gbps();
   TempFolder folder("meshflow_autoshard");
-  std::map<int, MachineModel> machines;  // calibrated, per device count
+  // Calibrated, per device count, with more repetitions than `calibrate`'s default: its medians
+  // still moved ±10% from run to run here (GEMM 117-138 GFLOP/s at 11), and the rank
+  // correlation compares estimates made with different device counts' descriptions.
+  constexpr int kCalibrateReps = 11;
+  std::map<int, MachineModel> machines;
   auto machine_for = [&](int devices) -> const MachineModel* {
     if (o.machine) return o.machine;
     auto it = machines.find(devices);
     if (it == machines.end())
-      it = machines.emplace(devices, calibrate({.devices = devices, .reps = 3})).first;
+      it = machines.emplace(devices, calibrate({.devices = devices, .reps = kCalibrateReps})).first;
     return &it->second;
   };
   for (const std::string& model : o.models) {
-    std::vector<double> estimates, measured;
-    std::vector<std::size_t> cases;
+    std::vector<LayoutCase> cases;
+    std::deque<GptFiles> gpt_files;  // the cases' data files, kept until they are timed
     for (const std::string& mesh : o.meshes) {
       const int devices = size(parse_mesh(mesh));
       const bool two_d = ndim(parse_mesh(mesh)) == 2;
       std::vector<HandLayout> hand;
-      std::optional<GptFiles> gpt;
       if (model == "mlp") {
         hand = mlp_layouts(mlp(o, devices, folder.path()));
         if (two_d) {
@@ -327,7 +349,7 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
           hand.push_back({"dp_tp", dp_tp, 0});
         }
       } else {
-        gpt.emplace(o.gpt, devices);
+        const GptFiles* gpt = &gpt_files.emplace_back(o.gpt, devices);
         auto file = [&](const std::string& layout) {
           nlohmann::json j = read_json(gpt->path(layout));
           // Data paths absolute: the files are written elsewhere.
@@ -341,12 +363,17 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
                 {"tp", file("tp"), 0}, {"tp_vocab", file("tp_vocab"), 0}, {"sp", file("sp"), 0}};
         if (two_d) hand.push_back({"dp_tp", file("dp_tp"), 0});
       }
-      cases.push_back(report.results.size());
-      add_result(report, layout_case(o, model, mesh, hand, folder.path(), machine_for(devices),
-                                     estimates, measured));
+      cases.push_back(prepare_case(model, mesh, hand, folder.path(), machine_for(devices)));
     }
+    time_cases(o, cases);
+    std::vector<double> estimates, measured;
+    std::vector<BenchResult> results;
+    for (const LayoutCase& c : cases) results.push_back(layout_result(c, estimates, measured));
     const double rho = spearman(estimates, measured);
-    for (std::size_t c : cases) report.results[c].extra["rank_correlation"] = rho;
+    for (BenchResult& r : results) {
+      r.extra["rank_correlation"] = rho;
+      add_result(report, std::move(r));
+    }
   }
   if (o.search_cases) {
     GptConfig big = o.gpt;

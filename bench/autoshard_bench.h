@@ -1,6 +1,7 @@
 // `meshflow bench autoshard`: the layout `meshflow autoshard` chooses against layouts written by
 // hand, each trained and timed in the same run (threads), with the machine description
-// `calibrate` measures for that device count (or --machine's).
+// `calibrate` measures for that device count (or --machine's). The layouts of a model take
+// turns over all its meshes, one timed step each per round.
 //   <model> <mesh>  for the MLP (batch 512, 1024 -> 4096 -> 1024, bias, ReLU, softmax
 //               cross-entropy) and the bench GPT (bench/gpt_model.h) on meshes 2, 4 and 2x2:
 //               median_s the chosen layout's step, baseline best_hand_layout (the fastest of at
@@ -24,7 +25,7 @@ namespace meshflow::bench {
 
 struct AutoshardBenchOptions {
   bool progress = true;
-  int reps = 3;
+  int reps = 5;
   int warmup = 1;
   std::int64_t batch = 512, in = 1024, hidden = 4096;  // the MLP
   GptConfig gpt;
