@@ -198,10 +198,13 @@ LayoutCase prepare_case(const std::string& model, const std::string& mesh,
 // Times every layout of every case: `reps` rounds, each training every layout on every mesh
 // once (a warm-up step and a timed one), so that a machine whose speed drifts during the run
 // treats the layouts and the meshes alike (the rank correlation pools the meshes).
-void time_cases(const AutoshardBenchOptions& o, std::vector<LayoutCase>& cases) {
+void time_cases(const AutoshardBenchOptions& o, std::vector<LayoutCase>& cases,
+                const BenchReport& report) {
   AutoshardBenchOptions one_step = o;
   one_step.reps = 1;
   for (int round = 0; round < o.reps; ++round) {
+    print_progress(report,
+                   fmt::format("{}: round {} of {}", cases.front().model, round + 1, o.reps));
     for (LayoutCase& c : cases) {
       for (LayoutCase::Entry& e : c.entries) {
         const Measured m = measure(one_step, e.path, e.zero, e.micro_batches, c.machine);
@@ -365,7 +368,7 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
       }
       cases.push_back(prepare_case(model, mesh, hand, folder.path(), machine_for(devices)));
     }
-    time_cases(o, cases);
+    time_cases(o, cases, report);
     std::vector<double> estimates, measured;
     std::vector<BenchResult> results;
     for (const LayoutCase& c : cases) results.push_back(layout_result(c, estimates, measured));

@@ -118,12 +118,15 @@ std::string to_table(const BenchReport& report) {
   return out;
 }
 
+void print_progress(const BenchReport& report, std::string_view line) {
+  if (report.progress && ::isatty(STDERR_FILENO))
+    fmt::print(stderr, "  {} {}\n", report.benchmark, line);
+}
+
 void add_result(BenchReport& report, BenchResult result) {
-  if (report.progress && ::isatty(STDERR_FILENO)) {
-    fmt::print(stderr, "  {} {} {}: {} median\n", report.benchmark, result.case_name,
-               result.bytes > 0 ? human_bytes(result.bytes) : "",
-               human_seconds(median(result.case_s)));
-  }
+  print_progress(report, fmt::format("{}{}: {} median", result.case_name,
+                                     result.bytes > 0 ? " " + human_bytes(result.bytes) : "",
+                                     human_seconds(median(result.case_s))));
   report.results.push_back(std::move(result));
 }
 

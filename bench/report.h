@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace meshflow::bench {
@@ -38,6 +39,10 @@ struct BenchReport {
 // prints one line saying the case finished (long benchmarks show progress; logs and pipes stay
 // clean).
 void add_result(BenchReport& report, BenchResult result);
+
+// Prints `line` as add_result prints its own (progress set, standard error a terminal): for a
+// benchmark whose cases all finish at its end.
+void print_progress(const BenchReport& report, std::string_view line);
 
 // Returns the median of `samples` (the mean of the middle two for an even count); 0 if empty.
 double median(std::vector<double> samples);
