@@ -14,6 +14,7 @@
 #include "bench/collectives_bench.h"
 #include "meshflow/auto/autoshard.h"
 #include "meshflow/auto/calibrate.h"
+#include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/json_field.h"
 #include "meshflow/core/npy.h"
@@ -330,6 +331,11 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
     return &it->second;
   };
   for (const std::string& model : o.models) {
+    if (model != "mlp" && model != "gpt")
+      fail(ErrorKind::kInvalidArgument, "bench autoshard: no model \"{}\" (mlp or gpt)", model);
+  }
+  for (const std::string& model : o.models) {
+    if (o.meshes.empty()) break;
     std::vector<LayoutCase> cases;
     std::deque<GptFiles> gpt_files;  // the cases' data files, kept until they are timed
     for (const std::string& mesh : o.meshes) {

@@ -191,7 +191,9 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   au->add_option("--meshes", as->meshes, "meshes to compare on")->delimiter(',');
-  au->add_option("--models", as->models, "mlp, gpt")->delimiter(',');
+  au->add_option("--models", as->models, "mlp, gpt")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"mlp", "gpt"}));
   au->add_option("--batch", as->batch, "the MLP's batch")->capture_default_str();
   au->add_option("--width", as->in, "the MLP's width")->capture_default_str();
   au->add_option("--hidden", as->hidden, "the MLP's hidden width")->capture_default_str();

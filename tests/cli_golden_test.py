@@ -41,6 +41,7 @@ ERRORS = [
     ("not a sharded folder", ["gather", "--in", "{tmp}", "--out", "{tmp}/y.npy"]),
     ("output over a file", ["shard", "--in", "{tmp}/x.npy", "--mesh", "2", "--placements", "R", "--out", "{tmp}/x.npy"]),
     ("malformed size", ["bench", "collectives", "--sizes", "16Q"]),
+    ("unknown bench model", ["bench", "autoshard", "--models", "gtp"]),
     ("model file missing", ["train", "{tmp}/nothing.json"]),
     ("model file not JSON", ["explain", "{tmp}/a/rank0.npy"]),
     ("training steps out of range", ["train", "{tmp}/nothing.json", "--steps", "0"]),
