@@ -170,6 +170,18 @@ with tempfile.TemporaryDirectory() as tmp:
                         ("forward", "loss:stats", ["P(sum)"], ["R"])],
               f"vocabulary-parallel loss moves {moves}")
     train_checked([wide, "--steps", "2"], "wide tp_vocab")
+    if not mpirun:
+        # The same layout on a 4x1 mesh, each placement on both dims: the loss's classes are
+        # sharded over the dim of one device too, where its lowered steps end in R for the
+        # strategy's P(sum) (the same numbers).
+        j = json.load(open(wide))
+        j["meshes"] = {k: f"{v}x1" for k, v in j["meshes"].items()}
+        for t in [*j["tensors"].values(), *j["nodes"]]:
+            if "placements" in t:
+                t["placements"] = [t["placements"][0]] * 2
+        unit = os.path.join(tmp, "gpt_tp_vocab_4x1.json")
+        json.dump(j, open(unit, "w"))
+        train_checked([unit, "--steps", "2"], "wide tp_vocab on 4x1")
 
     # Bad data is one line naming the node that read it, on every device (no device left
     # waiting in the loss's all-reduces): a token id outside the vocabulary, then a label.

@@ -8,6 +8,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/ops/view.h"
 #include "meshflow/ops/vocab_parallel.h"
+#include "meshflow/plan/transitions.h"
 
 namespace meshflow {
 
@@ -159,8 +160,15 @@ std::vector<Strategy> strategies(const Op& raw, const std::vector<Layout>& input
       // A strategy that shards a statistics label runs lowered: its steps' moves are its price.
       if (valid && needs_lowering(op, s.inputs)) {
         const Lowering low = lower(op, s.inputs, options);
-        MESHFLOW_CHECK(low.steps.back().layout == s.output, "{}: lowered to {} for {}",
-                       to_string(op), to_string(low.steps.back().layout), to_string(s.output));
+        // On a mesh dim of one device every placement holds the same numbers (the planner
+        // settles such a dim for free): the steps may end in R where the strategy says P(sum).
+        const Layout& last = low.steps.back().layout;
+        MESHFLOW_CHECK(last.mesh == s.output.mesh && last.shape == s.output.shape &&
+                           last.dtype == s.output.dtype &&
+                           settle_unit_dims(last.mesh, last.placements, s.output.placements) ==
+                               s.output.placements,
+                       "{}: lowered to {} for {}", to_string(op), to_string(last),
+                       to_string(s.output));
         s.cost_s += low.cost_s;
       }
       if (valid) result.push_back(std::move(s));

@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/mesh/sharding.h"
+#include "meshflow/ops/strategy.h"
 
 namespace meshflow {
 namespace {
@@ -66,6 +68,27 @@ TEST(VocabParallel, ChosenWhenCheaperThanGatheringTheLogits) {
   const Strategy small =
       choose_strategy(ce, {L("4", "S(1)", {64, 10}), L("4", "R", {64}, DType::kInt64)});
   EXPECT_EQ(to_string(small.inputs[0].placements), "R");
+}
+
+// On a mesh with a dim of one device (2x1, 1x4), every strategy of the loss and its gradient is
+// priced, the lowered ones among them, though their steps may end in R where the strategy says
+// P(sum) over that one device (the same numbers); autoshard enumerates all of them.
+TEST(VocabParallel, StrategiesOnAMeshWithADimOfOneDevice) {
+  for (const std::string_view mesh : {"2x1", "1x4"}) {
+    const Layout logits = L(mesh, "S(1),S(1)", {64, 40});
+    const Layout labels = L(mesh, "R,R", {64}, DType::kInt64);
+    const Layout scale = L(mesh, "R,R", {});
+    ASSERT_TRUE(needs_lowering({.type = OpType::kSoftmaxCrossEntropy}, {logits, labels}));
+    for (const OpType type : {OpType::kSoftmaxCrossEntropy, OpType::kSoftmaxCrossEntropyGrad}) {
+      const Op op{.type = type};
+      std::vector<Layout> in = {logits, labels};
+      if (op.type == OpType::kSoftmaxCrossEntropyGrad) in.push_back(scale);
+      const std::vector<Strategy> all = strategies(op, in);
+      EXPECT_TRUE(std::any_of(all.begin(), all.end(),
+                              [&](const Strategy& s) { return needs_lowering(op, s.inputs); }))
+          << mesh << " " << to_string(op);
+    }
+  }
 }
 
 // Moves `shards` (laid out as `from`) to `to` by assembling the whole tensor and cutting it
