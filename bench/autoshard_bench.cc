@@ -39,13 +39,15 @@ nlohmann::json read_json(const fs::path& path) {
   return parse_json(read_file(path), path.string());
 }
 
-// The model `j` on 2x2 instead of a 1-d mesh of 4: every placement list [p] becomes [p, p]
-// (a tensor dim sharded over both mesh dims is sharded 4 ways).
-nlohmann::json on_2x2(nlohmann::json j) {
-  for (auto& [name, mesh] : j["meshes"].items()) mesh = "2x2";
-  auto lift = [](nlohmann::json& o) {
+// The model `j` on `mesh` (its text) instead of a 1-d mesh of as many devices: every placement
+// list [p] becomes one p per mesh dim (a tensor dim sharded over every mesh dim is sharded
+// over all the devices); a list with a placement per mesh dim already (DP×TP's) stays.
+nlohmann::json on_mesh(nlohmann::json j, const std::string& mesh) {
+  const auto dims = static_cast<std::size_t>(ndim(parse_mesh(mesh)));
+  for (auto& [name, m] : j["meshes"].items()) m = mesh;
+  auto lift = [&](nlohmann::json& o) {
     if (o.contains("placements") && o["placements"].size() == 1)
-      o["placements"] = {o["placements"][0], o["placements"][0]};
+      o["placements"] = nlohmann::json(std::vector<nlohmann::json>(dims, o["placements"][0]));
   };
   for (auto& [name, t] : j["tensors"].items()) lift(t);
   for (auto& n : j["nodes"]) lift(n);
@@ -101,10 +103,10 @@ std::vector<HandLayout> mlp_layouts(const nlohmann::json& base) {
           {"tp_sp", placed(base, tp_sp), 0}, {"replicated", base, 0}};
 }
 
-// The same layouts on 2x2 (each on both dims) and DP×TP (batch over dim 0, Megatron over dim 1).
-std::vector<HandLayout> on_2x2(const std::vector<HandLayout>& layouts) {
+// The same layouts on `mesh`.
+std::vector<HandLayout> on_mesh(const std::vector<HandLayout>& layouts, const std::string& mesh) {
   std::vector<HandLayout> out;
-  for (const HandLayout& l : layouts) out.push_back({l.name, on_2x2(l.model), l.zero});
+  for (const HandLayout& l : layouts) out.push_back({l.name, on_mesh(l.model, mesh), l.zero});
   return out;
 }
 
@@ -340,14 +342,14 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
     std::deque<GptFiles> gpt_files;  // the cases' data files, kept until they are timed
     for (const std::string& mesh : o.meshes) {
       const int devices = size(parse_mesh(mesh));
+      // DP×TP (batch over dim 0, Megatron over dim 1) where the mesh has two dims; every other
+      // layout is written for a 1-d mesh of as many devices and laid on each of its dims.
       const bool two_d = ndim(parse_mesh(mesh)) == 2;
       std::vector<HandLayout> hand;
       if (model == "mlp") {
-        hand = mlp_layouts(mlp(o, devices, folder.path()));
+        hand = on_mesh(mlp_layouts(mlp(o, devices, folder.path())), mesh);
         if (two_d) {
-          hand = on_2x2(hand);
-          const nlohmann::json base = on_2x2(mlp(o, devices, folder.path()));
-          nlohmann::json dp_tp = base;
+          nlohmann::json dp_tp = on_mesh(mlp(o, devices, folder.path()), mesh);
           for (const auto& [t, p] :
                std::map<std::string, std::vector<std::string>>{{"x", {"S(0)", "R"}},
                                                                {"y", {"S(0)", "R"}},
@@ -366,7 +368,7 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
             if (t.contains("input") && t["input"].is_string())
               t["input"] =
                   (gpt->path(layout).parent_path() / t["input"].get<std::string>()).string();
-          return two_d && layout != "dp_tp" ? on_2x2(j) : j;
+          return on_mesh(j, mesh);
         };
         hand = {{"dp", file("dp"), 0}, {"dp_zero1", file("dp"), 1},       {"fsdp", file("dp"), 3},
                 {"tp", file("tp"), 0}, {"tp_vocab", file("tp_vocab"), 0}, {"sp", file("sp"), 0}};

@@ -6,8 +6,9 @@
 //               cross-entropy) and the bench GPT (bench/gpt_model.h) on meshes 2, 4 and 2x2:
 //               median_s the chosen layout's step, baseline best_hand_layout (the fastest of at
 //               least 6 hand layouts: data parallel, tensor parallel, the GPT's vocabulary- and
-//               sequence-parallel forms, DP×TP on 2x2, each of the 1-d ones laid on both dims of
-//               2x2, and DP at ZeRO 1 and 3 (FSDP)); `layouts` gives each one's median, estimate
+//               sequence-parallel forms, DP×TP on a 2-d mesh, each of the 1-d ones laid on
+//               every dim of a mesh of more dims, and DP at ZeRO 1 and 3 (FSDP)) on the same
+//               mesh (`--meshes`, any shape); `layouts` gives each one's median, estimate
 //               and est_vs_measured; rank_correlation is Spearman's between the estimates and
 //               the measured medians of every layout of the model over all its meshes
 //   search <model> the search alone on a large model: a 12-block GPT on 2x4 and a 1,000-layer
