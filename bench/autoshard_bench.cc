@@ -232,7 +232,10 @@ BenchResult layout_result(const LayoutCase& c, std::vector<double>& estimates,
   double best_s = 0;
   for (const LayoutCase::Entry& e : c.entries) {
     const double step = median(e.step_s);
+    const auto [least, most] = std::minmax_element(e.step_s.begin(), e.step_s.end());
     layouts[e.name] = {{"median_s", step},
+                       {"min_s", *least},
+                       {"max_s", *most},
                        {"est_step_s", e.est_s},
                        {"est_vs_measured", step > 0 ? e.est_s / step : 0.0},
                        {"zero", e.zero}};

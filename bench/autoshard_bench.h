@@ -8,9 +8,9 @@
 //               least 6 hand layouts: data parallel, tensor parallel, the GPT's vocabulary- and
 //               sequence-parallel forms, DP×TP on a 2-d mesh, each of the 1-d ones laid on
 //               every dim of a mesh of more dims, and DP at ZeRO 1 and 3 (FSDP)) on the same
-//               mesh (`--meshes`, any shape); `layouts` gives each one's median, estimate
-//               and est_vs_measured; rank_correlation is Spearman's between the estimates and
-//               the measured medians of every layout of the model over all its meshes
+//               mesh (`--meshes`, any shape); `layouts` gives each one's median (min, max),
+//               estimate and est_vs_measured; rank_correlation is Spearman's between the estimates
+//               and the measured medians of every layout of the model over all its meshes
 //   search <model> the search alone on a large model: a 12-block GPT on 2x4 and a 1,000-layer
 //               MLP chain on 64 devices (8x8), search_s and priced_s (built-in machine)
 #pragma once
