@@ -1,7 +1,7 @@
 """The GPT example (examples/models/gpt): make_gpt.py writes exactly the files checked in; every
 layout trains 3 steps equal to one device (--check), with SGD and with AdamW, clipping, warmup
 and cosine decay, in one and in two micro-batches, on threads, and the TP and DP x TP layouts under mpirun -n 4 (and a wide-vocabulary tp_vocab, whose loss runs vocabulary-parallel, on
-both); every layout's losses are the one-device losses; the sequence-parallel layout
+both, also laid on a 4x1 mesh); every layout's losses are the one-device losses; the sequence-parallel layout
 moves, per block forward, two all-gathers into the products and two reduce-scatters out of them,
 and nothing else but its embedding's reduce-scatter and its logits' gathers; with a vocabulary
 wide enough the loss runs vocabulary-parallel, moving only per-row statistics; --zero 1 and 3
@@ -170,18 +170,17 @@ with tempfile.TemporaryDirectory() as tmp:
                         ("forward", "loss:stats", ["P(sum)"], ["R"])],
               f"vocabulary-parallel loss moves {moves}")
     train_checked([wide, "--steps", "2"], "wide tp_vocab")
-    if not mpirun:
-        # The same layout on a 4x1 mesh, each placement on both dims: the loss's classes are
-        # sharded over the dim of one device too, where its lowered steps end in R for the
-        # strategy's P(sum) (the same numbers).
-        j = json.load(open(wide))
-        j["meshes"] = {k: f"{v}x1" for k, v in j["meshes"].items()}
-        for t in [*j["tensors"].values(), *j["nodes"]]:
-            if "placements" in t:
-                t["placements"] = [t["placements"][0]] * 2
-        unit = os.path.join(tmp, "gpt_tp_vocab_4x1.json")
-        json.dump(j, open(unit, "w"))
-        train_checked([unit, "--steps", "2"], "wide tp_vocab on 4x1")
+    # The same layout on a 4x1 mesh, each placement on both dims: the loss's classes are sharded
+    # over the dim of one device too, where its lowered steps end in R for the strategy's P(sum)
+    # (the same numbers).
+    j = json.load(open(wide))
+    j["meshes"] = {k: f"{v}x1" for k, v in j["meshes"].items()}
+    for t in [*j["tensors"].values(), *j["nodes"]]:
+        if "placements" in t:
+            t["placements"] = [t["placements"][0]] * 2
+    unit = os.path.join(tmp, "gpt_tp_vocab_4x1.json")
+    json.dump(j, open(unit, "w"))
+    train_checked([unit, "--steps", "2"], "wide tp_vocab on 4x1")
 
     # Bad data is one line naming the node that read it, on every device (no device left
     # waiting in the loss's all-reduces): a token id outside the vocabulary, then a label.

@@ -1,6 +1,7 @@
 // The vocabulary-parallel cross-entropy: the lowering's steps as golden text, and the steps run
 // shard by shard (each move done by gather-then-reshard, independent of the planner) against the
-// whole-tensor loss and gradient, on meshes (4) and (2,2), with uneven and empty class shards.
+// whole-tensor loss and gradient, on meshes (4) and (2,2), with uneven and empty class shards;
+// its strategies priced on meshes with a dim of one device.
 #include "meshflow/ops/vocab_parallel.h"
 
 #include <gtest/gtest.h>
