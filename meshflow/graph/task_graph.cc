@@ -125,9 +125,8 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
     const auto* compute = std::get_if<ComputeTask>(&task.work);
     task.accumulates = compute && compute->fused.empty() && accumulated.count(task.out) &&
                        !read_per_micro_batch.count(task.out);
-    if (const auto* c = std::get_if<ComputeTask>(&task.work);
-        c && c->call->op.type == OpType::kReshape) {
-      const ValueId in = c->call->args[0];
+    if (compute && compute->call->op.type == OpType::kReshape) {
+      const ValueId in = compute->call->args[0];
       task.reuses_input =
           std::find(task.release.begin(), task.release.end(), in) != task.release.end() &&
           !accumulated.count(in);
@@ -351,17 +350,20 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
             });
         const Node& p = pcg.nodes[static_cast<std::size_t>(primary)];
         auto call = kernel_call(p);
+        std::vector<std::pair<ValueId, Op>> siblings;  // normalised once, run on every device
+        for (ValueId o : members)
+          if (o != primary)
+            siblings.emplace_back(o, kernel_call(pcg.nodes[static_cast<std::size_t>(o)])->op);
         for (DeviceId d : on) {
           ShardOffsets offsets;
           for (ValueId v : p.inputs)
             offsets.push_back(shard_box(*pcg.nodes[static_cast<std::size_t>(v)].layout, d).offset);
           ComputeTask c{call, local_shape(*p.layout, d), std::move(offsets)};
-          for (ValueId o : members) {
-            if (o == primary) continue;
-            const Node& other = pcg.nodes[static_cast<std::size_t>(o)];
-            c.fused.push_back(FusedKernel{.out = o,
-                                          .op = kernel_call(other)->op,
-                                          .local_out = local_shape(*other.layout, d)});
+          for (const auto& [o, op] : siblings) {
+            c.fused.push_back(FusedKernel{
+                .out = o,
+                .op = op,
+                .local_out = local_shape(*pcg.nodes[static_cast<std::size_t>(o)].layout, d)});
           }
           g.devices[index[d]].tasks.push_back(
               Task{.out = primary, .phase = n.phase, .work = std::move(c)});
