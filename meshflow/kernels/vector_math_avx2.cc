@@ -20,6 +20,7 @@ struct Avx2 {
   static Reg div(Reg a, Reg b) { return _mm256_div_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static Reg fnmadd(Reg a, Reg b, Reg c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b
   static Reg min(Reg a, Reg b) { return _mm256_min_ps(a, b); }
   static Reg round(Reg a) {
     return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -35,11 +36,6 @@ struct Avx2 {
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
   }
   static Reg recip_estimate(Reg a) { return _mm256_rcp_ps(a); }
-  // Returns neg where s < 0, else pos.
-  static Reg select_negative(Reg s, Reg neg, Reg pos) {
-    return _mm256_blendv_ps(pos, neg, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_LT_OQ));
-  }
-  static Reg abs(Reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
   // Lanes below t become 0 (NaN stays).
   static Reg flush_below(Reg a, float t) {
     return _mm256_andnot_ps(_mm256_cmp_ps(a, _mm256_set1_ps(t), _CMP_LT_OQ), a);

@@ -24,6 +24,7 @@ struct Avx512 {
   static Reg div(Reg a, Reg b) { return _mm512_div_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg fnmadd(Reg a, Reg b, Reg c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
   static Reg min(Reg a, Reg b) { return _mm512_min_ps(a, b); }
   static Reg round(Reg a) {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -31,11 +32,6 @@ struct Avx512 {
   // Returns p 2^n for integral n.
   static Reg scale2(Reg p, Reg n) { return _mm512_scalef_ps(p, n); }
   static Reg recip_estimate(Reg a) { return _mm512_rcp14_ps(a); }
-  // Returns neg where s < 0, else pos.
-  static Reg select_negative(Reg s, Reg neg, Reg pos) {
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_LT_OQ), pos, neg);
-  }
-  static Reg abs(Reg a) { return _mm512_abs_ps(a); }
   // Lanes below t become 0 (NaN stays).
   static Reg flush_below(Reg a, float t) {
     const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(t), _CMP_LT_OQ);

@@ -53,7 +53,7 @@ struct SimdLoops {
   // exp(r) by a degree-6 polynomial (fitted here for relative error below 2e-9 on that range,
   // Lawson's iteration; 6 multiply-adds), times 2^n by V::scale2 (overflow to inf, underflow to
   // 0 or a denormal). Within 2 float ULP of exp. SLEEF's 1-ULP expf is a call into libsleef
-  // that no loop can inline or interleave: GELU and the softmax rows ran 1.5-2x slower with it.
+  // that no loop can inline or interleave: the softmax rows ran 1.5-2x slower with it.
   // kNonPositive: the caller knows x <= 0 or NaN (a shifted softmax term, -x²), and the upper
   // clamp is left out. NaN stays NaN: max and min return their second operand where either is.
   template <bool kNonPositive = false>
@@ -68,52 +68,47 @@ struct SimdLoops {
     return V::scale2(p, n);
   }
 
-  // Returns 1 / d from the hardware's estimate and one Newton step (within 2 ULP; a division
-  // costs as much as the rest of GELU).
-  static R recip(R d) {
-    const R e = V::recip_estimate(d);
-    return V::mul(e, V::fmadd(V::sub(V::set1(0.0f), d), e, V::set1(2.0f)));
-  }
-
-  // Returns Φ(x), the normal distribution's CDF, and sets *gauss = exp(-x²/2). The tail
-  // h = 1 - Φ(|x|) is Abramowitz and Stegun's 26.2.17 (absolute error below 7.5e-8, float's
-  // resolution near 1; it is 7.1.26's erf, PyTorch's vectorised GELU's, in the normal's
-  // variable): h = exp(-x²/2) (b1 t + ... + b5 t^5), t = 1 / (1 + 0.2316419 |x|), the b's over
-  // √(2π) here; Φ(x) = 1 - h for x >= 0, h below. One exp and a reciprocal, where SLEEF's erff
-  // costs five exps.
-  static R normal_cdf(R x, R* gauss) {
-    const R t = recip(V::fmadd(V::set1(0.2316419f), V::abs(x), V::set1(1.0f)));
-    const R poly = V::mul(
-        polynomial(t, {0.53070271f, -0.72657603f, 0.71070689f, -0.142248362f, 0.127414793f}), t);
-    // A density below 2^-100 (|x| above 11.8) is 0: Φ's tail and x φ(x) are then far below
-    // float's resolution against 1. The exponent stops at -87, so that no step makes or reads a
-    // denormal, which runs 10-100x slower where the caller does not flush them (gelu_grad of 2M
-    // values of N(0, 32²) took 26 ms, 2.3 ms flushed).
-    const R half_sq = V::max(V::set1(-87.0f), V::mul(V::mul(x, x), V::set1(-0.5f)));
-    *gauss = V::flush_below(exp<true>(half_sq), 0x1p-100f);
-    const R h = V::mul(poly, *gauss);
-    return V::select_negative(x, h, V::sub(V::set1(1.0f), h));
-  }
-
-  // Returns Φ(x) - 1/2 without an exp: x P(x²) / Q(x²), rational of degree (11, 10) fitted here
-  // (Lawson's iteration; absolute error below 1e-8 on [-5.5, 5.5], 2 float ULP of x Φ(x) in
-  // float arithmetic), x clamped to that range (beyond it Φ is within 2e-8 of 0 or 1). Q >= 1,
-  // so its reciprocal is the hardware's estimate and a Newton step. 21 vector operations where
-  // the tail formula with its exp takes 30: GELU's forward is bound by them, not by memory.
-  static R normal_cdf_centered(R x) {
-    const R c = V::min(V::set1(5.5f), V::max(V::set1(-5.5f), x));
+  // Returns 1/2 + c P(c²) / Q(c²) for Q >= 1 (P and Q's coefficients highest power first): the
+  // reciprocal of Q from the hardware's estimate e and one Newton step, e (2 - Q e), folded into
+  // the last multiply-add (a division costs as much as the rest of GELU).
+  template <std::size_t M, std::size_t K>
+  static R half_plus_odd_rational(R c, const float (&p)[M], const float (&q)[K]) {
     const R s = V::mul(c, c);
-    const R p =
-        polynomial(s, {2.2748034567143804e-08f, 6.352166565193329e-06f, 0.0001688395714154467f,
-                       0.00467734644189477f, 0.03385404497385025f, 0.398942232131958f});
-    const R q =
-        polynomial(s, {1.1974685776294791e-06f, 7.365168130490929e-05f, 0.0018845249433070421f,
-                       0.028646672144532204f, 0.2515254318714142f, 1.0f});
-    return V::mul(V::mul(c, p), recip(q));
+    const R qs = polynomial(s, q);
+    const R e = V::recip_estimate(qs);
+    const R newton = V::fnmadd(qs, e, V::set1(2.0f));
+    return V::fmadd(V::mul(V::mul(c, polynomial(s, p)), e), newton, V::set1(0.5f));
   }
 
-  // x Φ(x) = x / 2 + x (Φ(x) - 1/2).
-  static R gelu_of(R x) { return V::fmadd(x, normal_cdf_centered(x), V::mul(x, V::set1(0.5f))); }
+  // GELU and its derivative without an exp, each a rational function fitted here (Lawson's
+  // iteration on float64 samples) of x clamped to where it is still short of its limit by less
+  // than float's resolution, in 19 and 23 vector operations where the erf formulas with their
+  // exp take 21 and 33: both loops are bound by these operations, not by memory, on two cores.
+  //   Φ(x) = 1/2 + x P(x²) / Q(x²), degrees (5, 5) in x², absolute error below 1e-8 on
+  //   [-5.5, 5.5] (beyond it Φ is within 2e-8 of 0 or 1): 2 float ULP of x Φ(x).
+  //   Φ(x) + x φ(x) = 1/2 + x P(x²) / Q(x²), degrees (6, 7) in x², absolute error below 3e-8 on
+  //   [-6.5, 6.5] (beyond it within 2e-9 of 0 or 1; the A&S 26.2.17 formula it replaces, with
+  //   PyTorch's erf, was within 7.5e-8), 3e-7 after float rounding.
+  static R gelu_of(R x) {
+    const R c = V::min(V::set1(5.5f), V::max(V::set1(-5.5f), x));
+    return V::mul(x, half_plus_odd_rational(
+                         c,
+                         {2.2748034567143804e-08f, 6.352166565193329e-06f, 0.0001688395714154467f,
+                          0.00467734644189477f, 0.03385404497385025f, 0.398942232131958f},
+                         {1.1974685776294791e-06f, 7.365168130490929e-05f, 0.0018845249433070421f,
+                          0.028646672144532204f, 0.2515254318714142f, 1.0f}));
+  }
+  static R gelu_slope(R x) {
+    const R c = V::min(V::set1(6.5f), V::max(V::set1(-6.5f), x));
+    return half_plus_odd_rational(
+        c,
+        {2.390002329377694e-08f, 1.6335141026502242e-06f, 3.431650111451745e-05f,
+         0.00045708855031989515f, 0.013327636756002903f, -0.008422745391726494f,
+         0.7978844046592712f},
+        {1.6277597048031112e-09f, 5.509927518687618e-07f, 1.3653307178174146e-05f,
+         0.00031088368268683553f, 0.004697365220636129f, 0.049299996346235275f, 0.3227751851081848f,
+         1.0f});
+  }
 
   static void exp_loop(const float* x, float* y, std::int64_t n) {
     map(x, y, n, [](R v) { return exp(v); });
@@ -130,14 +125,7 @@ struct SimdLoops {
   static void gelu(const float* x, float* y, std::int64_t n) { map(x, y, n, gelu_of); }
 
   static void gelu_grad(const float* g, const float* x, float* y, std::int64_t n) {
-    // Φ(x) + x φ(x): the density exp(-x²/2) / √(2π) from the exponential the CDF computes
-    // (one exp per element, not two).
-    auto f = [](R gv, R xv) {
-      R gauss;
-      const R cdf = normal_cdf(xv, &gauss);
-      const R pdf = V::mul(gauss, V::set1(0.39894228040143268f));
-      return V::mul(gv, V::fmadd(xv, pdf, cdf));
-    };
+    auto f = [](R gv, R xv) { return V::mul(gv, gelu_slope(xv)); };
     std::int64_t i = 0;
     for (; i + kWidth <= n; i += kWidth) V::store(y + i, f(V::load(g + i), V::load(x + i)));
     if (i == n) return;

@@ -20,6 +20,7 @@ struct Sse2 {
   static Reg div(Reg a, Reg b) { return _mm_div_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
+  static Reg fnmadd(Reg a, Reg b, Reg c) { return _mm_sub_ps(c, _mm_mul_ps(a, b)); }  // c - a b
   static Reg min(Reg a, Reg b) { return _mm_min_ps(a, b); }
   // Rounds to nearest (the default rounding mode) through int32: exp's |a| stays below 2^31.
   static Reg round(Reg a) { return _mm_cvtepi32_ps(_mm_cvtps_epi32(a)); }
@@ -32,12 +33,6 @@ struct Sse2 {
                       _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k2, bias), 23)));
   }
   static Reg recip_estimate(Reg a) { return _mm_rcp_ps(a); }
-  // Returns neg where s < 0, else pos.
-  static Reg select_negative(Reg s, Reg neg, Reg pos) {
-    const Reg m = _mm_cmplt_ps(s, _mm_setzero_ps());
-    return _mm_or_ps(_mm_and_ps(m, neg), _mm_andnot_ps(m, pos));
-  }
-  static Reg abs(Reg a) { return _mm_andnot_ps(_mm_set1_ps(-0.0f), a); }
   // Lanes below t become 0 (NaN stays).
   static Reg flush_below(Reg a, float t) {
     return _mm_andnot_ps(_mm_cmplt_ps(a, _mm_set1_ps(t)), a);

@@ -44,14 +44,16 @@ bool contains(const std::vector<int>& v, int x) {
 }
 
 // out[map(i)] += in[i] over every element of `in`, where input dim d goes to output stride
-// out_strides[d] (0 for a summed dim). `out` starts zeroed.
+// out_strides[d] (0 for a summed dim). Writes every element of `out`, uninitialised on entry.
 template <typename T>
 void sum_into(const Tensor& in, const std::vector<std::int64_t>& out_strides, Tensor& out) {
   const Shape& shape = in.shape();
   const std::int64_t n = in.numel();
   T* po = reinterpret_cast<T*>(out.bytes());
-  std::fill(po, po + out.numel(), T(0));
-  if (n == 0) return;
+  if (n == 0) {
+    std::fill(po, po + out.numel(), T(0));
+    return;
+  }
   const T* pi = reinterpret_cast<const T*>(in.bytes());
   if (shape.empty()) {
     po[0] = pi[0];
@@ -71,10 +73,11 @@ void sum_into(const Tensor& in, const std::vector<std::int64_t>& out_strides, Te
   }
   if (rows_summed && cols == out.numel()) {
     if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
-      sum_rows<T>(pi, n / cols, cols, po);
+      sum_rows<T>(pi, n / cols, cols, po);  // writes every element: no zeroing pass first
       return;
     }
   }
+  std::fill(po, po + out.numel(), T(0));
   const std::int64_t inner = shape[rank - 1];
   const std::int64_t inner_stride = out_strides[rank - 1];
   std::vector<std::int64_t> index(rank, 0);
