@@ -80,10 +80,11 @@ struct SimdLoops {
     return V::fmadd(V::mul(V::mul(c, polynomial(s, p)), e), newton, V::set1(0.5f));
   }
 
-  // GELU and its derivative without an exp, each a rational function fitted here (Lawson's
-  // iteration on float64 samples) of x clamped to where it is still short of its limit by less
-  // than float's resolution, in 19 and 23 vector operations where the erf formulas with their
-  // exp take 21 and 33: both loops are bound by these operations, not by memory, on two cores.
+  // GELU and its derivative without an exp, each a rational function of x clamped to where it is
+  // within float's resolution of its limit, fitted by fit_gelu.py beside this file (Lawson's
+  // iteration on float64 samples; it prints these coefficients). 19 and 23 vector operations
+  // (the derivative's erf formula with its exp took 33): both loops are bound by them, not by
+  // memory, on two cores.
   //   Φ(x) = 1/2 + x P(x²) / Q(x²), degrees (5, 5) in x², absolute error below 1e-8 on
   //   [-5.5, 5.5] (beyond it Φ is within 2e-8 of 0 or 1): 2 float ULP of x Φ(x).
   //   Φ(x) + x φ(x) = 1/2 + x P(x²) / Q(x²), degrees (6, 7) in x², absolute error below 3e-8 on
@@ -93,20 +94,20 @@ struct SimdLoops {
     const R c = V::min(V::set1(5.5f), V::max(V::set1(-5.5f), x));
     return V::mul(x, half_plus_odd_rational(
                          c,
-                         {2.2748034567143804e-08f, 6.352166565193329e-06f, 0.0001688395714154467f,
-                          0.00467734644189477f, 0.03385404497385025f, 0.398942232131958f},
-                         {1.1974685776294791e-06f, 7.365168130490929e-05f, 0.0018845249433070421f,
-                          0.028646672144532204f, 0.2515254318714142f, 1.0f}));
+                         {2.272233956546188e-08f, 6.358342034218367e-06f, 0.0001693554368102923f,
+                          0.00468036811798811f, 0.03390112891793251f, 0.398942232131958f},
+                         {1.1972132369919564e-06f, 7.38336457288824e-05f, 0.001887357560917735f,
+                          0.02867400087416172f, 0.2516433894634247f, 1.0f}));
   }
   static R gelu_slope(R x) {
     const R c = V::min(V::set1(6.5f), V::max(V::set1(-6.5f), x));
     return half_plus_odd_rational(
         c,
-        {2.390002329377694e-08f, 1.6335141026502242e-06f, 3.431650111451745e-05f,
-         0.00045708855031989515f, 0.013327636756002903f, -0.008422745391726494f,
-         0.7978844046592712f},
-        {1.6277597048031112e-09f, 5.509927518687618e-07f, 1.3653307178174146e-05f,
-         0.00031088368268683553f, 0.004697365220636129f, 0.049299996346235275f, 0.3227751851081848f,
+        {1.962541951172625e-08f, 1.2589947573360405e-06f, 3.4279019018867984e-05f,
+         0.0003289401647634804f, 0.013590877875685692f, -0.015364952385425568f,
+         0.7978845238685608f},
+        {1.395839888118644e-09f, 4.3145922745679854e-07f, 1.2007351870124694e-05f,
+         0.000277332408586517f, 0.004334780387580395f, 0.04672722890973091f, 0.3140757083892822f,
          1.0f});
   }
 
