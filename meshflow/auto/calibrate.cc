@@ -18,6 +18,7 @@
 #include "meshflow/core/random.h"
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/op.h"
+#include "meshflow/plan/plan.h"
 
 namespace meshflow {
 
@@ -305,7 +306,6 @@ MachineModel calibrate(const CalibrateOptions& options) {
     // The link between the devices.
     if (n >= 2) {
       const double mem = m.memcpy_gbps * 1e9;
-      const double rounds = std::ceil(std::log2(static_cast<double>(n)));
       std::vector<CollectiveTime> colls;
       for (std::int64_t chunk : {std::int64_t{64}, std::int64_t{1} << 20}) {  // floats a device
         const auto nn = static_cast<std::int64_t>(n);
@@ -313,10 +313,18 @@ MachineModel calibrate(const CalibrateOptions& options) {
         Tensor recv = Tensor::uninitialized(DType::kFloat32, {nn * chunk});
         const double b = static_cast<double>(chunk) * 4, nb = b * n;
         const std::vector<std::int64_t> counts(static_cast<std::size_t>(n), chunk);
+        // Each as the cost model prices it (step_seconds' terms for these bytes).
+        auto step = [&](StepKind kind, double received, double in, double out) {
+          return StepCostInput{.kind = kind,
+                               .group_size = nn,
+                               .bytes_received = static_cast<std::int64_t>(received),
+                               .in_bytes = static_cast<std::int64_t>(in),
+                               .out_bytes = static_cast<std::int64_t>(out)};
+        };
         struct Case {
           std::string name;
           std::function<void()> run;
-          double rounds, received, memory;
+          StepCostInput priced;
         };
         const std::vector<Case> cases = {
             {"all_gather",
@@ -324,18 +332,18 @@ MachineModel calibrate(const CalibrateOptions& options) {
                all_gather(comm,
                           {.send = send.bytes(), .recv = recv.bytes(), .recv_counts = counts});
              },
-             rounds, (n - 1) * b, 0},
+             step(StepKind::kAllGather, (n - 1) * b, b, nb)},
             {"reduce_scatter",
              [&] {
                reduce_scatter(comm,
                               {.send = send.bytes(), .recv = recv.bytes(), .recv_counts = counts});
              },
-             rounds, (n - 1) * b, n * b / mem},
+             step(StepKind::kReduceScatter, (n - 1) * b, nb, b)},
             {"all_reduce",
              [&] {
                all_reduce(comm, {.send = send.bytes(), .recv = recv.bytes(), .count = nn * chunk});
              },
-             2 * rounds, 2 * (n - 1) * nb / n, nb / mem},
+             step(StepKind::kAllReduce, 2 * (n - 1) * nb / n, nb, nb)},
             {"all_to_all",
              [&] {
                all_to_all(comm, {.send = send.bytes(),
@@ -343,7 +351,7 @@ MachineModel calibrate(const CalibrateOptions& options) {
                                  .recv = recv.bytes(),
                                  .recv_counts = counts});
              },
-             static_cast<double>(n - 1), (n - 1) * b, 0},
+             step(StepKind::kAllToAll, (n - 1) * b, nb, nb)},
             {"collective_permute",
              [&] {
                collective_permute(comm, {.send = send.bytes(),
@@ -351,15 +359,17 @@ MachineModel calibrate(const CalibrateOptions& options) {
                                          .recv = recv.bytes(),
                                          .recv_count = chunk});
              },
-             1, b, 0},
+             step(StepKind::kPermute, b, b, b)},
         };
         std::vector<std::function<void()>> collectives;
         for (const Case& c : cases) collectives.push_back(c.run);
         const std::vector<double> spans = timed_in_turn(comm, options.reps, collectives);
         for (std::size_t i = 0; i < cases.size(); ++i) {
           const Case& c = cases[i];
-          colls.push_back(
-              {.t = spans[i], .rounds = c.rounds, .received = c.received, .memory = c.memory});
+          colls.push_back({.t = spans[i],
+                           .rounds = latency_rounds(c.priced),
+                           .received = static_cast<double>(c.priced.bytes_received),
+                           .memory = local_copy_bytes(c.priced) / mem});
           say(fmt::format("{} of {} bytes a device: {:.1f} us", c.name,
                           static_cast<std::int64_t>(b), spans[i] * 1e6));
         }

@@ -8,7 +8,7 @@
 //     each time first divided by the model's core_sharing for this many devices on these cores;
 //   - the devices' link: collectives of a few bytes and of megabytes (all-gather, all-reduce,
 //     reduce-scatter, all-to-all, permute), fitted to step_seconds' overhead + rounds x latency
-//     + received / bandwidth (+ the memory passes at the measured memcpy rate);
+//     + received / bandwidth (+ local_copy_bytes at the measured memcpy rate);
 //   - device_handoff_us (threads): handing an empty job to the device threads and waiting.
 // Every fit weighs each measurement by its own time (relative error), and keeps rates positive.
 // The threads backend's link is "shared_memory" (copies by the computing cores), mpi's "mpi"; the
@@ -48,7 +48,7 @@ struct KernelTime {
 std::pair<double, double> fit_kernel_rates(const std::vector<KernelTime>& kernels);
 
 // A collective's measurement against step_seconds' terms: t = overhead + rounds x latency +
-// received / bandwidth + memory (its passes at the measured memcpy rate, known).
+// received / bandwidth + memory (local_copy_bytes at the measured memcpy rate, known).
 struct CollectiveTime {
   double t = 0, rounds = 0, received = 0, memory = 0;
 };

@@ -69,16 +69,16 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
     double bytes = 0;
     for (const NormTerm& c : n->counted) bytes += bytes_of(g, c.value, device) / c.parts;
     // One pass that only reads them.
-    t.update_s = kernel_seconds(machine, 0, bytes);
+    t.update_s = streaming_seconds(machine, bytes);
     return t;
   }
   const auto& u = std::get<UpdateTask>(task.work);
   // One fused pass (kernels/optimizer.h): reads the gradient, reads and writes the weight and
   // each state tensor.
   const double weight = bytes_of(g, u.weight, device);
-  t.update_s = kernel_seconds(
-      machine, 0,
-      bytes_of(g, u.grad, device) + 2 * weight * (1 + static_cast<double>(u.state.size())));
+  t.update_s =
+      streaming_seconds(machine, bytes_of(g, u.grad, device) +
+                                     2 * weight * (1 + static_cast<double>(u.state.size())));
   return t;
 }
 
@@ -115,8 +115,7 @@ std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int
       step.compute_s +=
           kernel_seconds(machine, 0, (micro_batches - 1) * (3 * added + read) + 2 * all);
     }
-    step.compute_s *= sharing;
-    step.update_s *= sharing;
+    step.compute_s *= sharing;  // the update's memcpy rate has the sharing in it
     out.push_back(step);
   }
   return out;

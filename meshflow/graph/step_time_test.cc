@@ -103,6 +103,20 @@ TEST(StepTime, MicroBatchesKeepTheWorkAndReduceOncePerStep) {
   EXPECT_NEAR(added, (3 + 3 + 3 + 2) * pass, pass / 2);
 }
 
+// The update (SGD: reads the gradient, reads and writes the weight) and the gradient norm (reads
+// the gradient) stream at the memcpy rate, whatever the elementwise rate and the cores: that
+// rate was measured with every device copying at once.
+TEST(StepTime, TheUpdateStreamsAtTheMemcpyRate) {
+  MachineModel m = products_only();
+  m.memcpy_gbps = 1;  // 2 bytes (one read, one write) a nanosecond
+  const double weight = kIn * kOut * 4;
+  for (int cores : {0, 4}) {
+    m.cores = cores;
+    EXPECT_NEAR(estimate(regression(1), 1, m)[0].update_s, (3 + 1) * weight / 2e9, 1e-12)
+        << cores << " cores";
+  }
+}
+
 // Devices and cores: one device on 4 cores splits its kernels over 4 threads (a quarter of the
 // time), 2 devices on 4 cores over 2 each, 8 devices on 4 cores take turns (twice the time).
 TEST(StepTime, DevicesSplitOrShareTheMachinesCores) {

@@ -139,39 +139,63 @@ LinkClass slowest_link(const MachineModel& machine, const std::vector<int>& dims
 
 }  // namespace
 
+double latency_rounds(const StepCostInput& step) {
+  const double n = static_cast<double>(step.group_size);
+  const double tree = std::ceil(std::log2(std::max(n, 1.0)));
+  switch (step.kind) {
+    case StepKind::kAllGather:
+    case StepKind::kReduceScatter:
+    case StepKind::kBroadcast:  // a tree from the root, pipelined
+    case StepKind::kInPlace:    // the addresses' round (its closing barrier: step_seconds)
+      return tree;
+    case StepKind::kAllReduce:
+      return 2 * tree;
+    case StepKind::kAllToAll:
+      return n - 1;
+    case StepKind::kPermute:  // one message to one peer, every device at once
+      return 1;
+    case StepKind::kPointToPoint:
+      return static_cast<double>(step.peers);
+    case StepKind::kLocal:
+      return 0;
+  }
+  return 0;
+}
+
+double local_copy_bytes(const StepCostInput& step) {
+  const double n = std::max(static_cast<double>(step.group_size), 1.0);
+  const auto in = static_cast<double>(step.in_bytes), out = static_cast<double>(step.out_bytes);
+  switch (step.kind) {
+    case StepKind::kAllGather:
+      return out / n;
+    case StepKind::kAllToAll:
+    case StepKind::kAllReduce:
+      return in / n;
+    case StepKind::kReduceScatter:
+      return out;
+    case StepKind::kPointToPoint:
+      return static_cast<double>(step.terms) * out;
+    case StepKind::kLocal:
+      return (out != in ? out : 0) + (step.scales ? out : 0);
+    case StepKind::kPermute:
+    case StepKind::kBroadcast:
+    case StepKind::kInPlace:
+      return 0;
+  }
+  return 0;
+}
+
 double step_seconds(const MachineModel& machine, const StepCostInput& step) {
   const LinkClass link = slowest_link(machine, step.mesh_dims);
   const double alpha = seconds_from_us(link.latency_us);
   const double beta = bytes_per_second(link.bandwidth_gbps);
-  const double mem = bytes_per_second(machine.memcpy_gbps);
+  const double copies = local_copy_bytes(step) / bytes_per_second(machine.memcpy_gbps);
+  if (step.kind == StepKind::kLocal) return copies + seconds_from_us(machine.local_step_us);
   const double overhead = seconds_from_us(machine.collective_overhead_us);
-  const double n = static_cast<double>(step.group_size);
-  const double rounds = std::ceil(std::log2(std::max(n, 1.0)));
-  const auto received = static_cast<double>(step.bytes_received);
-  const auto in = static_cast<double>(step.in_bytes), out = static_cast<double>(step.out_bytes);
-  switch (step.kind) {
-    case StepKind::kAllGather:
-      return overhead + rounds * alpha + received / beta;
-    case StepKind::kReduceScatter:  // every term of the device's block is read once
-      return overhead + rounds * alpha + received / beta + n * out / mem;
-    case StepKind::kAllReduce:
-      return overhead + 2 * rounds * alpha + received / beta + in / mem;
-    case StepKind::kAllToAll:
-      return overhead + (n - 1) * alpha + received / beta;
-    case StepKind::kLocal:
-      return (out != in ? out / mem : 0) + (step.scales ? out / mem : 0) +
-             seconds_from_us(machine.local_step_us);
-    case StepKind::kPermute:  // one message to one peer, every device at once
-      return overhead + alpha + received / beta;
-    case StepKind::kBroadcast:  // a tree from the root, pipelined
-      return overhead + rounds * alpha + received / beta;
-    case StepKind::kInPlace:  // nothing travels: the addresses' round and the closing barrier
-      return 2 * (overhead + rounds * alpha);
-    case StepKind::kPointToPoint:
-      return overhead + static_cast<double>(step.peers) * alpha + received / beta +
-             static_cast<double>(step.terms) * out / mem;
-  }
-  return 0;
+  const double rounds = latency_rounds(step);
+  if (step.kind == StepKind::kInPlace)  // nothing travels: the addresses' round and the barrier
+    return 2 * (overhead + rounds * alpha);
+  return overhead + rounds * alpha + static_cast<double>(step.bytes_received) / beta + copies;
 }
 
 std::string_view to_string(GatherForm form) {
@@ -202,6 +226,10 @@ double product_seconds(const MachineModel& machine, double flops) {
 double kernel_seconds(const MachineModel& machine, double points, double bytes) {
   return product_seconds(machine, 2 * points) +
          bytes / (2 * bytes_per_second(machine.elementwise_gbps));
+}
+
+double streaming_seconds(const MachineModel& machine, double bytes) {
+  return bytes / (2 * bytes_per_second(machine.memcpy_gbps));
 }
 
 namespace {

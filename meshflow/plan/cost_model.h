@@ -80,10 +80,23 @@ struct StepCostInput {
 };
 
 // Returns the estimated seconds of the step: a fixed overhead per collective plus latency per
-// message round (ceil(log2 n) rounds for tree / recursive-doubling collectives, n - 1 for an
-// all-to-all, one per peer for point-to-point), received bytes over the slowest link crossed,
-// and local memory traffic (reductions, chunking) at memcpy speed.
+// message round (latency_rounds), received bytes over the slowest link crossed, and the bytes
+// it copies on the device beside them (local_copy_bytes) at memcpy speed.
 double step_seconds(const MachineModel& machine, const StepCostInput& step);
+
+// Returns the message rounds a step pays latency for: ceil(log2 n) for tree and
+// recursive-doubling collectives (twice for an all-reduce), n - 1 for an all-to-all, one for a
+// permute, one per peer for point-to-point; 0 for a local step.
+double latency_rounds(const StepCostInput& step);
+
+// Returns the bytes a step copies on the device besides the bytes it receives, in memcpy's terms
+// (n bytes read and n written count n): the device's own block into the result (all-gather,
+// all-to-all); its own term read and its reduced block written (reduce-scatter, the chunk an
+// all-reduce reduces, each received term of a point-to-point reduction); a local step's slice
+// and its division. What every backend's collectives do (comm/threads/communicator.cc copies
+// even the own block): the all-gather of 4 MiB a device took as long as the all-to-all and
+// twice the permute of the same bytes, which received bytes alone priced alike.
+double local_copy_bytes(const StepCostInput& step);
 
 // The decomposed forms of an all-gather around a row product (runtime/overlap.h): n - 1
 // collective permutes, n broadcasts, or (devices sharing one address space) every block read
@@ -150,5 +163,13 @@ double product_seconds(const MachineModel& machine, double flops);
 // and writes n). A sum, not the longer of the two: a product packs its operands (a pass over
 // memory) before it computes, which is what a micro-batch of few rows pays per weight.
 double kernel_seconds(const MachineModel& machine, double points, double bytes);
+
+// Returns the estimated seconds of a pass that streams `bytes` (read and written, in all) with a
+// few arithmetic operations an element: an optimizer's update, the gradient norm's sum of
+// squares. At the memcpy rate (memcpy_gbps, measured with every device copying at once, so with
+// the cores and memory they share already in it), not the elementwise kernels' rate, which GELU
+// and the loss's exponentials set: SGD's update of a 16 MiB weight took 2.8 ms on two devices,
+// 2.2 ms at memcpy's rate, 5.2 ms at the elementwise rate.
+double streaming_seconds(const MachineModel& machine, double bytes);
 
 }  // namespace meshflow

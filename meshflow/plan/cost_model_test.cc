@@ -188,6 +188,45 @@ TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
   }
 }
 
+// Each collective's terms: the bytes it receives over the link, and beside them the bytes it
+// copies on the device at memcpy speed (local_copy_bytes): its own block into an all-gather's
+// result, its own term read and its block written in a reduce-scatter. An all-reduce is a
+// reduce-scatter and then an all-gather that finds its own block in place, so it costs the two
+// less one collective's overhead and that block's copy.
+TEST(StepCost, CollectivesPayForTheirOwnBlockBesideWhatTheyReceive) {
+  MachineModel m = unit_machine();  // 1 byte over the link = 1 ns
+  m.memcpy_gbps = 2;                // 1 byte copied = 0.5 ns
+  m.collective_overhead_us = 1;
+  m.links.at("l").latency_us = 0.25;
+  const std::int64_t n = 4, b = 1000;  // a device's block
+  auto cost = [&](StepKind kind, std::int64_t received, std::int64_t in, std::int64_t out) {
+    const StepCostInput step{.kind = kind,
+                             .mesh_dims = {0},
+                             .group_size = n,
+                             .bytes_received = received,
+                             .in_bytes = in,
+                             .out_bytes = out};
+    return step_seconds(m, step);
+  };
+  const double gather = cost(StepKind::kAllGather, (n - 1) * b, b, n * b);
+  const double scatter = cost(StepKind::kReduceScatter, (n - 1) * b, n * b, b);
+  const double reduce = cost(StepKind::kAllReduce, 2 * (n - 1) * b, n * b, n * b);
+  const double permute = cost(StepKind::kPermute, b, b, b);
+  const double ns = 1e-9;
+  EXPECT_NEAR(gather, 1000 * ns + 2 * 250 * ns + 3000 * ns + 500 * ns, 1e-15);
+  EXPECT_NEAR(scatter, 1000 * ns + 2 * 250 * ns + 3000 * ns + 500 * ns, 1e-15);
+  EXPECT_NEAR(reduce, 1000 * ns + 4 * 250 * ns + 6000 * ns + 500 * ns, 1e-15);
+  EXPECT_NEAR(permute, 1000 * ns + 250 * ns + 1000 * ns, 1e-15);
+  EXPECT_NEAR(scatter + gather, reduce + 1000 * ns + 500 * ns, 1e-15);
+  EXPECT_NEAR(cost(StepKind::kAllToAll, (n - 1) * b, n * b, n * b),
+              1000 * ns + 3 * 250 * ns + 3000 * ns + 500 * ns, 1e-15);
+  // A local slice copies its piece; a local step that keeps its bytes copies nothing.
+  EXPECT_NEAR(cost(StepKind::kLocal, 0, n * b, b), 500 * ns, 1e-15);
+  EXPECT_EQ(cost(StepKind::kLocal, 0, b, b), 0);
+  // An optimizer's update streams at the memcpy rate, not the elementwise one.
+  EXPECT_NEAR(streaming_seconds(m, 3000), 750 * ns, 1e-15);
+}
+
 // What calibrate writes: every field, read back equal; the built-in description too.
 TEST(MachineJson, WrittenDescriptionsReadBackEqual) {
   MachineModel m = unit_machine();

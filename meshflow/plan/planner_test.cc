@@ -183,16 +183,26 @@ std::string read_text(const std::string& path) {
   return {(std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>()};
 }
 
+// Compares `got` with testdata/<name>.txt; on a difference writes <name>.actual.txt in the
+// test's working directory, to review and copy over the golden file.
+void expect_golden(const std::string& got, const std::string& name) {
+  const std::string want = read_text(std::string(MESHFLOW_PLAN_TESTDATA) + "/" + name + ".txt");
+  if (got == want) return;
+  std::ofstream(name + ".actual.txt") << got;
+  ADD_FAILURE() << name << ".txt differs; the new text is in " << name
+                << ".actual.txt in the test's working directory";
+}
+
 TEST(Golden, PlanTextMatchesTheGoldenFile) {
-  const std::string dir = MESHFLOW_PLAN_TESTDATA;
-  const std::string got = golden_text(dir + "/plan_cases.txt", /*programs=*/false);
-  EXPECT_EQ(got, read_text(dir + "/plan_golden.txt")) << "got:\n" << got;
+  expect_golden(golden_text(std::string(MESHFLOW_PLAN_TESTDATA) + "/plan_cases.txt",
+                            /*programs=*/false),
+                "plan_golden");
 }
 
 TEST(Golden, DeviceProgramsMatchTheGoldenFile) {
-  const std::string dir = MESHFLOW_PLAN_TESTDATA;
-  const std::string got = golden_text(dir + "/program_cases.txt", /*programs=*/true);
-  EXPECT_EQ(got, read_text(dir + "/program_golden.txt")) << "got:\n" << got;
+  expect_golden(golden_text(std::string(MESHFLOW_PLAN_TESTDATA) + "/program_cases.txt",
+                            /*programs=*/true),
+                "program_golden");
 }
 
 // The totals over devices are summed by classes of devices (transitions.cc, sizes_histogram);
