@@ -317,28 +317,63 @@ BenchResult search_case(const AutoshardBenchOptions& o, const std::string& name,
   return r;
 }
 
+// Returns `machines[0]` with every measured rate (memcpy, GEMM, elementwise, each link's
+// bandwidth and latency, the collective overhead, the hand-off) the median of `machines`'.
+MachineModel median_machine(const std::vector<MachineModel>& machines) {
+  auto median_of = [&](auto field) {
+    std::vector<double> v;
+    for (const MachineModel& m : machines) v.push_back(field(m));
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  MachineModel out = machines.at(0);
+  out.memcpy_gbps = median_of([](const MachineModel& m) { return m.memcpy_gbps; });
+  out.gemm_gflops = median_of([](const MachineModel& m) { return m.gemm_gflops; });
+  out.elementwise_gbps = median_of([](const MachineModel& m) { return m.elementwise_gbps; });
+  out.collective_overhead_us =
+      median_of([](const MachineModel& m) { return m.collective_overhead_us; });
+  out.device_handoff_us = median_of([](const MachineModel& m) { return m.device_handoff_us; });
+  for (auto& [name, link] : out.links) {
+    link.bandwidth_gbps =
+        median_of([&](const MachineModel& m) { return m.links.at(name).bandwidth_gbps; });
+    link.latency_us = median_of([&](const MachineModel& m) { return m.links.at(name).latency_us; });
+  }
+  return out;
+}
+
 }  // namespace
 
 BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
   BenchReport report{.benchmark = "autoshard", .progress = o.progress};
   report.memcpy_gbps = measured_memcpy_gbps();
   TempFolder folder("meshflow_autoshard");
-  // Calibrated, per device count, with more repetitions than `calibrate`'s default: its medians
-  // still moved ±10% from run to run here (GEMM 117-138 GFLOP/s at 11), and the rank
-  // correlation compares estimates made with different device counts' descriptions.
-  constexpr int kCalibrateReps = 11;
-  std::map<int, MachineModel> machines;
-  auto machine_for = [&](int devices) -> const MachineModel* {
-    if (o.machine) return o.machine;
-    auto it = machines.find(devices);
-    if (it == machines.end())
-      it = machines.emplace(devices, calibrate({.devices = devices, .reps = kCalibrateReps})).first;
-    return &it->second;
-  };
   for (const std::string& model : o.models) {
     if (model != "mlp" && model != "gpt")
       fail(ErrorKind::kInvalidArgument, "bench autoshard: no model \"{}\" (mlp or gpt)", model);
   }
+  // Calibrated per device count before anything is timed, kCalibrations times with the counts
+  // taking turns, each rate the median of its calibrations. One calibration, even at 11
+  // repetitions, moved ±10% from run to run here (GEMM 117-138 GFLOP/s), and once a slow spell
+  // of the machine during the 2-device calibration priced every 2-device layout 1.6x its
+  // measured step; the rank correlation compares estimates made with different device counts'
+  // descriptions.
+  constexpr int kCalibrateReps = 11, kCalibrations = 3;
+  std::map<int, MachineModel> machines;
+  if (!o.machine && !o.models.empty()) {
+    std::map<int, std::vector<MachineModel>> runs;
+    for (const std::string& mesh : o.meshes) runs[size(parse_mesh(mesh))];
+    for (int k = 0; k < kCalibrations; ++k) {
+      for (auto& [devices, models] : runs) {
+        print_progress(report, fmt::format("calibrating {} devices ({} of {})", devices, k + 1,
+                                           kCalibrations));
+        models.push_back(calibrate({.devices = devices, .reps = kCalibrateReps}));
+      }
+    }
+    for (const auto& [devices, models] : runs) machines.emplace(devices, median_machine(models));
+  }
+  auto machine_for = [&](int devices) -> const MachineModel* {
+    return o.machine ? o.machine : &machines.at(devices);
+  };
   for (const std::string& model : o.models) {
     if (o.meshes.empty()) break;
     std::vector<LayoutCase> cases;
