@@ -317,30 +317,6 @@ BenchResult search_case(const AutoshardBenchOptions& o, const std::string& name,
   return r;
 }
 
-// Returns `machines[0]` with every measured rate (memcpy, GEMM, elementwise, each link's
-// bandwidth and latency, the collective overhead, the hand-off) the median of `machines`'.
-MachineModel median_machine(const std::vector<MachineModel>& machines) {
-  auto median_of = [&](auto field) {
-    std::vector<double> v;
-    for (const MachineModel& m : machines) v.push_back(field(m));
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  MachineModel out = machines.at(0);
-  out.memcpy_gbps = median_of([](const MachineModel& m) { return m.memcpy_gbps; });
-  out.gemm_gflops = median_of([](const MachineModel& m) { return m.gemm_gflops; });
-  out.elementwise_gbps = median_of([](const MachineModel& m) { return m.elementwise_gbps; });
-  out.collective_overhead_us =
-      median_of([](const MachineModel& m) { return m.collective_overhead_us; });
-  out.device_handoff_us = median_of([](const MachineModel& m) { return m.device_handoff_us; });
-  for (auto& [name, link] : out.links) {
-    link.bandwidth_gbps =
-        median_of([&](const MachineModel& m) { return m.links.at(name).bandwidth_gbps; });
-    link.latency_us = median_of([&](const MachineModel& m) { return m.links.at(name).latency_us; });
-  }
-  return out;
-}
-
 }  // namespace
 
 BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
@@ -201,6 +202,27 @@ std::array<double, 3> fit_link(const std::vector<CollectiveTime>& c) {
   }
   for (double& v : x) v = std::max(v, 0.0);
   return x;
+}
+
+MachineModel median_machine(const std::vector<MachineModel>& machines) {
+  auto median_of = [&](auto field) {
+    std::vector<double> v;
+    for (const MachineModel& m : machines) v.push_back(field(m));
+    return median(std::move(v));
+  };
+  MachineModel out = machines.at(0);
+  out.memcpy_gbps = median_of([](const MachineModel& m) { return m.memcpy_gbps; });
+  out.gemm_gflops = median_of([](const MachineModel& m) { return m.gemm_gflops; });
+  out.elementwise_gbps = median_of([](const MachineModel& m) { return m.elementwise_gbps; });
+  out.collective_overhead_us =
+      median_of([](const MachineModel& m) { return m.collective_overhead_us; });
+  out.device_handoff_us = median_of([](const MachineModel& m) { return m.device_handoff_us; });
+  for (auto& [name, link] : out.links) {
+    link.bandwidth_gbps =
+        median_of([&](const MachineModel& m) { return m.links.at(name).bandwidth_gbps; });
+    link.latency_us = median_of([&](const MachineModel& m) { return m.links.at(name).latency_us; });
+  }
+  return out;
 }
 
 MachineModel calibrate(const CalibrateOptions& options) {

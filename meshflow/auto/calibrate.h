@@ -58,6 +58,12 @@ struct CollectiveTime {
 // and the rest solved again.
 std::array<double, 3> fit_link(const std::vector<CollectiveTime>& collectives);
 
+// Returns `machines[0]` with every measured rate (memcpy, GEMM, elementwise, each link's
+// bandwidth and latency, the collective overhead, the hand-off) the median of `machines`' (the
+// upper one of an even count): several calibrations taken in turns, so that a slow spell of the
+// machine during one of them moves no rate. Every description must name the same links.
+MachineModel median_machine(const std::vector<MachineModel>& machines);
+
 // Measures and returns the description. Under mpi every rank takes part and every rank returns
 // the same description (device 0's times, shared).
 MachineModel calibrate(const CalibrateOptions& options);

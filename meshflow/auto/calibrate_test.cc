@@ -52,6 +52,26 @@ TEST(CalibrateFits, LinkFromCollectivesMadeWithIt) {
   EXPECT_NEAR(b2, per_byte, 1e-6 * per_byte);
 }
 
+// Each rate the median of three descriptions, one of them far off (a slow spell): the off one
+// moves nothing.
+TEST(CalibrateFits, MedianMachineTakesEachRatesMedian) {
+  std::vector<MachineModel> runs(3, default_machine());
+  const double gemm[] = {120, 60, 130}, memcpy[] = {11, 12, 4}, bandwidth[] = {9, 3, 10};
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    runs[i].gemm_gflops = gemm[i];
+    runs[i].memcpy_gbps = memcpy[i];
+    runs[i].links.at("shared_memory").bandwidth_gbps = bandwidth[i];
+    runs[i].collective_overhead_us = 10.0 * static_cast<double>(i + 1);
+  }
+  const MachineModel m = median_machine(runs);
+  EXPECT_EQ(m.gemm_gflops, 120);
+  EXPECT_EQ(m.memcpy_gbps, 11);
+  EXPECT_EQ(m.links.at("shared_memory").bandwidth_gbps, 9);
+  EXPECT_EQ(m.collective_overhead_us, 20);
+  EXPECT_EQ(m.links.at("network"), default_machine().links.at("network"));
+  EXPECT_EQ(m.cores, default_machine().cores);
+}
+
 TEST(Calibrate, TwoDeviceThreadsGiveADescriptionOfTheirOwn) {
   std::vector<std::string> lines;
   const MachineModel m = calibrate(
