@@ -6,14 +6,13 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <functional>
-#include <sstream>
 
 #include "meshflow/comm/launch.h"
 #include "meshflow/comm/recording.h"
 #include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
+#include "meshflow/core/golden.h"
 #include "meshflow/core/random.h"
 #include "meshflow/mesh/sharding.h"
 #include "meshflow/ops/strategy.h"
@@ -217,16 +216,10 @@ TEST(DTensorViews, CatalogueOfViewsMovesWhatTheGoldenFileSays) {
     for (const RecordedCall& call : c.calls) got += "    " + to_string(call) + "\n";
     if (c.calls.empty()) got += "    no communication\n";
   }
-  const std::string path = std::string(MESHFLOW_DTENSOR_TESTDATA) + "/view_golden.txt";
-  std::ifstream file(path);
-  std::stringstream want;
-  want << file.rdbuf();
-  if (got != want.str()) {
-    std::ofstream("view_golden.actual.txt") << got;
-    FAIL() << "the catalogue differs from " << path
-           << "; the new text is in view_golden.actual.txt in the test's working directory:\n"
-           << got;
-  }
+  EXPECT_EQ(golden_mismatch(got, std::string(MESHFLOW_DTENSOR_TESTDATA) + "/view_golden.txt",
+                            "view_golden.actual.txt"),
+            "")
+      << got;
 }
 
 TEST(DTensorEmbedding, VocabularyShardedTableGivesPartialSumWithoutCommunication) {

@@ -4,11 +4,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
+#include "meshflow/core/golden.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
 #include "meshflow/graph/model_file.h"
@@ -35,19 +34,11 @@ std::string passes_text(const std::string& title, const Pcg& built) {
   return out;
 }
 
-// Compares `got` with testdata/<file>; on a difference writes <file>.actual.txt in the test's
-// working directory and fails.
+// Compares `got` with testdata/<file>; on a difference writes <file>.actual.txt (core/golden.h).
 void expect_golden(const std::string& got, const std::string& file) {
-  const std::string path = std::string(MESHFLOW_GRAPH_TESTDATA) + "/" + file;
-  std::ifstream in(path);
-  std::stringstream want;
-  want << in.rdbuf();
-  if (got == want.str()) return;
-  const std::string actual = file.substr(0, file.rfind('.')) + ".actual.txt";
-  std::ofstream(actual) << got;
-  FAIL() << "the text differs from " << path << "; the new text is in " << actual
-         << " in the test's working directory (copy it over the golden file once every change "
-            "in it is intended)";
+  EXPECT_EQ(golden_mismatch(got, std::string(MESHFLOW_GRAPH_TESTDATA) + "/" + file,
+                            file.substr(0, file.rfind('.')) + ".actual.txt"),
+            "");
 }
 
 TEST(PassesGolden, EveryPassOnTheDpTpMlpAndAPipeline) {

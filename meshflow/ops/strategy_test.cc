@@ -4,10 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "meshflow/core/error.h"
+#include "meshflow/core/golden.h"
 
 namespace meshflow {
 namespace {
@@ -87,18 +85,11 @@ std::string catalogue_text() {
 }
 
 TEST(StrategyGolden, CatalogueOfChosenStrategiesAndCosts) {
-  const std::string path = std::string(MESHFLOW_OPS_TESTDATA) + "/strategy_golden.txt";
-  std::ifstream in(path);
-  std::stringstream want;
-  want << in.rdbuf();
   const std::string got = catalogue_text();
-  if (got != want.str()) {
-    std::ofstream("strategy_golden.actual.txt") << got;
-    FAIL() << "the catalogue differs from " << path
-           << "; the new text is in strategy_golden.actual.txt in the test's working directory "
-              "(copy it over the golden file once every change in it is intended):\n"
-           << got;
-  }
+  EXPECT_EQ(golden_mismatch(got, std::string(MESHFLOW_OPS_TESTDATA) + "/strategy_golden.txt",
+                            "strategy_golden.actual.txt"),
+            "")
+      << got;
 }
 
 std::string chosen(const Op& op, const std::vector<Layout>& in) {

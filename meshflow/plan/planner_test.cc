@@ -6,6 +6,7 @@
 #include <random>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/golden.h"
 #include "meshflow/plan/lower.h"
 #include "meshflow/plan/point_to_point.h"
 #include "meshflow/plan/transitions.h"
@@ -178,19 +179,11 @@ std::string golden_text(const std::string& cases_file, bool programs) {
   return got;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream file(path);
-  return {(std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>()};
-}
-
-// Compares `got` with testdata/<name>.txt; on a difference writes <name>.actual.txt in the
-// test's working directory, to review and copy over the golden file.
+// Compares `got` with testdata/<name>.txt (core/golden.h).
 void expect_golden(const std::string& got, const std::string& name) {
-  const std::string want = read_text(std::string(MESHFLOW_PLAN_TESTDATA) + "/" + name + ".txt");
-  if (got == want) return;
-  std::ofstream(name + ".actual.txt") << got;
-  ADD_FAILURE() << name << ".txt differs; the new text is in " << name
-                << ".actual.txt in the test's working directory";
+  EXPECT_EQ(golden_mismatch(got, std::string(MESHFLOW_PLAN_TESTDATA) + "/" + name + ".txt",
+                            name + ".actual.txt"),
+            "");
 }
 
 TEST(Golden, PlanTextMatchesTheGoldenFile) {
