@@ -3,6 +3,7 @@
 // global gradient norm every update reads.
 #include <fmt/format.h>
 
+#include <optional>
 #include <set>
 
 #include "meshflow/core/error.h"
@@ -44,20 +45,24 @@ Layout zero_layout(const Layout& layout) {
   std::set<int> sharded;
   for (const Placement& p : placements)
     if (p.is_shard()) sharded.insert(p.dim);
-  for (Placement& p : placements) {
-    if (!p.is_replicate() || layout.shape.empty()) continue;
-    int d = 0;
-    bool found = false;
-    for (int i = 0; i < static_cast<int>(layout.shape.size()); ++i) {
-      if (sharded.count(i)) continue;
-      if (!found ||
-          layout.shape[static_cast<std::size_t>(i)] > layout.shape[static_cast<std::size_t>(d)]) {
-        d = i;
-        found = true;
-      }
+  const int rank = static_cast<int>(layout.shape.size());
+  auto extent = [&](int d) { return layout.shape[static_cast<std::size_t>(d)]; };
+  for (std::size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_replicate() || layout.shape.empty()) continue;
+    const std::int64_t devices = layout.mesh.shape[m];
+    std::optional<int> d;
+    // The outermost free dim the mesh dim divides: its chunks are the fewest and longest
+    // contiguous runs (on dim 0, one block of whole rows, which the reduce-scatter into it and
+    // the all-gather out of it move without packing).
+    for (int i = 0; i < rank && !d; ++i)
+      if (!sharded.count(i) && extent(i) % devices == 0) d = i;
+    // Else the largest free dim (the lower on a tie): its chunks are the most even.
+    if (!d) {
+      for (int i = 0; i < rank; ++i)
+        if (!sharded.count(i) && (!d || extent(i) > extent(*d))) d = i;
     }
-    p = Placement::shard(d);
-    sharded.insert(d);
+    placements[m] = Placement::shard(d.value_or(0));
+    sharded.insert(d.value_or(0));
   }
   return make_layout(layout.mesh, std::move(placements), layout.shape, layout.dtype);
 }

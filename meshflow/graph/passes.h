@@ -75,9 +75,10 @@ Pcg expand_backward(Pcg pcg);
 // in its ZeRO layout: shard_weights then makes that the weight's own.
 Pcg add_update(Pcg pcg, const UpdateRule& rule = {}, int zero = 0);
 
-// DESIGN's ZeRO layout of a weight in `layout`: each mesh dim where it is Replicate (its ZeRO
-// dims), in mesh-dim order, becomes S(d), d its largest tensor dim (the lower on a tie) not yet
-// sharded on another mesh dim, or dim 0 when none is free. A scalar keeps its layout.
+// The ZeRO layout of a weight in `layout` (docs/training.md): each mesh dim where it is
+// Replicate (its ZeRO dims), in mesh-dim order, becomes S(d), d the outermost tensor dim not yet
+// sharded on another mesh dim whose extent the mesh dim divides; when none divides, the largest
+// free dim (the lower on a tie); dim 0 when none is free. A scalar keeps its layout.
 Layout zero_layout(const Layout& layout);
 
 // FSDP (--zero 3). Before: Stage::kLaidOut, add_update ran with zero 3. After: Stage::kLaidOut,

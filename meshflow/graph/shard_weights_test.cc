@@ -17,18 +17,25 @@ Layout layout_of(const char* mesh, const char* placements, Shape shape) {
   return make_layout(parse_mesh(mesh), parse_placements(placements), std::move(shape));
 }
 
-TEST(ZeroLayout, IsDesignsRule) {
-  // DESIGN's examples on dp_tp: a row-parallel weight, a replicated one and a replicated bias.
+TEST(ZeroLayout, ShardsTheOutermostFreeDimTheMeshDimDivides) {
+  // The dp_tp examples of docs/training.md: a row-parallel weight, a replicated one and a
+  // replicated bias.
   EXPECT_EQ(to_string(zero_layout(layout_of("2x2", "R,S(0)", {1024, 4096})).placements),
             "S(1),S(0)");
-  EXPECT_EQ(to_string(zero_layout(layout_of("2x2", "R,R", {1024, 4096})).placements), "S(1),S(0)");
+  EXPECT_EQ(to_string(zero_layout(layout_of("2x2", "R,R", {1024, 4096})).placements), "S(0),S(1)");
   EXPECT_EQ(to_string(zero_layout(layout_of("2x2", "R,R", {10})).placements), "S(0),S(0)");
-  // The largest free dim, the lower on a tie; a column-parallel weight; nothing to shard.
+  // Dim 0 when it divides, whatever its size (the GPT's LM head); a column-parallel weight;
+  // nothing to shard.
   EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {64, 64})).placements), "S(0)");
-  EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {32, 64, 16})).placements), "S(1)");
+  EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {512, 8192})).placements), "S(0)");
+  EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {32, 64, 16})).placements), "S(0)");
   EXPECT_EQ(to_string(zero_layout(layout_of("2x2", "R,S(1)", {64, 128})).placements), "S(0),S(1)");
   EXPECT_EQ(to_string(zero_layout(layout_of("4", "S(0)", {64, 64})).placements), "S(0)");
   EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {})).placements), "R");
+  // The first divisible dim, not the largest; when none divides, the largest (lower on a tie).
+  EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {6, 8, 64})).placements), "S(1)");
+  EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {6, 10, 10})).placements), "S(1)");
+  EXPECT_EQ(to_string(zero_layout(layout_of("4", "R", {6, 10, 3})).placements), "S(1)");
 }
 
 // The model of these tests laid out for training with the update at `zero`.
