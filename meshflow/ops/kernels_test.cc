@@ -311,6 +311,44 @@ TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
   }
 }
 
+// The table's gradient at a size whose rows split over a team: rows no id names are zero, the
+// others the sum of their tokens' rows in token order, bit for bit as a plain loop adds them.
+TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
+  ThreadTeam team(3);
+  const std::int64_t vocab = 3001, width = 40, tokens = 700;
+  const Tensor i = ids({tokens}, vocab);
+  const Tensor g = rnd({tokens, width}, 7, DType::kFloat32);
+  std::vector<float> want(static_cast<std::size_t>(vocab * width), 0.0f);
+  for (std::int64_t k = 0; k < tokens; ++k) {
+    const std::int64_t row = i.data<std::int64_t>()[static_cast<std::size_t>(k)];
+    for (std::int64_t j = 0; j < width; ++j)
+      want[static_cast<std::size_t>(row * width + j)] +=
+          g.data<float>()[static_cast<std::size_t>(k * width + j)];
+  }
+  for (bool on_team : {false, true}) {
+    {
+      // Freed buffers are handed out again: leave one of the table's size dirty, so that a row
+      // the kernel did not write shows.
+      Tensor dirty = Tensor::uninitialized(DType::kFloat32, {vocab, width});
+      std::fill(dirty.data<float>().begin(), dirty.data<float>().end(), 7.0f);
+    }
+    const UseTeam use(on_team ? &team : nullptr);
+    const Tensor got = run({.type = OpType::kEmbeddingGrad, .shape = {vocab, width}}, {&i, &g});
+    ASSERT_EQ(got.shape(), (Shape{vocab, width}));
+    std::int64_t zero_rows = 0;
+    for (std::int64_t r = 0; r < vocab; ++r) {
+      bool zero = true;
+      for (std::int64_t j = 0; j < width; ++j) {
+        const auto e = static_cast<std::size_t>(r * width + j);
+        ASSERT_EQ(got.data<float>()[e], want[e]) << "row " << r << " column " << j;
+        zero = zero && want[e] == 0.0f;
+      }
+      zero_rows += zero;
+    }
+    EXPECT_GT(zero_rows, vocab / 2);  // most rows no token names
+  }
+}
+
 // softmax(q kᵀ / √Dk, masked above the diagonal when causal) v, one score at a time.
 std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal) {
