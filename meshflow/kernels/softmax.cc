@@ -87,4 +87,9 @@ void cross_entropy_grad_row(const float* x, std::int64_t n, std::int64_t label, 
   dx[label] -= g;
 }
 
+void scaled_exp_row(const float* x, std::int64_t n, float shift, float scale, float* dx) {
+  vector_math().exp_sum(x, shift, dx, n);
+  scale_into(dx, dx, n, scale);
+}
+
 }  // namespace meshflow

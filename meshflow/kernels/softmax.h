@@ -28,4 +28,10 @@ float log_sum_exp_row(const float* x, std::int64_t n);
 // factor) while the row is in cache.
 void cross_entropy_grad_row(const float* x, std::int64_t n, std::int64_t label, float g, float* dx);
 
+// dx[j] = scale exp(x[j] - shift): a class shard's row of the cross-entropy gradient, given
+// the whole row's max (shift) and g / Σ exp(x - shift) over every shard (scale); the caller
+// subtracts g at the label (ops/vocab_parallel.h). The exponentials are written to dx, then
+// scaled while the row is in cache.
+void scaled_exp_row(const float* x, std::int64_t n, float shift, float scale, float* dx);
+
 }  // namespace meshflow

@@ -44,6 +44,24 @@ TEST(SoftmaxRows, LogSumExpAndCrossEntropyGradientAsFloat64) {
   }
 }
 
+TEST(SoftmaxRows, ScaledExponentialsAsFloat64) {
+  // A class shard's row: its shift is the whole row's max, which may lie in another shard
+  // (above every x here) or in this one.
+  for (std::int64_t n : {1, 17, 2048, 4097}) {
+    for (std::int64_t peak : {std::int64_t{-1}, n / 2}) {
+      const std::vector<float> x = logits(n, peak, static_cast<unsigned>(3 * n + peak));
+      const float shift = peak < 0 ? 12.5f : 40.0f, scale = 0.0123f;
+      std::vector<float> dx(x.size());
+      scaled_exp_row(x.data(), n, shift, scale, dx.data());
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double want = scale * std::exp(double{x[j]} - shift);
+        ASSERT_NEAR(dx[j], want, 2e-6 * want + 1e-30)
+            << "n=" << n << " peak=" << peak << " j=" << j;
+      }
+    }
+  }
+}
+
 TEST(SoftmaxRows, ARowWithANaNGivesNaN) {
   std::vector<float> x = logits(9000, 5000, 3);
   x[7000] = NAN;

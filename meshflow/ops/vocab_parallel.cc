@@ -7,6 +7,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/softmax.h"
 #include "meshflow/kernels/vector_math.h"
 #include "meshflow/ops/softmax.h"
 
@@ -95,8 +96,7 @@ Tensor run(const Op& op, const std::vector<const Tensor*>& in,
           T* gr = g + r * cols;
           const T over = scale / st[2 * r];
           if constexpr (std::is_same_v<T, float>) {
-            vector_math().exp_sum(xr, m[r], gr, cols);  // the exponentials, into the row
-            for (std::int64_t j = 0; j < cols; ++j) gr[j] *= over;
+            scaled_exp_row(xr, cols, m[r], over, gr);
           } else {
             for (std::int64_t j = 0; j < cols; ++j) gr[j] = over * std::exp(xr[j] - m[r]);
           }
