@@ -88,8 +88,12 @@ void cross_entropy_grad_row(const float* x, std::int64_t n, std::int64_t label, 
 }
 
 void scaled_exp_row(const float* x, std::int64_t n, float shift, float scale, float* dx) {
-  vector_math().exp_sum(x, shift, dx, n);
-  scale_into(dx, dx, n, scale);
+  const VectorMath& m = vector_math();
+  for (std::int64_t c = 0; c < n; c += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - c);
+    m.exp_sum(x + c, shift, dx + c, len);
+    scale_into(dx + c, dx + c, len, scale);
+  }
 }
 
 }  // namespace meshflow

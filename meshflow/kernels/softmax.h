@@ -30,8 +30,8 @@ void cross_entropy_grad_row(const float* x, std::int64_t n, std::int64_t label, 
 
 // dx[j] = scale exp(x[j] - shift): a class shard's row of the cross-entropy gradient, given
 // the whole row's max (shift) and g / Σ exp(x - shift) over every shard (scale); the caller
-// subtracts g at the label (ops/vocab_parallel.h). The exponentials are written to dx, then
-// scaled while the row is in cache.
+// subtracts g at the label (ops/vocab_parallel.h). Chunk by chunk, the exponentials are written
+// to dx, then scaled while the chunk is in cache.
 void scaled_exp_row(const float* x, std::int64_t n, float shift, float scale, float* dx);
 
 }  // namespace meshflow
