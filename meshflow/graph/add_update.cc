@@ -48,7 +48,7 @@ Layout zero_layout(const Layout& layout) {
   const int rank = static_cast<int>(layout.shape.size());
   auto extent = [&](int d) { return layout.shape[static_cast<std::size_t>(d)]; };
   for (std::size_t m = 0; m < placements.size(); ++m) {
-    if (!placements[m].is_replicate() || layout.shape.empty()) continue;
+    if (!placements[m].is_replicate() || rank == 0) continue;
     const std::int64_t devices = layout.mesh.shape[m];
     std::optional<int> d;
     // The outermost free dim the mesh dim divides: its chunks are the fewest and longest
@@ -61,8 +61,9 @@ Layout zero_layout(const Layout& layout) {
       for (int i = 0; i < rank; ++i)
         if (!sharded.count(i) && (!d || extent(i) > extent(*d))) d = i;
     }
-    placements[m] = Placement::shard(d.value_or(0));
-    sharded.insert(d.value_or(0));
+    const int dim = d.value_or(0);  // no free dim: dim 0
+    placements[m] = Placement::shard(dim);
+    sharded.insert(dim);
   }
   return make_layout(layout.mesh, std::move(placements), layout.shape, layout.dtype);
 }
