@@ -236,6 +236,7 @@ BenchResult layout_result(const LayoutCase& c, std::vector<double>& estimates,
     layouts[e.name] = {{"median_s", step},
                        {"min_s", *least},
                        {"max_s", *most},
+                       {"step_s", e.step_s},
                        {"est_step_s", e.est_s},
                        {"est_vs_measured", step > 0 ? e.est_s / step : 0.0},
                        {"zero", e.zero}};
