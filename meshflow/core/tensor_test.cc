@@ -38,10 +38,10 @@ long page_faults() {
   return u.ru_minflt + u.ru_majflt;
 }
 
-// Freed buffers come back for the next tensors of their sizes however many there are (a step on
-// 4 device threads cycles about a hundred): the second round of 120 distinct sizes (1-2 MiB,
-// 180 MiB in all) touches only memory already faulted in. When at most 64 buffers were kept,
-// the first 56 of the second round faulted in again (about 300 pages each).
+// Freed buffers come back for the next tensors of their sizes however many there are (a GPT step
+// on 4 device threads has about 200 waiting at once): the second round of 120 distinct sizes
+// (1-1.5 MiB, about 150 MiB in all) touches only memory already faulted in. When at most 64
+// buffers were kept, the first 56 of the second round faulted in again (about 280 pages each).
 TEST(Tensor, FreedBuffersOfEverySizeComeBackFaultedIn) {
   constexpr int kBuffers = 120;
   auto round = [] {
