@@ -48,14 +48,14 @@ ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
 
 // Returns every device's trace events on every device (one all-gather of counts, one of data).
 std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<TraceEvent>& mine) {
-  constexpr std::size_t kFields = 10;
+  constexpr std::size_t kFields = 11;
   std::vector<double> packed;
   for (const TraceEvent& e : mine) {
-    packed.insert(
-        packed.end(),
-        {static_cast<double>(e.device), static_cast<double>(e.value), static_cast<double>(e.kind),
-         static_cast<double>(e.phase), static_cast<double>(e.step), static_cast<double>(e.block),
-         e.start_s, e.end_s, static_cast<double>(e.group), static_cast<double>(e.micro_batch)});
+    packed.insert(packed.end(),
+                  {static_cast<double>(e.device), static_cast<double>(e.value),
+                   static_cast<double>(e.kind), static_cast<double>(e.phase),
+                   static_cast<double>(e.step), static_cast<double>(e.block), e.start_s, e.end_s,
+                   static_cast<double>(e.group), static_cast<double>(e.micro_batch), e.cpu_s});
   }
   const auto n = static_cast<std::size_t>(world.size());
   std::vector<std::int64_t> counts(n);
@@ -82,7 +82,8 @@ std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<Tra
                              .start_s = all[i + 6],
                              .end_s = all[i + 7],
                              .group = static_cast<char>(all[i + 8]),
-                             .micro_batch = static_cast<int>(all[i + 9])});
+                             .micro_batch = static_cast<int>(all[i + 9]),
+                             .cpu_s = all[i + 10]});
   }
   return out;
 }

@@ -389,6 +389,17 @@ TEST(ModelRunner, SaveWritesEachOutputInItsLayoutAndTraceHasATrackPerDevice) {
   }
   EXPECT_EQ(tracks, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(with_events, tracks);
+  // Every task gives its device thread's CPU time, at most its span; a kernel's is not zero.
+  double computed_ms = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ASSERT_TRUE(e["args"].contains("cpu_ms")) << e.dump();
+    const double cpu_ms = e["args"]["cpu_ms"].get<double>();
+    EXPECT_GE(cpu_ms, 0.0) << e.dump();
+    EXPECT_LE(cpu_ms, e["dur"].get<double>() / 1e3 + 0.05) << e.dump();
+    if (e["cat"] == "compute") computed_ms += cpu_ms;
+  }
+  EXPECT_GT(computed_ms, 0.0);
   // A second run replaces the folder; a folder of anything else is refused and left alone.
   EXPECT_NO_THROW(run_model(m, o));
   fs::create_directories(dir / "precious");

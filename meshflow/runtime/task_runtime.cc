@@ -176,6 +176,7 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
     if (options.times) options.times->move_s += steady_seconds() - waiting;
     auto state = std::make_shared<EventState>(graph.names[static_cast<std::size_t>(task.out)]);
     const double start = timed ? steady_seconds() : 0;
+    const double cpu_start = options.trace ? thread_cpu_seconds() : 0;
     std::vector<OverlapEvent> blocks;
     TraceKind kind = TraceKind::kCompute;
     Event started;
@@ -225,7 +226,9 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
                           .end_s = to};
       };
       if (options.trace) {
-        options.trace->push_back(event(kind, -1, start, end));
+        TraceEvent whole = event(kind, -1, start, end);
+        whole.cpu_s = thread_cpu_seconds() - cpu_start;
+        options.trace->push_back(whole);
         for (const OverlapEvent& b : blocks) {
           const bool transfer = b.kind == OverlapEvent::Kind::kTransfer;
           options.trace->push_back(event(transfer ? TraceKind::kTransfer : TraceKind::kProduct,
@@ -357,6 +360,7 @@ std::string trace_json(const TaskGraph& graph, const std::vector<TraceEvent>& ev
                                  ? fmt::format("{}{}", e.group, e.micro_batch)
                                  : graph.names[static_cast<std::size_t>(e.value)];
     if (e.kind == TraceKind::kGroup) args["micro_batch"] = e.micro_batch;
+    if (e.cpu_s >= 0) args["cpu_ms"] = e.cpu_s * 1e3;
     out.push_back({{"name", name},
                    {"cat", std::string(to_string(e.kind))},
                    {"ph", "X"},

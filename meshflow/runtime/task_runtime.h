@@ -38,6 +38,10 @@ struct TraceEvent {
   // kGroup: 'F', 'B' or 'W' and the micro-batch (named "F3" in traces).
   char group = 0;
   int micro_batch = -1;
+  // A task's CPU seconds on its device's thread (the helpers of a team of several threads
+  // not counted), -1 where not measured (blocks, groups): below end_s - start_s where the
+  // task waited for a core or for its peers.
+  double cpu_s = -1;
 };
 
 // Where a device's run accounts its time (for the train benchmark): kernels and updates (and
