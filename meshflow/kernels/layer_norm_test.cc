@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/kernels/accumulate.h"
+#include "meshflow/kernels/parallel.h"
+
 namespace meshflow {
 namespace {
 
@@ -22,12 +25,12 @@ struct Rows {
   std::vector<float> x;
 };
 
-// Four rows of width d of one kind.
+// Five rows of width d of one kind.
 Rows rows_of(const std::string& kind, std::int64_t d, unsigned seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> unit(0, 1);
   Rows r{kind, d, {}};
-  for (int row = 0; row < 4; ++row) {
+  for (int row = 0; row < 5; ++row) {
     for (std::int64_t j = 0; j < d; ++j) {
       float v = unit(rng);
       if (kind == "mean 1e4") v = 1e4f + v;
@@ -116,6 +119,48 @@ TEST(LayerNormRows, ForwardAndBothGradientsAsFloat64WhateverTheRowsMean) {
       expect_close(gw, want.gw, want.gw_terms, 1e-5, "gw, " + what);
     }
   }
+}
+
+// Split over a team, each part's first row starts a new chain of fused passes (its moments
+// alone, then each output pass with the next row's): the same bits as one thread, and the bias's
+// gradient as sum_rows adds it.
+TEST(LayerNormRows, ATeamGivesOneThreadsBits) {
+  const std::int64_t rows = 1001, d = 512;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> unit(0, 1);
+  std::vector<float> x(static_cast<std::size_t>(rows * d)), g(x.size());
+  std::vector<float> w(static_cast<std::size_t>(d)), b(w.size());
+  for (float& v : x) v = 3 + unit(rng);
+  for (float& v : g) v = unit(rng);
+  for (float& v : w) v = 1 + 0.5f * unit(rng);
+  for (float& v : b) v = unit(rng);
+  struct Out {
+    std::vector<float> y, gx, gw, gw_alone, gb, gb_sum_rows;
+  };
+  const auto run = [&] {
+    Out o{std::vector<float>(x.size()), std::vector<float>(x.size()), std::vector<float>(w.size()),
+          std::vector<float>(w.size()), std::vector<float>(w.size()), std::vector<float>(w.size())};
+    layer_norm_rows(x.data(), w.data(), b.data(), o.y.data(), rows, d, kEps);
+    layer_norm_grad_x_rows(g.data(), x.data(), w.data(), o.gx.data(), rows, d, kEps);
+    layer_norm_grad_wb_rows(g.data(), x.data(), o.gw.data(), o.gb.data(), rows, d, kEps);
+    layer_norm_grad_w_rows(g.data(), x.data(), o.gw_alone.data(), rows, d, kEps);
+    sum_rows(g.data(), rows, d, o.gb_sum_rows.data());
+    return o;
+  };
+  const Out alone = run();
+  ThreadTeam team(3);
+  const UseTeam use(&team);
+  const Out split = run();
+  EXPECT_EQ(split.y, alone.y);
+  EXPECT_EQ(split.gx, alone.gx);
+  EXPECT_EQ(split.gw, alone.gw);
+  EXPECT_EQ(split.gw_alone, alone.gw);
+  EXPECT_EQ(split.gb, alone.gb);
+  EXPECT_EQ(split.gb, split.gb_sum_rows);
+  // And the rows' values, within float's error (the test above for their precision).
+  const Reference want = reference(x, g, w, b, d);
+  expect_close(split.y, want.y, want.y_terms, 2e-6, "y on a team");
+  expect_close(split.gw, want.gw, want.gw_terms, 1e-5, "gw on a team");
 }
 
 }  // namespace

@@ -15,6 +15,27 @@ namespace {
 
 float gelu_scalar(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
+std::array<float, 2> scalar_shifted_sums(const float* x, float c, std::int64_t n) {
+  std::array<float, 2> out{};
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[0] += x[i] - c;
+    out[1] += (x[i] - c) * (x[i] - c);
+  }
+  return out;
+}
+
+std::array<float, 4> scalar_norm_grad_sums(const float* x, const float* g, const float* w, float c,
+                                           std::int64_t n) {
+  std::array<float, 4> out{};
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[0] += x[i] - c;
+    out[1] += (x[i] - c) * (x[i] - c);
+    out[2] += g[i] * w[i];
+    out[3] += g[i] * w[i] * (x[i] - c);
+  }
+  return out;
+}
+
 const VectorMath kScalar{
     .isa = "scalar",
     .exp = [](const float* x, float* y,
@@ -55,25 +76,23 @@ const VectorMath kScalar{
           for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
           return s;
         },
-    .shifted_sums =
-        [](const float* x, float c, std::int64_t n) {
-          std::array<float, 2> out{};
-          for (std::int64_t i = 0; i < n; ++i) {
-            out[0] += x[i] - c;
-            out[1] += (x[i] - c) * (x[i] - c);
-          }
-          return out;
+    .shifted_sums = scalar_shifted_sums,
+    .norm_grad_sums = scalar_norm_grad_sums,
+    .norm_affine =
+        [](const float* x, NormRow r, const float* w, const float* b, float* y, const float* next,
+           float next_c, std::int64_t n) {
+          for (std::int64_t i = 0; i < n; ++i)
+            y[i] = ((x[i] - r.shift) * r.scale + r.bias) * w[i] + b[i];
+          return next ? scalar_shifted_sums(next, next_c, n) : std::array<float, 2>{};
         },
-    .norm_grad_sums =
-        [](const float* x, const float* g, const float* w, float c, std::int64_t n) {
-          std::array<float, 4> out{};
+    .norm_grad_w =
+        [](const float* x, const float* g, NormRow r, float* sum, float* bias, const float* next,
+           float next_c, std::int64_t n) {
           for (std::int64_t i = 0; i < n; ++i) {
-            out[0] += x[i] - c;
-            out[1] += (x[i] - c) * (x[i] - c);
-            out[2] += g[i] * w[i];
-            out[3] += g[i] * w[i] * (x[i] - c);
+            sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
+            if (bias) bias[i] += g[i];
           }
-          return out;
+          return next ? scalar_shifted_sums(next, next_c, n) : std::array<float, 2>{};
         },
     .exp_sum =
         [](const float* x, float shift, float* y, std::int64_t n) {

@@ -15,6 +15,11 @@
 
 namespace meshflow {
 
+// A layer-norm row's x̂ = (x - shift) scale + bias (kernels/layer_norm.cc).
+struct NormRow {
+  float shift = 0, scale = 0, bias = 0;
+};
+
 // The loops of one instruction set. Every function takes n elements; an output may alias its
 // input (in place).
 struct VectorMath {
@@ -38,6 +43,15 @@ struct VectorMath {
   // Layer norm's gradient sums in one pass: {Σ d, Σ d², Σ g w, Σ g w d}, d = x - c.
   std::array<float, 4> (*norm_grad_sums)(const float* x, const float* g, const float* w, float c,
                                          std::int64_t n);
+  // Layer norm's passes over a row, each summing the next row's moments in the same loop (next
+  // null: none, and zeros returned), so that row's reads overlap this row's arithmetic and
+  // writes; each returns the bits shifted_sums or norm_grad_sums would give for the next row.
+  // y = x̂ w + b; returns shifted_sums(next, next_c).
+  std::array<float, 2> (*norm_affine)(const float* x, NormRow r, const float* w, const float* b,
+                                      float* y, const float* next, float next_c, std::int64_t n);
+  // sum += g x̂ and, unless bias is null, bias += g; returns shifted_sums(next, next_c).
+  std::array<float, 2> (*norm_grad_w)(const float* x, const float* g, NormRow r, float* sum,
+                                      float* bias, const float* next, float next_c, std::int64_t n);
   // Returns Σ exp(x - shift), shift at least every x (their max, so no term exceeds 1); writes
   // the terms to y unless y is null; streams a row of kStreamFloats or more. A term below the
   // smallest normal float (x - shift < -87.3) is 0: a denormal softmax probability weighs

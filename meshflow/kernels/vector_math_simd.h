@@ -180,35 +180,47 @@ struct SimdLoops {
     return reduce(
         a, b, n, [](R u, R v) { return V::mul(u, v); }, [](float u, float v) { return u * v; });
   }
-  static std::array<float, 2> shifted_sums(const float* x, float c, std::int64_t n) {
-    const R cv = V::set1(c);
-    // Two sets of running sums: one would wait on the last add's latency.
-    R s0 = V::set1(0.0f), q0 = s0, s1 = s0, q1 = s0;
-    const auto step = [&](std::int64_t i, R& s, R& q) {
-      const R d = V::sub(V::load(x + i), cv);
-      s = V::add(s, d);
-      q = V::fmadd(d, d, q);
-    };
+  // A row's moments about c, {Σ d, Σ d²}, d = x - c, in two sets of running sums (one would wait
+  // on the last add's latency): whole vector i goes to set (i / kWidth) % 2 where two whole
+  // vectors start there, else to set 0; the sets are added, then the tail in scalar.
+  struct Moments {
+    R c, s[2], q[2];
+    explicit Moments(float shift) : c(V::set1(shift)), s{c, c}, q{c, c} {
+      s[0] = s[1] = q[0] = q[1] = V::set1(0.0f);
+    }
+    void step(const float* x, std::int64_t i, int set) {
+      const R d = V::sub(V::load(x + i), c);
+      s[set] = V::add(s[set], d);
+      q[set] = V::fmadd(d, d, q[set]);
+    }
+    std::array<float, 2> finish(const float* x, float shift, std::int64_t i, std::int64_t n) {
+      std::array<float, 2> out = {V::hsum(V::add(s[0], s[1])), V::hsum(V::add(q[0], q[1]))};
+      for (; i < n; ++i) {
+        const float d = x[i] - shift;
+        out[0] += d;
+        out[1] += d * d;
+      }
+      return out;
+    }
+  };
+
+  // Calls body(i, set) for every whole vector of a row of n in Moments' sets; returns the
+  // first element past them.
+  template <class F>
+  static std::int64_t whole_vectors(std::int64_t n, F body) {
     std::int64_t i = 0;
     for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
-      step(i, s0, q0);
-      step(i + kWidth, s1, q1);
+      body(i, 0);
+      body(i + kWidth, 1);
     }
-    for (; i + kWidth <= n; i += kWidth) step(i, s0, q0);
-    std::array<float, 2> out = {V::hsum(V::add(s0, s1)), V::hsum(V::add(q0, q1))};
-    for (; i < n; ++i) {
-      const float d = x[i] - c;
-      out[0] += d;
-      out[1] += d * d;
-    }
-    return out;
+    for (; i + kWidth <= n; i += kWidth) body(i, 0);
+    return i;
   }
 
-  // Prefetches the line kAheadBytes past x[i] (never faults, so it may pass the row's end).
-  static constexpr std::int64_t kAheadBytes = VectorMath::kStreamFloats * sizeof(float);
-  static void prefetch_ahead(const float* x, std::int64_t i) {
-    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(x) +
-                                                     (i * sizeof(float) + kAheadBytes)));
+  static std::array<float, 2> shifted_sums(const float* x, float c, std::int64_t n) {
+    Moments m(c);
+    const std::int64_t i = whole_vectors(n, [&](std::int64_t at, int set) { m.step(x, at, set); });
+    return m.finish(x, c, i, n);
   }
 
   static std::array<float, 4> norm_grad_sums(const float* x, const float* g, const float* w,
@@ -240,6 +252,58 @@ struct SimdLoops {
       out[3] += t * d;
     }
     return out;
+  }
+
+  // The fused layer-norm passes: one row's output, vector by vector, with the next row's sums
+  // (where there is a next row) in the same loop.
+  static std::array<float, 2> norm_affine(const float* x, NormRow r, const float* w, const float* b,
+                                          float* y, const float* next, float next_c,
+                                          std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
+    const auto out = [&](std::int64_t i) {
+      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+      V::store(y + i, V::fmadd(xhat, V::load(w + i), V::load(b + i)));
+    };
+    Moments m(next_c);
+    const std::int64_t i = next ? whole_vectors(n,
+                                                [&](std::int64_t at, int set) {
+                                                  m.step(next, at, set);
+                                                  out(at);
+                                                })
+                                : whole_vectors(n, [&](std::int64_t at, int) { out(at); });
+    for (std::int64_t j = i; j < n; ++j) y[j] = ((x[j] - r.shift) * r.scale + r.bias) * w[j] + b[j];
+    return next ? m.finish(next, next_c, i, n) : std::array<float, 2>{};
+  }
+
+  static std::array<float, 2> norm_grad_w(const float* x, const float* g, NormRow r, float* sum,
+                                          float* bias_sum, const float* next, float next_c,
+                                          std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
+    const auto out = [&](std::int64_t i) {
+      const R gi = V::load(g + i);
+      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+      V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
+      if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
+    };
+    Moments m(next_c);
+    const std::int64_t i = next ? whole_vectors(n,
+                                                [&](std::int64_t at, int set) {
+                                                  m.step(next, at, set);
+                                                  out(at);
+                                                })
+                                : whole_vectors(n, [&](std::int64_t at, int) { out(at); });
+    for (std::int64_t j = i; j < n; ++j) {
+      sum[j] += g[j] * ((x[j] - r.shift) * r.scale + r.bias);
+      if (bias_sum) bias_sum[j] += g[j];
+    }
+    return next ? m.finish(next, next_c, i, n) : std::array<float, 2>{};
+  }
+
+  // Prefetches the line kAheadBytes past x[i] (never faults, so it may pass the row's end).
+  static constexpr std::int64_t kAheadBytes = VectorMath::kStreamFloats * sizeof(float);
+  static void prefetch_ahead(const float* x, std::int64_t i) {
+    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(x) +
+                                                     (i * sizeof(float) + kAheadBytes)));
   }
 
   static float exp_sum(const float* x, float shift, float* y, std::int64_t n) {
@@ -316,6 +380,8 @@ struct SimdLoops {
             .dot = dot,
             .shifted_sums = shifted_sums,
             .norm_grad_sums = norm_grad_sums,
+            .norm_affine = norm_affine,
+            .norm_grad_w = norm_grad_w,
             .exp_sum = exp_sum,
             .sum_exp = sum_exp};
   }

@@ -153,6 +153,52 @@ TEST(VectorMath, LayerNormGradientSumsAsFloat64) {
   }
 }
 
+// Layer norm's fused passes: the output as float64 arithmetic on the same row, the next row's
+// moments bit for bit as shifted_sums gives them (zeros without a next row), and the bias's
+// sums as plain float adds in order.
+TEST(VectorMath, LayerNormPassesGiveTheirOutputAndTheNextRowsMoments) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (std::int64_t n : {1, 7, 16, 31, 33, 512, 4099}) {
+      const auto seed = 71 + static_cast<unsigned>(n);
+      const std::vector<float> x = values(n, 3, seed), next = values(n, 5, seed + 1);
+      const std::vector<float> g = values(n, 2, seed + 2), w = values(n, 1.5f, seed + 3);
+      const std::vector<float> b = values(n, 1, seed + 4), start = values(n, 4, seed + 5);
+      const auto len = static_cast<std::int64_t>(x.size());
+      const NormRow r{.shift = 0.37f, .scale = 0.8f, .bias = -0.21f};
+      const float c = -0.6f;
+      const std::array<float, 2> moments = m->shifted_sums(next.data(), c, len);
+      std::vector<float> y(x.size()), sum = start, bias = values(n, 4, seed + 6);
+      const std::vector<float> bias_start = bias;
+      for (const bool has_next : {true, false}) {
+        const float* nx = has_next ? next.data() : nullptr;
+        const std::array<float, 2> want = has_next ? moments : std::array<float, 2>{};
+        const std::array<float, 2> from_affine =
+            m->norm_affine(x.data(), r, w.data(), b.data(), y.data(), nx, c, len);
+        EXPECT_EQ(from_affine, want) << m->isa << " n=" << n << " next=" << has_next;
+        sum = start;
+        bias = bias_start;
+        const std::array<float, 2> from_grad =
+            m->norm_grad_w(x.data(), g.data(), r, sum.data(), bias.data(), nx, c, len);
+        EXPECT_EQ(from_grad, want) << m->isa << " n=" << n << " next=" << has_next;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          const double xhat = (double{x[i]} - r.shift) * r.scale + r.bias;
+          const double terms = std::abs(xhat * w[i]) + std::abs(b[i]);
+          expect_close(y[i], xhat * w[i] + b[i], "norm_affine", m->isa, x[i], terms);
+          const double gx = g[i] * xhat;
+          expect_close(sum[i], start[i] + gx, "norm_grad_w", m->isa, x[i],
+                       std::abs(start[i]) + std::abs(gx));
+          EXPECT_EQ(bias[i], bias_start[i] + g[i]) << m->isa << " at " << i;
+        }
+      }
+      // Without a bias, the same scale's sums.
+      const std::vector<float> with_bias = sum;
+      sum = start;
+      m->norm_grad_w(x.data(), g.data(), r, sum.data(), nullptr, nullptr, c, len);
+      EXPECT_EQ(sum, with_bias) << m->isa << " n=" << n;
+    }
+  }
+}
+
 TEST(VectorMath, SumsDotsAndSquaredDeviationsAsFloat64) {
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {0, 1, 7, 16, 31, 512, 4099}) {
