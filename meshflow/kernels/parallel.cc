@@ -14,6 +14,24 @@ namespace {
 
 thread_local ThreadTeam* current_team = nullptr;
 
+// Returns once done() holds, or false after kTeamWatch without it: watching, pausing between
+// looks and yielding the core now and then.
+template <class Done>
+bool watch_until(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kTeamWatch;
+  for (unsigned look = 1;; ++look) {
+    if (done()) return true;
+    if (look % 64 != 0) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace
 
 ThreadTeam::ThreadTeam(int threads) {
@@ -36,6 +54,7 @@ void ThreadTeam::helper(int index) {
   for (;;) {
     const std::function<void(int)>* body = nullptr;
     unsigned mode = 0;
+    watch_until([&] { return stopping_.load() || generation_.load() != seen; });
     {
       std::unique_lock lock(mu_);
       wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
@@ -83,7 +102,8 @@ void ThreadTeam::run(int parts, const std::function<void(int part)>& body) {
     }
   }
   if (parts > 1) {
-    std::unique_lock lock(mu_);
+    watch_until([&] { return running_.load() == 0; });
+    std::unique_lock lock(mu_);  // also orders the helpers' writes before the caller's reads
     done_.wait(lock, [&] { return running_ == 0; });
     if (!error) error = error_;
     body_ = nullptr;

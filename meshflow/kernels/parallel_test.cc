@@ -6,6 +6,8 @@
 #include <numeric>
 #include <set>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "meshflow/kernels/float_mode.h"
 
@@ -96,6 +98,27 @@ TEST(ParallelTest, ManyShortRunsInARow) {
   for (int i = 0; i < 2000; ++i)
     parallel_for(64, 1, [&](std::int64_t b, std::int64_t e) { total += e - b; });
   EXPECT_EQ(total, 2000 * 64);
+}
+
+// Runs that find the helpers watching and runs that find them asleep (after more than
+// kTeamWatch idle), in turn: every part runs once either way, on its own thread, and the
+// caller sees every part's writes.
+TEST(ParallelTest, RunsFindTheHelpersWatchingOrAsleep) {
+  ThreadTeam team(3);
+  const UseTeam use(&team);
+  for (int round = 0; round < 6; ++round) {
+    if (round % 2 == 1) std::this_thread::sleep_for(kTeamWatch * 5);
+    std::vector<std::int64_t> wrote(3, -1);
+    std::vector<std::thread::id> who(3);
+    parallel_parts_for(3000, 3, [&](int part, std::int64_t b, std::int64_t e) {
+      wrote[static_cast<std::size_t>(part)] = e - b;
+      who[static_cast<std::size_t>(part)] = std::this_thread::get_id();
+    });
+    EXPECT_EQ(wrote[0] + wrote[1] + wrote[2], 3000) << "round " << round;
+    EXPECT_NE(who[0], who[1]);
+    EXPECT_NE(who[1], who[2]);
+    EXPECT_NE(who[0], who[2]);
+  }
 }
 
 TEST(ParallelTest, HelpersRunInTheCallersFloatMode) {
