@@ -58,15 +58,18 @@ NormRow normalizer(const RowStats& s) { return {s.shift, s.rstd, -s.offset * s.r
 // first. On this machine's AMD EPYC, one pass after the other left the second pass's stores and
 // the next row's reads unoverlapped, so the forward pass and the scale's gradient sum the next
 // row's moments inside this row's output pass (VectorMath's layer-norm passes). Alone on one
-// thread, over the bench GPT's [2048, 512], that took the forward pass from 139 to 106 us and
-// the scale's and bias's gradients from 183 to 130 us (a memcpy of x's 4 MiB: 65 us). The input
-// gradient's pass, fused the same way, measured 20% slower than two passes, so it keeps them.
+// thread, over the bench GPT's [2048, 512], that took the forward pass from 139 to 106-116 us
+// and the scale's and bias's gradients from 183 to 130-145 us (a memcpy of x's 4 MiB: 65 us). The
+// input gradient's pass, fused the same way, measured 20% slower than two passes, so it keeps them.
 // No loop here prefetches the next row: the hardware's stream prefetcher keeps up with rows
 // read one after another, and asking for the next row (or 2, 4, 8 rows ahead, into L1 or L2)
 // measured 3-15% slower.
 
-void forward_range(const float* x, const float* w, const float* b, float* y, std::int64_t first,
-                   std::int64_t last, std::int64_t d, float eps) {
+// Calls pass(r, x̂ of row r, next row or null, its shift) for each row of [first, last) in
+// order, each row's statistics from the sums the pass before returned (the first row's alone).
+template <class Pass>
+void normalized_rows(const float* x, std::int64_t first, std::int64_t last, std::int64_t d,
+                     float eps, Pass pass) {
   if (first == last) return;
   const VectorMath& m = vector_math();
   float c = shift_of(m, x + first * d, d);
@@ -75,8 +78,17 @@ void forward_range(const float* x, const float* w, const float* b, float* y, std
     const RowStats s = stats_about(c, sums[0], sums[1], d, eps);
     const float* next = r + 1 < last ? x + (r + 1) * d : nullptr;
     c = next ? shift_of(m, next, d) : 0.0f;
-    sums = m.norm_affine(x + r * d, normalizer(s), w, b, y + r * d, next, c, d);
+    sums = pass(r, normalizer(s), next, c);
   }
+}
+
+void forward_range(const float* x, const float* w, const float* b, float* y, std::int64_t first,
+                   std::int64_t last, std::int64_t d, float eps) {
+  const VectorMath& m = vector_math();
+  normalized_rows(x, first, last, d, eps,
+                  [&](std::int64_t r, NormRow row, const float* next, float c) {
+                    return m.norm_affine(x + r * d, row, w, b, y + r * d, next, c, d);
+                  });
 }
 
 // Two passes over a row: its moments with Σ g w and Σ g w d (VectorMath::norm_grad_sums), then
@@ -105,16 +117,11 @@ void grad_x_range(const float* g, const float* x, const float* __restrict w, flo
 // sum += Σ over rows [first, last) of g x̂, and with `bias` bias += Σ of g, in row order.
 void grad_w_range(const float* g, const float* x, float* sum, float* bias, std::int64_t first,
                   std::int64_t last, std::int64_t d, float eps) {
-  if (first == last) return;
   const VectorMath& m = vector_math();
-  float c = shift_of(m, x + first * d, d);
-  std::array<float, 2> sums = m.shifted_sums(x + first * d, c, d);
-  for (std::int64_t r = first; r < last; ++r) {
-    const RowStats s = stats_about(c, sums[0], sums[1], d, eps);
-    const float* next = r + 1 < last ? x + (r + 1) * d : nullptr;
-    c = next ? shift_of(m, next, d) : 0.0f;
-    sums = m.norm_grad_w(x + r * d, g + r * d, normalizer(s), sum, bias, next, c, d);
-  }
+  normalized_rows(x, first, last, d, eps,
+                  [&](std::int64_t r, NormRow row, const float* next, float c) {
+                    return m.norm_grad_w(x + r * d, g + r * d, row, sum, bias, next, c, d);
+                  });
 }
 
 // out = partial row 0 + partial row 1 + ..., in order.

@@ -1,11 +1,12 @@
 // The threads of one device. A device that owns more than one core (train --threads-per-device)
 // runs each kernel split over a team: the device's own thread plus helpers that watch for the
-// next kernel a while (kTeamWatch), then sleep. The runtime gives a device thread its team (UseTeam) for the length of a run; a
-// kernel asks for it with parallel_for, which splits a range into contiguous parts, one per
-// thread. Outside a UseTeam, and inside a part (no nesting), parallel_for runs on the calling
-// thread alone, so a kernel is correct with or without a team and equal to itself: every part
-// computes what the whole loop would for its elements (reductions combine per-part sums in part
-// order, so a team of n threads gives the same bits on every run).
+// next kernel a while (kTeamWatch), then sleep. The runtime gives a device thread its team
+// (UseTeam) for the length of a run; a kernel asks for it with parallel_for, which splits a range
+// into contiguous parts, one per thread. Outside a UseTeam, and inside a part (no nesting),
+// parallel_for runs on the calling thread alone, so a kernel is correct with or without a team
+// and equal to itself: every part computes what the whole loop would for its elements
+// (reductions combine per-part sums in part order, so a team of n threads gives the same bits on
+// every run).
 #pragma once
 
 #include <algorithm>

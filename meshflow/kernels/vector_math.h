@@ -45,7 +45,7 @@ struct VectorMath {
                                          std::int64_t n);
   // Layer norm's passes over a row, each summing the next row's moments in the same loop (next
   // null: none, and zeros returned), so that row's reads overlap this row's arithmetic and
-  // writes; each returns the bits shifted_sums or norm_grad_sums would give for the next row.
+  // writes; each returns the bits shifted_sums would give for the next row.
   // y = x̂ w + b; returns shifted_sums(next, next_c).
   std::array<float, 2> (*norm_affine)(const float* x, NormRow r, const float* w, const float* b,
                                       float* y, const float* next, float next_c, std::int64_t n);

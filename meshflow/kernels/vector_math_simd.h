@@ -185,9 +185,7 @@ struct SimdLoops {
   // vectors start there, else to set 0; the sets are added, then the tail in scalar.
   struct Moments {
     R c, s[2], q[2];
-    explicit Moments(float shift) : c(V::set1(shift)), s{c, c}, q{c, c} {
-      s[0] = s[1] = q[0] = q[1] = V::set1(0.0f);
-    }
+    explicit Moments(float shift) : c(V::set1(shift)) { s[0] = s[1] = q[0] = q[1] = V::set1(0.0f); }
     void step(const float* x, std::int64_t i, int set) {
       const R d = V::sub(V::load(x + i), c);
       s[set] = V::add(s[set], d);
@@ -221,6 +219,13 @@ struct SimdLoops {
     Moments m(c);
     const std::int64_t i = whole_vectors(n, [&](std::int64_t at, int set) { m.step(x, at, set); });
     return m.finish(x, c, i, n);
+  }
+
+  // Prefetches the line kAheadBytes past x[i] (never faults, so it may pass the row's end).
+  static constexpr std::int64_t kAheadBytes = VectorMath::kStreamFloats * sizeof(float);
+  static void prefetch_ahead(const float* x, std::int64_t i) {
+    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(x) +
+                                                     (i * sizeof(float) + kAheadBytes)));
   }
 
   static std::array<float, 4> norm_grad_sums(const float* x, const float* g, const float* w,
@@ -297,13 +302,6 @@ struct SimdLoops {
       if (bias_sum) bias_sum[j] += g[j];
     }
     return next ? m.finish(next, next_c, i, n) : std::array<float, 2>{};
-  }
-
-  // Prefetches the line kAheadBytes past x[i] (never faults, so it may pass the row's end).
-  static constexpr std::int64_t kAheadBytes = VectorMath::kStreamFloats * sizeof(float);
-  static void prefetch_ahead(const float* x, std::int64_t i) {
-    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(x) +
-                                                     (i * sizeof(float) + kAheadBytes)));
   }
 
   static float exp_sum(const float* x, float shift, float* y, std::int64_t n) {
