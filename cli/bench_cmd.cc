@@ -78,7 +78,7 @@ CLI::App* add_distributed(CLI::App* bench, const char* name, const char* help,
       ->delimiter(',');
   cmd->add_option(subset_flag, args->subset, subset_help)->delimiter(',');
   cmd->add_option("--reps", args->reps, "timed repetitions")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   add_output_flags(cmd, args->json, args->progress);
   const std::string cmd_name = name;
@@ -116,10 +116,10 @@ void add_bench(CLI::App& app) {
   auto copy_json = std::make_shared<bool>(false);
   CLI::App* c = bench->add_subcommand("copy", "copy_box of a large region against plain memcpy");
   c->add_option("--mib", copy->region_mib, "region size in MiB")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   c->add_option("--reps", copy->reps, "timed repetitions")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   add_output_flags(c, *copy_json, copy->progress);
   c->callback([copy, copy_json] {
@@ -262,7 +262,7 @@ void add_bench(CLI::App& app) {
   kc->add_option("--threads", kernels->threads,
                  "threads the one device computes with (default: every core this process may "
                  "run on); PyTorch runs with as many")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, kMostThreads));
   kc->add_option("--reps", kernels->reps, "timed repetitions")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -316,7 +316,7 @@ void add_bench(CLI::App& app) {
   t->add_option("--threads-per-device", train->threads_per_device,
                 "threads each device computes with (default: the cores divided by the devices, "
                 "at least 1); PyTorch runs with the devices' threads together")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, kMostThreads));
   t->add_option("--cases", train->cases,
                 "only these cases: train_step, mlp_step_micro4, mlp_step_adamw_zero1, "
                 "mlp_step_adamw_zero3, gpt_step, gpt_step_adamw, gpt_step_micro4, gpt_sp_bytes, "

@@ -10,6 +10,9 @@
 
 namespace meshflow::cli {
 
+// The most threads a device (--threads-per-device) or a bench (--threads) may ask for.
+constexpr int kMostThreads = 1 << 12;
+
 // Returns the machine model named by --machine (the default when empty). The model must
 // outlive the plan options that point at it.
 std::shared_ptr<MachineModel> machine_option(const std::string& path);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -41,7 +42,7 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
                          "divided by the devices, at least 1)"
                        : "estimate the step with this many threads per device (default: this "
                          "machine's cores divided by the devices, at least 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, kMostThreads));
   cmd->add_option("--machine", a.machine, "machine description JSON for the cost model");
   cmd->add_flag("--overlap", a.overlap,
                 "run all-gathers into and reduce-scatters out of matrix products as loops that "
@@ -233,7 +234,7 @@ void add_search_options(CLI::App* cmd, std::string& mesh, std::optional<std::int
                   "instead of its own meshes");
   cmd->add_option("--memory-limit", limit,
                   "bytes each device may hold at its peak (explain's memory_per_device_bytes)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
 }
 
 // The search's options from the command line: what is given stays fixed.
@@ -491,7 +492,7 @@ void add_autoshard(CLI::App& app) {
   cmd->add_option("--threads-per-device", args->threads_per_device,
                   "estimate with this many threads per device (default: this machine's cores "
                   "divided by the devices, at least 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, kMostThreads));
   cmd->add_option("--out", args->out, "write the chosen model file here (runs with `train`)");
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->callback([args] {

@@ -64,6 +64,8 @@ ERRORS = [
     ("eps with sgd", ["train", "{models}/tp_mlp.json", "--eps", "1e-6"]),
     ("micro-batches that do not divide the batch", ["train", "{models}/tp_mlp.json", "--micro-batches", "3"]),
     ("micro-batches zero", ["train", "{models}/tp_mlp.json", "--micro-batches", "0"]),
+    ("threads per device zero",
+     ["train", "{models}/tp_mlp.json", "--threads-per-device", "0"]),
     ("a non-finite loss", ["train", "{models}/tp_mlp.json", "--lr", "1e30", "--steps", "4", "--save", "{tmp}/never"]),
 ]
 
