@@ -14,20 +14,19 @@ namespace {
 
 thread_local ThreadTeam* current_team = nullptr;
 
-// Returns once done() holds, or false after kTeamWatch without it: watching, pausing between
-// looks and yielding the core now and then.
+// Returns once done() holds or kTeamWatch has passed: watching, pausing between looks and
+// yielding the core every 64 looks.
 template <class Done>
-bool watch_until(Done done) {
+void watch_until(Done done) {
   const auto until = std::chrono::steady_clock::now() + kTeamWatch;
-  for (unsigned look = 1;; ++look) {
-    if (done()) return true;
+  for (unsigned look = 1; !done(); ++look) {
     if (look % 64 != 0) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif
       continue;
     }
-    if (std::chrono::steady_clock::now() > until) return false;
+    if (std::chrono::steady_clock::now() > until) return;
     std::this_thread::yield();
   }
 }

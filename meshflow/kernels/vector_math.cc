@@ -24,18 +24,6 @@ std::array<float, 2> scalar_shifted_sums(const float* x, float c, std::int64_t n
   return out;
 }
 
-std::array<float, 4> scalar_norm_grad_sums(const float* x, const float* g, const float* w, float c,
-                                           std::int64_t n) {
-  std::array<float, 4> out{};
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[0] += x[i] - c;
-    out[1] += (x[i] - c) * (x[i] - c);
-    out[2] += g[i] * w[i];
-    out[3] += g[i] * w[i] * (x[i] - c);
-  }
-  return out;
-}
-
 const VectorMath kScalar{
     .isa = "scalar",
     .exp = [](const float* x, float* y,
@@ -77,7 +65,17 @@ const VectorMath kScalar{
           return s;
         },
     .shifted_sums = scalar_shifted_sums,
-    .norm_grad_sums = scalar_norm_grad_sums,
+    .norm_grad_sums =
+        [](const float* x, const float* g, const float* w, float c, std::int64_t n) {
+          std::array<float, 4> out{};
+          for (std::int64_t i = 0; i < n; ++i) {
+            out[0] += x[i] - c;
+            out[1] += (x[i] - c) * (x[i] - c);
+            out[2] += g[i] * w[i];
+            out[3] += g[i] * w[i] * (x[i] - c);
+          }
+          return out;
+        },
     .norm_affine =
         [](const float* x, NormRow r, const float* w, const float* b, float* y, const float* next,
            float next_c, std::int64_t n) {
