@@ -59,8 +59,9 @@ NormRow normalizer(const RowStats& s) { return {s.shift, s.rstd, -s.offset * s.r
 // the next row's reads unoverlapped, so the forward pass and the scale's gradient sum the next
 // row's moments inside this row's output pass (VectorMath's layer-norm passes). Alone on one
 // thread, over the bench GPT's [2048, 512], that took the forward pass from 139 to 106-116 us
-// and the scale's and bias's gradients from 183 to 130-145 us (a memcpy of x's 4 MiB: 65 us). The
-// input gradient's pass, fused the same way, measured 20% slower than two passes, so it keeps them.
+// and the scale's and bias's gradients from 183 to 130-145 us (a memcpy of x's 4 MiB: 65 us).
+// The input gradient's pass fused the same way was 15-45% slower alone, and no better in `bench
+// kernels` (faster in 4 alternations, slower in 6), so it keeps its two passes.
 // No loop here prefetches the next row: the hardware's stream prefetcher keeps up with rows
 // read one after another, and asking for the next row (or 2, 4, 8 rows ahead, into L1 or L2)
 // measured 3-15% slower.
