@@ -181,12 +181,14 @@ TEST(VectorMath, LayerNormPassesGiveTheirOutputAndTheNextRowsMoments) {
             m->norm_grad_w(x.data(), g.data(), r, sum.data(), bias.data(), nx, c, len);
         EXPECT_EQ(from_grad, want) << m->isa << " n=" << n << " next=" << has_next;
         for (std::size_t i = 0; i < x.size(); ++i) {
-          const double xhat = (double{x[i]} - r.shift) * r.scale + r.bias;
-          const double terms = std::abs(xhat * w[i]) + std::abs(b[i]);
-          expect_close(y[i], xhat * w[i] + b[i], "norm_affine", m->isa, x[i], terms);
-          const double gx = g[i] * xhat;
-          expect_close(sum[i], start[i] + gx, "norm_grad_w", m->isa, x[i],
-                       std::abs(start[i]) + std::abs(gx));
+          // Each within a few ULP of the largest term it sums: (x - shift) scale, bias, then
+          // times w plus b (or times g plus the running sum).
+          const double centred = (double{x[i]} - r.shift) * r.scale, xhat = centred + r.bias;
+          const double x_terms = std::abs(centred) + std::abs(r.bias);
+          expect_close(y[i], xhat * w[i] + b[i], "norm_affine", m->isa, x[i],
+                       x_terms * std::abs(w[i]) + std::abs(b[i]));
+          expect_close(sum[i], start[i] + g[i] * xhat, "norm_grad_w", m->isa, x[i],
+                       std::abs(start[i]) + x_terms * std::abs(g[i]));
           EXPECT_EQ(bias[i], bias_start[i] + g[i]) << m->isa << " at " << i;
         }
       }
