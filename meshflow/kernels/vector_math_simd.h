@@ -259,16 +259,12 @@ struct SimdLoops {
     return out;
   }
 
-  // The fused layer-norm passes: one row's output, vector by vector, with the next row's sums
-  // (where there is a next row) in the same loop.
-  static std::array<float, 2> norm_affine(const float* x, NormRow r, const float* w, const float* b,
-                                          float* y, const float* next, float next_c,
-                                          std::int64_t n) {
-    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
-    const auto out = [&](std::int64_t i) {
-      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
-      V::store(y + i, V::fmadd(xhat, V::load(w + i), V::load(b + i)));
-    };
+  // The fused layer-norm passes' loop: out(i) for every whole vector of a row of n, summing
+  // next's moments about next_c alongside (where there is a next row), then tail(j) for each
+  // element past the whole vectors; returns next's moments as shifted_sums gives them, or zeros.
+  template <class Out, class Tail>
+  static std::array<float, 2> with_next_moments(const float* next, float next_c, std::int64_t n,
+                                                Out out, Tail tail) {
     Moments m(next_c);
     const std::int64_t i = next ? whole_vectors(n,
                                                 [&](std::int64_t at, int set) {
@@ -276,32 +272,39 @@ struct SimdLoops {
                                                   out(at);
                                                 })
                                 : whole_vectors(n, [&](std::int64_t at, int) { out(at); });
-    for (std::int64_t j = i; j < n; ++j) y[j] = ((x[j] - r.shift) * r.scale + r.bias) * w[j] + b[j];
+    for (std::int64_t j = i; j < n; ++j) tail(j);
     return next ? m.finish(next, next_c, i, n) : std::array<float, 2>{};
+  }
+
+  static std::array<float, 2> norm_affine(const float* x, NormRow r, const float* w, const float* b,
+                                          float* y, const float* next, float next_c,
+                                          std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
+    return with_next_moments(
+        next, next_c, n,
+        [&](std::int64_t i) {
+          const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+          V::store(y + i, V::fmadd(xhat, V::load(w + i), V::load(b + i)));
+        },
+        [&](std::int64_t j) { y[j] = ((x[j] - r.shift) * r.scale + r.bias) * w[j] + b[j]; });
   }
 
   static std::array<float, 2> norm_grad_w(const float* x, const float* g, NormRow r, float* sum,
                                           float* bias_sum, const float* next, float next_c,
                                           std::int64_t n) {
     const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
-    const auto out = [&](std::int64_t i) {
-      const R gi = V::load(g + i);
-      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
-      V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
-      if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
-    };
-    Moments m(next_c);
-    const std::int64_t i = next ? whole_vectors(n,
-                                                [&](std::int64_t at, int set) {
-                                                  m.step(next, at, set);
-                                                  out(at);
-                                                })
-                                : whole_vectors(n, [&](std::int64_t at, int) { out(at); });
-    for (std::int64_t j = i; j < n; ++j) {
-      sum[j] += g[j] * ((x[j] - r.shift) * r.scale + r.bias);
-      if (bias_sum) bias_sum[j] += g[j];
-    }
-    return next ? m.finish(next, next_c, i, n) : std::array<float, 2>{};
+    return with_next_moments(
+        next, next_c, n,
+        [&](std::int64_t i) {
+          const R gi = V::load(g + i);
+          const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+          V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
+          if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
+        },
+        [&](std::int64_t j) {
+          sum[j] += g[j] * ((x[j] - r.shift) * r.scale + r.bias);
+          if (bias_sum) bias_sum[j] += g[j];
+        });
   }
 
   static float exp_sum(const float* x, float shift, float* y, std::int64_t n) {
