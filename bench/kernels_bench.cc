@@ -87,8 +87,14 @@ struct Operands {
   Tensor v = random({kBatch, kHeads, kSeq, kHeadDim}, 22);
   Tensor g_att = random({kBatch, kHeads, kSeq, kHeadDim}, 23);
   Tensor scalar = Tensor(DType::kFloat32, {});
-  Operands() { scalar.data<float>()[0] = 1.0f; }
+  Tensor ln_stats;  // x's rows' statistics, as the forward pass keeps them for the gradients
+  Operands();
 };
+
+Operands::Operands() {
+  scalar.data<float>()[0] = 1.0f;
+  ln_stats = call(Op{.type = OpType::kLayerNormStats}, {&x});
+}
 
 constexpr std::int64_t kF = 4;  // bytes per float
 
@@ -146,25 +152,30 @@ std::vector<Case> cases(const Operands& operands) {
                      call(Op{.type = OpType::kSumTo, .shape = {kSeq, kWidth}}, {&d->residual});
                    },
                .bytes = width + width / kBatch});
+  // As a training step runs them: the forward pass keeps the rows' statistics (graph/
+  // task_graph.h's fused kernels); dx alone (zero-bubble schedules run it apart), dw and db in
+  // one pass over g and x, each reading the statistics.
+  const auto stats = static_cast<std::int64_t>(d->ln_stats.nbytes());
   c.push_back({.name = "layer_norm_fwd",
-               .what = "[2048, 512]",
+               .what = "[2048, 512], keeping its statistics",
                .run =
                    [d] {
-                     call(Op{.type = OpType::kLayerNorm}, {&d->x, &d->ln_w, &d->ln_b});
+                     call_together(
+                         {Op{.type = OpType::kLayerNorm}, Op{.type = OpType::kLayerNormStats}},
+                         {&d->x, &d->ln_w, &d->ln_b});
                    },
-               .bytes = 2 * width});
-  // As a training step runs them: dx alone (zero-bubble schedules run it apart), dw and db in
-  // one pass over g and x (graph/task_graph.h's fused kernels).
+               .bytes = 2 * width + stats});
   c.push_back({.name = "layer_norm_bwd",
-               .what = "dx (g, x, w), then dw (g, x) and db (g) in one pass",
+               .what = "dx (g, x, w, stats), then dw (g, x, stats) and db (g) in one pass",
                .run =
                    [d] {
-                     call(Op{.type = OpType::kLayerNormGradX}, {&d->g_width, &d->x, &d->ln_w});
+                     call(Op{.type = OpType::kLayerNormGradX},
+                          {&d->g_width, &d->x, &d->ln_w, &d->ln_stats});
                      call_together({Op{.type = OpType::kLayerNormGradW},
                                     Op{.type = OpType::kSumTo, .shape = {kWidth}}},
-                                   {&d->g_width, &d->x});
+                                   {&d->g_width, &d->x, &d->ln_stats});
                    },
-               .bytes = 3 * width + 2 * width});
+               .bytes = 3 * width + 2 * width + 2 * stats});
   c.push_back({.name = "softmax_ce_fwd",
                .what = "logits [2048, 8192] and labels -> the mean loss",
                .run =

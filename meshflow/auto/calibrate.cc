@@ -17,6 +17,7 @@
 #include "meshflow/comm/session.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
+#include "meshflow/kernels/layer_norm.h"
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/op.h"
 #include "meshflow/plan/plan.h"
@@ -108,7 +109,8 @@ std::vector<KernelProbe> kernel_probes() {
   add("gelu [512, 2048]", Op{.type = OpType::kGelu}, {{t, h}}, false);
   add("gelu_grad", Op{.type = OpType::kGeluGrad}, {{t, h}, {t, h}}, false);
   add("layer_norm [512, 512]", Op{.type = OpType::kLayerNorm}, {{t, d}, {d}, {d}}, false);
-  add("layer_norm_grad_x", Op{.type = OpType::kLayerNormGradX}, {{t, d}, {t, d}, {d}}, false);
+  add("layer_norm_grad_x", Op{.type = OpType::kLayerNormGradX},
+      {{t, d}, {t, d}, {d}, {t, kNormStatsFloats}}, false);
   std::vector<Tensor> loss_extra;
   loss_extra.push_back(labels(256, v));
   add("softmax_cross_entropy [256, 8192]", Op{.type = OpType::kSoftmaxCrossEntropy}, {{256, v}},

@@ -2,6 +2,8 @@
 // each the nodes that compute its operands' gradients, in the order a tape would run them.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 
 #include "meshflow/core/error.h"
@@ -20,8 +22,8 @@ struct Expander {
 
   const Node& node(ValueId v) const { return pcg.nodes[static_cast<std::size_t>(v)]; }
 
-  ValueId push(Node n) {
-    n.phase = Phase::kBackward;
+  ValueId push(Node n, Phase phase = Phase::kBackward) {
+    n.phase = phase;
     const ValueId id = static_cast<ValueId>(pcg.nodes.size());
     pcg.nodes.push_back(std::move(n));
     return id;
@@ -29,14 +31,15 @@ struct Expander {
 
   std::string fresh(std::string_view stem) { return fmt::format("{}#{}", stem, count++); }
 
-  ValueId add_compute(std::string name, Op op, std::vector<ValueId> inputs, DeviceMesh mesh) {
+  ValueId add_compute(std::string name, Op op, std::vector<ValueId> inputs, DeviceMesh mesh,
+                      Phase phase = Phase::kBackward) {
     std::vector<TensorSpec> specs;
     for (ValueId v : inputs) specs.push_back(node(v).spec);
     Node n{
         .name = std::move(name), .kind = NodeKind::kCompute, .inputs = std::move(inputs), .op = op};
     n.spec = infer(op, specs);
     n.mesh = std::move(mesh);
-    return push(std::move(n));
+    return push(std::move(n), phase);
   }
 
   ValueId add_move(std::string name, ValueId value, DeviceMesh mesh,
@@ -78,12 +81,14 @@ struct Expander {
       n.prefer = gradient_placements(l);
   }
 
-  void backward_compute(ValueId id, ValueId g, const std::vector<bool>& needs) {
+  // Forward node id's gradient program, and which of its steps some needed operand gradient
+  // reads, transitively.
+  std::pair<GradProgram, std::vector<bool>> program_of(ValueId id,
+                                                       const std::vector<bool>& needs) const {
     const Node& n = node(id);
     std::vector<TensorSpec> specs;
     for (ValueId v : n.inputs) specs.push_back(node(v).spec);
-    const GradProgram program = gradient_program(n.op, specs);
-    // Only the steps some needed operand gradient reads, transitively.
+    GradProgram program = gradient_program(n.op, specs);
     std::vector<bool> used(program.steps.size(), false);
     std::vector<int> stack;
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
@@ -100,6 +105,34 @@ struct Expander {
       for (const GradRef& r : program.steps[static_cast<std::size_t>(s)].args)
         if (r.kind == GradRef::Kind::kStep) stack.push_back(r.index);
     }
+    return {std::move(program), std::move(used)};
+  }
+
+  // The used steps of forward node id's gradient program that read its operands alone, made
+  // now in the forward phase ("<node>:<operator>"), keyed by (node, step).
+  std::map<std::pair<ValueId, std::size_t>, ValueId> forward_steps;
+
+  void add_forward_steps(ValueId id, const std::vector<bool>& needs) {
+    const auto [program, used] = program_of(id, needs);
+    for (std::size_t s = 0; s < program.steps.size(); ++s) {
+      const GradStep& step = program.steps[s];
+      if (!used[s] || !std::all_of(step.args.begin(), step.args.end(), [](const GradRef& r) {
+            return r.kind == GradRef::Kind::kInput;
+          }))
+        continue;
+      const Node& n = node(id);
+      std::vector<ValueId> args;
+      for (const GradRef& r : step.args)
+        args.push_back(n.inputs[static_cast<std::size_t>(r.index)]);
+      const DeviceMesh mesh = *n.mesh;
+      forward_steps[{id, s}] = add_compute(fmt::format("{}:{}", n.name, to_string(step.op.type)),
+                                           step.op, std::move(args), mesh, Phase::kForward);
+    }
+  }
+
+  void backward_compute(ValueId id, ValueId g, const std::vector<bool>& needs) {
+    const auto [program, used] = program_of(id, needs);
+    const Node& n = node(id);
     const std::string forward_name = n.name;
     const std::vector<ValueId> operands = n.inputs;
     const DeviceMesh mesh = *n.mesh;
@@ -119,6 +152,10 @@ struct Expander {
     };
     for (std::size_t s = 0; s < program.steps.size(); ++s) {
       if (!used[s]) continue;
+      if (const auto made = forward_steps.find({id, s}); made != forward_steps.end()) {
+        steps[s] = made->second;
+        continue;
+      }
       std::vector<ValueId> args;
       for (const GradRef& r : program.steps[s].args) args.push_back(value(r));
       steps[s] = add_compute(fmt::format("bwd:{}/{}", forward_name, s), program.steps[s].op,
@@ -170,6 +207,24 @@ Pcg expand_backward(Pcg pcg) {
     seed.placements = gradient_placements(*l.layout);
     e.grad[loss] = e.push(std::move(seed));
   }
+  // Which forward nodes receive a gradient (as the walk below finds them), so that the steps of
+  // theirs that read only their operands are made first, in the forward phase.
+  std::vector<bool> reached(pcg.nodes.size(), false);
+  reached[static_cast<std::size_t>(loss)] = true;
+  for (ValueId v = forward_count - 1; v >= 0; --v) {
+    const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+    if (!reached[static_cast<std::size_t>(v)] || !needs[static_cast<std::size_t>(v)]) continue;
+    if (n.kind == NodeKind::kParallel) reached[static_cast<std::size_t>(n.inputs[0])] = true;
+    if (n.kind != NodeKind::kCompute) continue;
+    const GradProgram program = e.program_of(v, needs).first;
+    for (std::size_t i = 0; i < n.inputs.size(); ++i)
+      if (needs[static_cast<std::size_t>(n.inputs[i])] && program.input_grads[i])
+        reached[static_cast<std::size_t>(n.inputs[i])] = true;
+  }
+  for (ValueId v = 0; v < forward_count; ++v)
+    if (reached[static_cast<std::size_t>(v)] && needs[static_cast<std::size_t>(v)] &&
+        pcg.nodes[static_cast<std::size_t>(v)].kind == NodeKind::kCompute)
+      e.add_forward_steps(v, needs);
   for (ValueId v = forward_count - 1; v >= 0; --v) {
     auto it = e.grad.find(v);
     if (it == e.grad.end() || !needs[static_cast<std::size_t>(v)]) continue;

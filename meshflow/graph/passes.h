@@ -40,8 +40,12 @@ Pcg fold_transposes(Pcg pcg);
 Pcg infer_layouts(Pcg pcg, const PlanOptions& options = {});
 
 // Backward expansion. Before: Stage::kLaidOut, a loss, only forward nodes. After: Stage::kBuilt
-// for the new nodes (infer_layouts lays them out), every node added in Phase::kBackward, and
-// names "grad:<v>" for every weight v the loss depends on (and every forward value on the way).
+// for the new nodes (infer_layouts lays them out), every node added in Phase::kBackward except
+// the forward ones below, and names "grad:<v>" for every weight v the loss depends on (and every
+// forward value on the way). A gradient program's step that reads only the node's operands
+// (layer norm's statistics) is a forward node "<node>:<operator>" on the node's mesh, added
+// before any backward node, so that the forward kernel makes it in its own pass (ops/op.h's
+// runs_together) and the backward reads it.
 // The loss's gradient is a constant 1 on the loss's mesh; a compute node's operand gradients
 // are its gradient program's steps on the node's mesh (only those the weights need); a
 // parallel op's is a move of its gradient to gradient_placements of its input; a gradient made

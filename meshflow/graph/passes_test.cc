@@ -111,9 +111,10 @@ TEST(Passes, KernelsAccumulateOnlyValuesNoMicroBatchTaskReads) {
 }
 
 // Attention's three gradients of one attention run as one task per device (ComputeTask::fused,
-// one pass sharing the probabilities), and layer norm's scale and bias gradients as another (one
-// pass over g), on every GPT layout, in one micro-batch and in two: each value is made by one
-// task only, and every value made is dropped or summed over the micro-batches.
+// one pass sharing the probabilities), layer norm's scale and bias gradients as another (one
+// pass over g), and every layer norm with the statistics its gradients read (made in the forward
+// phase, in the same pass), on every GPT layout, in one micro-batch and in two: each value is
+// made by one task only, and every value made is dropped or summed over the micro-batches.
 TEST(Passes, SiblingGradientsRunAsOneTask) {
   for (const char* file : {"gpt_dp.json", "gpt_tp.json", "gpt_sp.json", "gpt_pp.json"}) {
     const Model m = load_model(std::filesystem::path(MESHFLOW_EXAMPLES_DIR) / "gpt" / file);
@@ -121,7 +122,7 @@ TEST(Passes, SiblingGradientsRunAsOneTask) {
       const Pcg g = compile(m.pcg, Mode::kTrain, {.micro_batches = micro});
       const TaskGraph t = expand_shards(g, {*g.loss});
       const std::string what = fmt::format("{}, {} micro-batches", file, micro);
-      int attention = 0, layer_norm = 0;
+      int attention = 0, layer_norm = 0, norm_stats = 0;
       for (const DeviceTasks& dt : t.devices) {
         std::map<ValueId, int> made;
         std::set<ValueId> released, fused;
@@ -137,9 +138,15 @@ TEST(Passes, SiblingGradientsRunAsOneTask) {
                                         OpType::kAttentionGradV};
           const bool norm_grads =
               types == std::set<OpType>{OpType::kLayerNormGradW, OpType::kSumTo};
-          EXPECT_TRUE(attention_grads || norm_grads) << what << ": " << t.names[task.out];
+          const bool forward_norm =
+              types == std::set<OpType>{OpType::kLayerNorm, OpType::kLayerNormStats};
+          EXPECT_TRUE(attention_grads || norm_grads || forward_norm)
+              << what << ": " << t.names[task.out];
+          EXPECT_EQ(task.phase, forward_norm ? Phase::kForward : Phase::kBackward)
+              << what << ": " << t.names[task.out];
           attention += attention_grads;
           layer_norm += norm_grads;
+          norm_stats += forward_norm;
           const std::vector<ValueId> v = values_made(task);
           fused.insert(v.begin(), v.end());
         }
@@ -155,7 +162,13 @@ TEST(Passes, SiblingGradientsRunAsOneTask) {
           // layout: not where a micro-batched step moves g for dx and dw and not for the bias)
           const bool attention_grad =
               is_attention_family(n.op.type) && n.op.type != OpType::kAttention;
-          if (n.kind != NodeKind::kCompute || !attention_grad ||
+          if (n.kind == NodeKind::kCompute && n.op.type == OpType::kLayerNormGradX) {
+            EXPECT_EQ(g.nodes[static_cast<std::size_t>(n.inputs[3])].op.type,
+                      OpType::kLayerNormStats)
+                << what << ": " << n.name;
+          }
+          const bool stats = n.op.type == OpType::kLayerNormStats;
+          if (n.kind != NodeKind::kCompute || !(attention_grad || stats) ||
               !find_device(n.layout->mesh, dt.device))
             continue;
           EXPECT_TRUE(fused.count(id))
@@ -164,6 +177,7 @@ TEST(Passes, SiblingGradientsRunAsOneTask) {
       }
       EXPECT_GT(attention, 0) << what;
       EXPECT_GT(layer_norm, 0) << what;
+      EXPECT_GT(norm_stats, 0) << what;
     }
   }
 }

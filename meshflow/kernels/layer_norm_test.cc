@@ -47,6 +47,7 @@ Rows rows_of(const std::string& kind, std::int64_t d, unsigned seed) {
 // is relative to those: gx of a row of width 1 is 0 made of rstd g w - rstd g w).
 struct Reference {
   std::vector<double> y, gx, gw;
+  std::vector<double> mean, rstd, spread;  // per row; spread: the largest |x - mean|
   double y_terms = 0, gx_terms = 0, gw_terms = 0;
 };
 
@@ -65,6 +66,11 @@ Reference reference(const std::vector<float>& x, const std::vector<float>& g,
     mean /= static_cast<double>(d);
     for (std::int64_t j = 0; j < d; ++j) var += (at(x, j) - mean) * (at(x, j) - mean);
     const double rstd = 1 / std::sqrt(var / static_cast<double>(d) + double{kEps});
+    double spread = 0;
+    for (std::int64_t j = 0; j < d; ++j) spread = std::max(spread, std::abs(at(x, j) - mean));
+    out.mean.push_back(mean);
+    out.rstd.push_back(rstd);
+    out.spread.push_back(spread);
     std::vector<double> xhat;
     for (std::int64_t j = 0; j < d; ++j) xhat.push_back((at(x, j) - mean) * rstd);
     for (std::int64_t j = 0; j < d; ++j) {
@@ -110,10 +116,25 @@ TEST(LayerNormRows, ForwardAndBothGradientsAsFloat64WhateverTheRowsMean) {
       const Reference want = reference(r.x, g, w, b, d);
       const auto rows = static_cast<std::int64_t>(r.x.size()) / d;
       std::vector<float> y(r.x.size()), gx(r.x.size()), gw(w.size());
-      layer_norm_rows(r.x.data(), w.data(), b.data(), y.data(), rows, d, kEps);
-      layer_norm_grad_x_rows(g.data(), r.x.data(), w.data(), gx.data(), rows, d, kEps);
-      layer_norm_grad_w_rows(g.data(), r.x.data(), gw.data(), rows, d, kEps);
+      std::vector<float> stats(static_cast<std::size_t>(rows * kNormStatsFloats));
+      std::vector<float> stats_alone(stats.size());
+      layer_norm_rows(r.x.data(), w.data(), b.data(), y.data(), stats.data(), rows, d, kEps);
+      layer_norm_stats_rows(r.x.data(), stats_alone.data(), rows, d, kEps);
+      layer_norm_grad_x_rows(g.data(), r.x.data(), w.data(), stats.data(), gx.data(), rows, d);
+      layer_norm_grad_w_rows(g.data(), r.x.data(), stats.data(), gw.data(), rows, d);
       const std::string what = kind + ", d=" + std::to_string(d);
+      EXPECT_EQ(stats_alone, stats) << what;
+      // The mean is shift - bias / scale, 1 / scale the standard deviation (with eps).
+      for (std::int64_t row = 0; row < rows; ++row) {
+        const float* s = stats.data() + row * kNormStatsFloats;
+        EXPECT_NEAR(s[0] - s[2] / s[1], want.mean[static_cast<std::size_t>(row)],
+                    1e-6 * want.spread[static_cast<std::size_t>(row)] +
+                        1e-6 * std::abs(want.mean[static_cast<std::size_t>(row)]))
+            << what << " row " << row;
+        EXPECT_NEAR(s[1], want.rstd[static_cast<std::size_t>(row)],
+                    1e-5 * want.rstd[static_cast<std::size_t>(row)])
+            << what << " row " << row;
+      }
       expect_close(y, want.y, want.y_terms, 2e-6, "y, " + what);
       expect_close(gx, want.gx, want.gx_terms, 1e-5, "gx, " + what);
       expect_close(gw, want.gw, want.gw_terms, 1e-5, "gw, " + what);
@@ -121,9 +142,9 @@ TEST(LayerNormRows, ForwardAndBothGradientsAsFloat64WhateverTheRowsMean) {
   }
 }
 
-// Split over a team, each part's first row starts a new chain of fused passes (its moments
-// alone, then each output pass with the next row's): the same bits as one thread, and the bias's
-// gradient as sum_rows adds it.
+// Split over a team, each part's first row starts a new chain of fused forward passes (its
+// moments alone, then each output pass with the next row's): the same bits as one thread and as
+// the statistics alone, and the bias's gradient as sum_rows adds it.
 TEST(LayerNormRows, ATeamGivesOneThreadsBits) {
   const std::int64_t rows = 1001, d = 512;
   std::mt19937 rng(5);
@@ -135,15 +156,25 @@ TEST(LayerNormRows, ATeamGivesOneThreadsBits) {
   for (float& v : w) v = 1 + 0.5f * unit(rng);
   for (float& v : b) v = unit(rng);
   struct Out {
-    std::vector<float> y, gx, gw, gw_alone, gb, gb_sum_rows;
+    std::vector<float> y, stats, stats_alone, gx, gw, gw_alone, gb, gb_sum_rows;
   };
   const auto run = [&] {
-    Out o{std::vector<float>(x.size()), std::vector<float>(x.size()), std::vector<float>(w.size()),
-          std::vector<float>(w.size()), std::vector<float>(w.size()), std::vector<float>(w.size())};
-    layer_norm_rows(x.data(), w.data(), b.data(), o.y.data(), rows, d, kEps);
-    layer_norm_grad_x_rows(g.data(), x.data(), w.data(), o.gx.data(), rows, d, kEps);
-    layer_norm_grad_wb_rows(g.data(), x.data(), o.gw.data(), o.gb.data(), rows, d, kEps);
-    layer_norm_grad_w_rows(g.data(), x.data(), o.gw_alone.data(), rows, d, kEps);
+    const auto floats = [](std::int64_t n) {
+      return std::vector<float>(static_cast<std::size_t>(n));
+    };
+    Out o{floats(rows * d),
+          floats(rows * kNormStatsFloats),
+          floats(rows * kNormStatsFloats),
+          floats(rows * d),
+          floats(d),
+          floats(d),
+          floats(d),
+          floats(d)};
+    layer_norm_rows(x.data(), w.data(), b.data(), o.y.data(), o.stats.data(), rows, d, kEps);
+    layer_norm_stats_rows(x.data(), o.stats_alone.data(), rows, d, kEps);
+    layer_norm_grad_x_rows(g.data(), x.data(), w.data(), o.stats.data(), o.gx.data(), rows, d);
+    layer_norm_grad_wb_rows(g.data(), x.data(), o.stats.data(), o.gw.data(), o.gb.data(), rows, d);
+    layer_norm_grad_w_rows(g.data(), x.data(), o.stats.data(), o.gw_alone.data(), rows, d);
     sum_rows(g.data(), rows, d, o.gb_sum_rows.data());
     return o;
   };
@@ -152,6 +183,8 @@ TEST(LayerNormRows, ATeamGivesOneThreadsBits) {
   const UseTeam use(&team);
   const Out split = run();
   EXPECT_EQ(split.y, alone.y);
+  EXPECT_EQ(split.stats, alone.stats);
+  EXPECT_EQ(split.stats_alone, alone.stats);
   EXPECT_EQ(split.gx, alone.gx);
   EXPECT_EQ(split.gw, alone.gw);
   EXPECT_EQ(split.gw_alone, alone.gw);

@@ -65,14 +65,12 @@ const VectorMath kScalar{
           return s;
         },
     .shifted_sums = scalar_shifted_sums,
-    .norm_grad_sums =
-        [](const float* x, const float* g, const float* w, float c, std::int64_t n) {
-          std::array<float, 4> out{};
+    .norm_grad_dots =
+        [](const float* x, const float* g, const float* w, NormRow r, std::int64_t n) {
+          std::array<float, 2> out{};
           for (std::int64_t i = 0; i < n; ++i) {
-            out[0] += x[i] - c;
-            out[1] += (x[i] - c) * (x[i] - c);
-            out[2] += g[i] * w[i];
-            out[3] += g[i] * w[i] * (x[i] - c);
+            out[0] += g[i] * w[i];
+            out[1] += g[i] * w[i] * ((x[i] - r.shift) * r.scale + r.bias);
           }
           return out;
         },
@@ -84,13 +82,11 @@ const VectorMath kScalar{
           return next ? scalar_shifted_sums(next, next_c, n) : std::array<float, 2>{};
         },
     .norm_grad_w =
-        [](const float* x, const float* g, NormRow r, float* sum, float* bias, const float* next,
-           float next_c, std::int64_t n) {
+        [](const float* x, const float* g, NormRow r, float* sum, float* bias, std::int64_t n) {
           for (std::int64_t i = 0; i < n; ++i) {
             sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
             if (bias) bias[i] += g[i];
           }
-          return next ? scalar_shifted_sums(next, next_c, n) : std::array<float, 2>{};
         },
     .exp_sum =
         [](const float* x, float shift, float* y, std::int64_t n) {

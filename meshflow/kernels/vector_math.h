@@ -40,18 +40,17 @@ struct VectorMath {
   float (*dot)(const float* a, const float* b, std::int64_t n);  // Σ a b
   // A row's moments about c in one pass: {Σ d, Σ d²}, d = x - c.
   std::array<float, 2> (*shifted_sums)(const float* x, float c, std::int64_t n);
-  // Layer norm's gradient sums in one pass: {Σ d, Σ d², Σ g w, Σ g w d}, d = x - c.
-  std::array<float, 4> (*norm_grad_sums)(const float* x, const float* g, const float* w, float c,
+  // Layer norm's input-gradient sums over a row in one pass: {Σ g w, Σ g w x̂}.
+  std::array<float, 2> (*norm_grad_dots)(const float* x, const float* g, const float* w, NormRow r,
                                          std::int64_t n);
-  // Layer norm's passes over a row, each summing the next row's moments in the same loop (next
-  // null: none, and zeros returned), so that row's reads overlap this row's arithmetic and
-  // writes; each returns the bits shifted_sums would give for the next row.
-  // y = x̂ w + b; returns shifted_sums(next, next_c).
+  // y = x̂ w + b over a row, summing the next row's moments in the same loop (next null: none,
+  // and zeros returned), so that row's reads overlap this row's arithmetic and writes; returns
+  // the bits shifted_sums(next, next_c) gives.
   std::array<float, 2> (*norm_affine)(const float* x, NormRow r, const float* w, const float* b,
                                       float* y, const float* next, float next_c, std::int64_t n);
-  // sum += g x̂ and, unless bias is null, bias += g; returns shifted_sums(next, next_c).
-  std::array<float, 2> (*norm_grad_w)(const float* x, const float* g, NormRow r, float* sum,
-                                      float* bias, const float* next, float next_c, std::int64_t n);
+  // sum += g x̂ and, unless bias is null, bias += g (each element one add, in order).
+  void (*norm_grad_w)(const float* x, const float* g, NormRow r, float* sum, float* bias,
+                      std::int64_t n);
   // Returns Σ exp(x - shift), shift at least every x (their max, so no term exceeds 1); writes
   // the terms to y unless y is null; streams a row of kStreamFloats or more. A term below the
   // smallest normal float (x - shift < -87.3) is 0: a denormal softmax probability weighs

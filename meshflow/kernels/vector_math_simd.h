@@ -228,33 +228,28 @@ struct SimdLoops {
                                                      (i * sizeof(float) + kAheadBytes)));
   }
 
-  static std::array<float, 4> norm_grad_sums(const float* x, const float* g, const float* w,
-                                             float c, std::int64_t n) {
-    const R cv = V::set1(c);
+  static std::array<float, 2> norm_grad_dots(const float* x, const float* g, const float* w,
+                                             NormRow r, std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
     // Two sets of running sums: one would wait on the last add's latency.
-    R s0 = V::set1(0.0f), q0 = s0, gw0 = s0, gwd0 = s0, s1 = s0, q1 = s0, gw1 = s0, gwd1 = s0;
-    const auto step = [&](std::int64_t i, R& s, R& q, R& gw, R& gwd) {
-      const R d = V::sub(V::load(x + i), cv);
+    R gw0 = V::set1(0.0f), gwx0 = gw0, gw1 = gw0, gwx1 = gw0;
+    const auto step = [&](std::int64_t i, R& gw, R& gwx) {
+      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
       const R t = V::mul(V::load(g + i), V::load(w + i));
-      s = V::add(s, d);
-      q = V::fmadd(d, d, q);
       gw = V::add(gw, t);
-      gwd = V::fmadd(t, d, gwd);
+      gwx = V::fmadd(t, xhat, gwx);
     };
     std::int64_t i = 0;
     for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
-      step(i, s0, q0, gw0, gwd0);
-      step(i + kWidth, s1, q1, gw1, gwd1);
+      step(i, gw0, gwx0);
+      step(i + kWidth, gw1, gwx1);
     }
-    for (; i + kWidth <= n; i += kWidth) step(i, s0, q0, gw0, gwd0);
-    std::array<float, 4> out = {V::hsum(V::add(s0, s1)), V::hsum(V::add(q0, q1)),
-                                V::hsum(V::add(gw0, gw1)), V::hsum(V::add(gwd0, gwd1))};
+    for (; i + kWidth <= n; i += kWidth) step(i, gw0, gwx0);
+    std::array<float, 2> out = {V::hsum(V::add(gw0, gw1)), V::hsum(V::add(gwx0, gwx1))};
     for (; i < n; ++i) {
-      const float d = x[i] - c, t = g[i] * w[i];
-      out[0] += d;
-      out[1] += d * d;
-      out[2] += t;
-      out[3] += t * d;
+      const float t = g[i] * w[i];
+      out[0] += t;
+      out[1] += t * ((x[i] - r.shift) * r.scale + r.bias);
     }
     return out;
   }
@@ -289,22 +284,20 @@ struct SimdLoops {
         [&](std::int64_t j) { y[j] = ((x[j] - r.shift) * r.scale + r.bias) * w[j] + b[j]; });
   }
 
-  static std::array<float, 2> norm_grad_w(const float* x, const float* g, NormRow r, float* sum,
-                                          float* bias_sum, const float* next, float next_c,
-                                          std::int64_t n) {
+  static void norm_grad_w(const float* x, const float* g, NormRow r, float* sum, float* bias_sum,
+                          std::int64_t n) {
     const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
-    return with_next_moments(
-        next, next_c, n,
-        [&](std::int64_t i) {
-          const R gi = V::load(g + i);
-          const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
-          V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
-          if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
-        },
-        [&](std::int64_t j) {
-          sum[j] += g[j] * ((x[j] - r.shift) * r.scale + r.bias);
-          if (bias_sum) bias_sum[j] += g[j];
-        });
+    std::int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth) {
+      const R gi = V::load(g + i);
+      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+      V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
+      if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
+    }
+    for (; i < n; ++i) {
+      sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
+      if (bias_sum) bias_sum[i] += g[i];
+    }
   }
 
   static float exp_sum(const float* x, float shift, float* y, std::int64_t n) {
@@ -380,7 +373,7 @@ struct SimdLoops {
             .sum = sum,
             .dot = dot,
             .shifted_sums = shifted_sums,
-            .norm_grad_sums = norm_grad_sums,
+            .norm_grad_dots = norm_grad_dots,
             .norm_affine = norm_affine,
             .norm_grad_w = norm_grad_w,
             .exp_sum = exp_sum,

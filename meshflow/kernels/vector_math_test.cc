@@ -129,33 +129,31 @@ TEST(VectorMath, StreamingExpSumAsFloat64) {
 }
 
 TEST(VectorMath, LayerNormGradientSumsAsFloat64) {
+  const NormRow r{.shift = 0.37f, .scale = 0.8f, .bias = -0.21f};
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {0, 1, 7, 16, 31, 33, 512, 4099}) {
       const std::vector<float> x = values(n, 3, 53 + static_cast<unsigned>(n));
       const std::vector<float> g = values(n, 2, 59 + static_cast<unsigned>(n));
       const std::vector<float> w = values(n, 1.5f, 61 + static_cast<unsigned>(n));
       const auto len = static_cast<std::int64_t>(x.size());
-      const float c = 0.37f;
-      double sum = 0, abs_sum = 0, sq = 0, gw = 0, abs_gw = 0, gwd = 0, abs_gwd = 0;
+      double gw = 0, abs_gw = 0, gwx = 0, abs_gwx = 0;
       for (std::size_t i = 0; i < x.size(); ++i) {
-        const double t = double{g[i]} * w[i], d = double{x[i]} - c;
-        sum += d, abs_sum += std::abs(d);
-        sq += d * d;
+        const double t = double{g[i]} * w[i];
+        const double xhat = (double{x[i]} - r.shift) * r.scale + r.bias;
         gw += t, abs_gw += std::abs(t);
-        gwd += t * d, abs_gwd += std::abs(t * d);
+        gwx += t * xhat, abs_gwx += std::abs(t) * (std::abs((double{x[i]} - r.shift) * r.scale) +
+                                                   std::abs(r.bias));
       }
-      const std::array<float, 4> got = m->norm_grad_sums(x.data(), g.data(), w.data(), c, len);
-      EXPECT_NEAR(got[0], sum, 1e-6 * abs_sum + 1e-30) << m->isa << " n=" << n;
-      EXPECT_NEAR(got[1], sq, 1e-6 * sq + 1e-30) << m->isa << " n=" << n;
-      EXPECT_NEAR(got[2], gw, 1e-6 * abs_gw + 1e-30) << m->isa << " n=" << n;
-      EXPECT_NEAR(got[3], gwd, 1e-6 * abs_gwd + 1e-30) << m->isa << " n=" << n;
+      const std::array<float, 2> got = m->norm_grad_dots(x.data(), g.data(), w.data(), r, len);
+      EXPECT_NEAR(got[0], gw, 1e-6 * abs_gw + 1e-30) << m->isa << " n=" << n;
+      EXPECT_NEAR(got[1], gwx, 1e-6 * abs_gwx + 1e-30) << m->isa << " n=" << n;
     }
   }
 }
 
-// Layer norm's fused passes: the output as float64 arithmetic on the same row, the next row's
-// moments bit for bit as shifted_sums gives them (zeros without a next row), and the bias's
-// sums as plain float adds in order.
+// Layer norm's passes: the output as float64 arithmetic on the same row, the forward's next row's
+// moments bit for bit as shifted_sums gives them (zeros without a next row), and the bias's sums
+// as plain float adds in order.
 TEST(VectorMath, LayerNormPassesGiveTheirOutputAndTheNextRowsMoments) {
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {1, 7, 16, 31, 33, 512, 4099}) {
@@ -163,39 +161,36 @@ TEST(VectorMath, LayerNormPassesGiveTheirOutputAndTheNextRowsMoments) {
       const std::vector<float> x = values(n, 3, seed), next = values(n, 5, seed + 1);
       const std::vector<float> g = values(n, 2, seed + 2), w = values(n, 1.5f, seed + 3);
       const std::vector<float> b = values(n, 1, seed + 4), start = values(n, 4, seed + 5);
+      const std::vector<float> bias_start = values(n, 4, seed + 6);
       const auto len = static_cast<std::int64_t>(x.size());
       const NormRow r{.shift = 0.37f, .scale = 0.8f, .bias = -0.21f};
       const float c = -0.6f;
       const std::array<float, 2> moments = m->shifted_sums(next.data(), c, len);
-      std::vector<float> y(x.size()), sum = start, bias = values(n, 4, seed + 6);
-      const std::vector<float> bias_start = bias;
+      std::vector<float> y(x.size());
       for (const bool has_next : {true, false}) {
         const float* nx = has_next ? next.data() : nullptr;
         const std::array<float, 2> want = has_next ? moments : std::array<float, 2>{};
         const std::array<float, 2> from_affine =
             m->norm_affine(x.data(), r, w.data(), b.data(), y.data(), nx, c, len);
         EXPECT_EQ(from_affine, want) << m->isa << " n=" << n << " next=" << has_next;
-        sum = start;
-        bias = bias_start;
-        const std::array<float, 2> from_grad =
-            m->norm_grad_w(x.data(), g.data(), r, sum.data(), bias.data(), nx, c, len);
-        EXPECT_EQ(from_grad, want) << m->isa << " n=" << n << " next=" << has_next;
-        for (std::size_t i = 0; i < x.size(); ++i) {
-          // Each within a few ULP of the largest term it sums: (x - shift) scale, bias, then
-          // times w plus b (or times g plus the running sum).
-          const double centred = (double{x[i]} - r.shift) * r.scale, xhat = centred + r.bias;
-          const double x_terms = std::abs(centred) + std::abs(r.bias);
-          expect_close(y[i], xhat * w[i] + b[i], "norm_affine", m->isa, x[i],
-                       x_terms * std::abs(w[i]) + std::abs(b[i]));
-          expect_close(sum[i], start[i] + g[i] * xhat, "norm_grad_w", m->isa, x[i],
-                       std::abs(start[i]) + x_terms * std::abs(g[i]));
-          EXPECT_EQ(bias[i], bias_start[i] + g[i]) << m->isa << " at " << i;
-        }
+      }
+      std::vector<float> sum = start, bias = bias_start;
+      m->norm_grad_w(x.data(), g.data(), r, sum.data(), bias.data(), len);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        // Each within a few ULP of the largest term it sums: (x - shift) scale, bias, then
+        // times w plus b (or times g plus the running sum).
+        const double centred = (double{x[i]} - r.shift) * r.scale, xhat = centred + r.bias;
+        const double x_terms = std::abs(centred) + std::abs(r.bias);
+        expect_close(y[i], xhat * w[i] + b[i], "norm_affine", m->isa, x[i],
+                     x_terms * std::abs(w[i]) + std::abs(b[i]));
+        expect_close(sum[i], start[i] + g[i] * xhat, "norm_grad_w", m->isa, x[i],
+                     std::abs(start[i]) + x_terms * std::abs(g[i]));
+        EXPECT_EQ(bias[i], bias_start[i] + g[i]) << m->isa << " at " << i;
       }
       // Without a bias, the same scale's sums.
       const std::vector<float> with_bias = sum;
       sum = start;
-      m->norm_grad_w(x.data(), g.data(), r, sum.data(), nullptr, nullptr, c, len);
+      m->norm_grad_w(x.data(), g.data(), r, sum.data(), nullptr, len);
       EXPECT_EQ(sum, with_bias) << m->isa << " n=" << n;
     }
   }

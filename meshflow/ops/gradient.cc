@@ -105,10 +105,10 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
     case OpType::kMatmulGradB:  // Σ aᵀ g (a matmul whose a is a folded transpose)
       grads = {b.op(OpType::kMatmulGradA, {input(1), kG}), b.op(OpType::kMatmul, {input(0), kG})};
       break;
-    case OpType::kLayerNorm: {
-      const Op gx{.type = OpType::kLayerNormGradX, .eps = op.eps};
-      const Op gw{.type = OpType::kLayerNormGradW, .eps = op.eps};
-      grads = {b.add(gx, {kG, input(0), input(1)}), b.add(gw, {kG, input(0)}),
+    case OpType::kLayerNorm: {  // the statistics read x alone: the graph keeps the forward's
+      const GradRef stats = b.add(Op{.type = OpType::kLayerNormStats, .eps = op.eps}, {input(0)});
+      grads = {b.add(Op{.type = OpType::kLayerNormGradX}, {kG, input(0), input(1), stats}),
+               b.add(Op{.type = OpType::kLayerNormGradW}, {kG, input(0), stats}),
                b.sum_to(kG, in[2].shape, out)};
       break;
     }

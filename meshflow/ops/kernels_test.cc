@@ -500,45 +500,65 @@ TEST(Kernels, AttentionGradientsRunTogetherGiveWhatEachGivesAlone) {
                    2.0 * 150 * 150 * 8 * 5);
 }
 
-// Layer norm's weight gradients run together (one pass over g and x) give what each gives
-// alone, bit for bit, in either order: float32 and float64, on shapes whose rows sum_rows adds in
-// blocks (the pass shared) and in one (each alone), alone and on a team of 3.
-TEST(Kernels, LayerNormWeightGradientsRunTogetherGiveWhatEachGivesAlone) {
+// Layer norm's siblings run together give what each gives alone, bit for bit, in either order:
+// the forward pass with its statistics, and the weight gradients (one pass over g and x), in
+// float32 and float64, on shapes whose rows sum_rows adds in blocks (the pass shared) and in one
+// (each alone), alone and on a team of 3.
+TEST(Kernels, LayerNormSiblingsRunTogetherGiveWhatEachGivesAlone) {
   ThreadTeam team(3);
   for (DType dtype : {DType::kFloat32, DType::kFloat64})
     for (const Shape& shape :
          std::vector<Shape>{{2048, 512}, {2, 64, 512}, {256, 1000}, {3, 7}, {4, 8192}}) {
       const Tensor g = rnd(shape, 51, dtype), x = rnd(shape, 52, dtype);
-      const TensorSpec spec{shape, dtype};
+      const Tensor w = rnd({shape.back()}, 53, dtype), b = rnd({shape.back()}, 54, dtype);
+      const TensorSpec spec = spec_of(x), param = spec_of(w);
+      const Op norm{.type = OpType::kLayerNorm, .eps = 1e-3},
+          stats{.type = OpType::kLayerNormStats, .eps = 1e-3};
+      const Tensor s = run_kernel(stats, {&x}, {spec});
       const Op gw{.type = OpType::kLayerNormGradW},
           gb{.type = OpType::kSumTo, .shape = {shape.back()}};
-      ASSERT_TRUE(runs_together(gw, gb, {spec, spec}) && runs_together(gb, gw, {spec, spec}));
-      const Tensor w_alone = run_kernel(gw, {&g, &x}, {spec, spec});
-      const Tensor b_alone = run_kernel(gb, {&g}, {spec});
-      for (bool on_team : {false, true})
-        for (bool sum_first : {false, true}) {
-          const std::vector<Op> ops = sum_first ? std::vector<Op>{gb, gw} : std::vector<Op>{gw, gb};
-          std::vector<Tensor> together;
-          {
-            const UseTeam use(on_team ? &team : nullptr);
-            together = run_kernels(ops, {&g, &x}, {spec, spec});
+      struct Pair {
+        Op first, second;
+        std::vector<const Tensor*> in;
+      };
+      for (const Pair& p : {Pair{norm, stats, {&x, &w, &b}}, Pair{gw, gb, {&g, &x, &s}}}) {
+        std::vector<TensorSpec> specs;
+        for (const Tensor* t : p.in) specs.push_back(spec_of(*t));
+        ASSERT_TRUE(runs_together(p.first, p.second, specs) &&
+                    runs_together(p.second, p.first, specs));
+        const Tensor first_alone = run_kernel(p.first, p.in, specs);
+        const std::vector<const Tensor*> prefix = {p.in[0]};
+        const Tensor second_alone = run_kernel(p.second, prefix, {specs[0]});
+        for (bool on_team : {false, true})
+          for (bool swap : {false, true}) {
+            const std::vector<Op> ops =
+                swap ? std::vector<Op>{p.second, p.first} : std::vector<Op>{p.first, p.second};
+            std::vector<Tensor> together;
+            {
+              const UseTeam use(on_team ? &team : nullptr);
+              together = run_kernels(ops, p.in, specs);
+            }
+            const std::string what =
+                fmt::format("{} {} {}{}{}", to_string(p.first.type), to_string(dtype),
+                            to_string(shape), on_team ? " on a team" : "", swap ? ", swapped" : "");
+            const std::optional<std::string> d1 =
+                compare_exact(together[swap ? 1 : 0], first_alone);
+            const std::optional<std::string> d2 =
+                compare_exact(together[swap ? 0 : 1], second_alone);
+            EXPECT_FALSE(d1) << what << ": " << *d1;
+            EXPECT_FALSE(d2) << what << ": " << *d2;
           }
-          const std::string what =
-              fmt::format("{} {}{}{}", to_string(dtype), to_string(shape),
-                          on_team ? " on a team" : "", sum_first ? ", sum_to first" : "");
-          const std::optional<std::string> dw = compare_exact(together[sum_first ? 1 : 0], w_alone);
-          const std::optional<std::string> db = compare_exact(together[sum_first ? 0 : 1], b_alone);
-          EXPECT_FALSE(dw) << what << " dw: " << *dw;
-          EXPECT_FALSE(db) << what << " db: " << *db;
-        }
+      }
+      // Not together: statistics of another eps.
+      EXPECT_FALSE(runs_together(norm, Op{.type = OpType::kLayerNormStats}, {spec, param, param}));
     }
-  // Not together: a sum to another shape, or over operands that are not (g, x) alike.
-  const TensorSpec s{{4, 6}, DType::kFloat32};
+  // Not together: a sum to another shape, or over operands that are not (g, x, stats) alike.
+  const TensorSpec s{{4, 6}, DType::kFloat32}, st{{4, 3}, DType::kFloat32};
   const Op gw{.type = OpType::kLayerNormGradW};
-  EXPECT_FALSE(runs_together(gw, Op{.type = OpType::kSumTo, .shape = {1, 6}}, {s, s}));
-  EXPECT_FALSE(
-      runs_together(gw, Op{.type = OpType::kSumTo, .shape = {6}}, {s, {{4, 6}, DType::kFloat64}}));
-  EXPECT_FALSE(runs_together(gw, gw, {s, s}));
+  EXPECT_FALSE(runs_together(gw, Op{.type = OpType::kSumTo, .shape = {1, 6}}, {s, s, st}));
+  EXPECT_FALSE(runs_together(gw, Op{.type = OpType::kSumTo, .shape = {6}},
+                             {s, {{4, 6}, DType::kFloat64}, st}));
+  EXPECT_FALSE(runs_together(gw, gw, {s, s, st}));
 }
 
 // A device's team (kernels/parallel.h) splits each kernel into parts: float32 results at sizes
@@ -555,6 +575,7 @@ TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
   const Tensor bias3 = rnd({1, 1024}, 12, f), x3 = rnd({8, 32, 1024}, 13, f);
   const Tensor tokens = ids({2048}, 1024), table = rnd({1024, 256}, 14, f);
   const Tensor g_rows = rnd({2048, 256}, 15, f);
+  const Tensor norm_stats = run({.type = OpType::kLayerNormStats}, {&x});
   struct Case {
     Op op;
     std::vector<const Tensor*> in;
@@ -570,8 +591,9 @@ TEST(Kernels, EveryKernelATeamSplitsAgreesWithItAlone) {
       {Op{.type = OpType::kSoftmaxCrossEntropy}, {&x, &labels}, false},
       {Op{.type = OpType::kSoftmaxCrossEntropyGrad}, {&x, &labels, &one}, true},
       {Op{.type = OpType::kLayerNorm}, {&x, &w, &b}, true},
-      {Op{.type = OpType::kLayerNormGradX}, {&g, &x, &w}, true},
-      {Op{.type = OpType::kLayerNormGradW}, {&g, &x}, true},      // sum_rows' row blocks
+      {Op{.type = OpType::kLayerNormStats}, {&x}, true},
+      {Op{.type = OpType::kLayerNormGradX}, {&g, &x, &w, &norm_stats}, true},
+      {Op{.type = OpType::kLayerNormGradW}, {&g, &x, &norm_stats}, true},  // sum_rows' row blocks
       {Op{.type = OpType::kSumTo, .shape = {1024}}, {&x}, true},  // rows added, columns split
       {Op{.type = OpType::kSum, .dims = {0, 1}}, {&x3}, true},
       {Op{.type = OpType::kTranspose, .dims = {1, 0}}, {&x}, true},

@@ -61,8 +61,9 @@ constexpr std::array kOps = {
     OpInfo{OpType::kMseGrad, "mse_grad", 3, 3},
     OpInfo{OpType::kSumTo, "sum_to", 1, 1},
     OpInfo{OpType::kBroadcastTo, "broadcast_to", 1, 1},
-    OpInfo{OpType::kLayerNormGradX, "layer_norm_grad_x", 3, 3},
-    OpInfo{OpType::kLayerNormGradW, "layer_norm_grad_w", 2, 2},
+    OpInfo{OpType::kLayerNormStats, "layer_norm_stats", 1, 1},
+    OpInfo{OpType::kLayerNormGradX, "layer_norm_grad_x", 4, 4},
+    OpInfo{OpType::kLayerNormGradW, "layer_norm_grad_w", 3, 3},
     OpInfo{OpType::kEmbeddingGrad, "embedding_grad", 2, 2},
     OpInfo{OpType::kAttentionGradQ, "attention_grad_q", 4, 4},
     OpInfo{OpType::kAttentionGradK, "attention_grad_k", 4, 4},
@@ -109,7 +110,8 @@ std::string to_string(const Op& op) {
       op.type == OpType::kEmbeddingGrad)
     attrs.push_back("shape=" + to_string(op.shape));
   if (op.scale != 1) attrs.push_back(fmt::format("scale={}", op.scale));
-  if (is_layer_norm_family(op.type)) attrs.push_back(fmt::format("eps={}", op.eps));
+  if (op.type == OpType::kLayerNorm || op.type == OpType::kLayerNormStats)
+    attrs.push_back(fmt::format("eps={}", op.eps));
   if (op.causal) attrs.push_back("causal");
   if (!attrs.empty()) s += fmt::format("({})", fmt::join(attrs, ", "));
   return s;
@@ -224,7 +226,7 @@ bool runs_together(const Op& a, const Op& b, const std::vector<TensorSpec>& oper
   const auto grad = [](OpType t) { return is_attention_family(t) && t != OpType::kAttention; };
   if (grad(a.type) && grad(b.type))
     return a.type != b.type && a.causal == b.causal && operands.size() == 4;
-  return are_layer_norm_weight_grads(a, b, operands);
+  return layer_norm_runs_together(a, b, operands);
 }
 
 namespace {
@@ -252,7 +254,7 @@ std::vector<Tensor> run_kernels(std::span<const Op> ops, const std::vector<const
       MESHFLOW_CHECK(runs_together(ops[i], ops[j], globals), "{} and {} do not run as one kernel",
                      to_string(ops[i].type), to_string(ops[j].type));
   if (is_attention_family(ops.front().type)) return attention_kernels(ops, locals, offsets);
-  return layer_norm_weight_grads_kernel(ops, locals);
+  return layer_norm_kernels(ops, locals);
 }
 
 DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
@@ -277,6 +279,7 @@ double work_points(const Op& op, const std::vector<TensorSpec>& globals,
   if (is_view_family(op.type) || is_embedding_family(op.type))
     return static_cast<double>(numel(local_out));
   if (is_attention_family(op.type)) return attention_work({&op, 1}, local, offsets);
+  if (is_layer_norm_family(op.type)) return layer_norm_work(op, local);
   const DimLabels labels = dim_labels(op, globals);
   std::map<int, std::int64_t> extent;
   auto take = [&](const std::vector<int>& dims, const Shape& shape) {
@@ -301,6 +304,8 @@ double work_points(std::span<const Op> ops, const std::vector<TensorSpec>& globa
     return attention_work(ops, local, offsets);
   double points = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
+    // The forward pass keeps layer norm's statistics as it makes them: no pass of their own.
+    if (ops.size() > 1 && ops[i].type == OpType::kLayerNormStats) continue;
     const std::vector<Shape> in = operands_of(ops[i], local);
     ShardOffsets at = offsets;
     if (at.size() > in.size()) at.resize(in.size());

@@ -53,12 +53,13 @@ enum class OpType {
   kMseGrad,                  // (a, b, g[]) -> g * 2 (a - b) / numel
   kSumTo,                    // (g) -> g summed down to `shape` (the inverse of broadcasting)
   kBroadcastTo,              // (g) -> g with `dims` inserted, broadcast to `shape`, times `scale`
-  kLayerNormGradX,           // (g, x, w) -> the gradient of x, `eps`
-  kLayerNormGradW,           // (g, x) -> Σ over leading dims of g * x̂, [D], `eps`
-  kEmbeddingGrad,            // (ids, g[..., D]) -> g's rows added at ids into zeros of `shape`
-  kAttentionGradQ,           // (q, k, v, g) -> the gradient of q, `causal`
-  kAttentionGradK,           // (q, k, v, g) -> the gradient of k, `causal`
-  kAttentionGradV,           // (q, k, v, g) -> the gradient of v, `causal`
+  kLayerNormStats,  // (x[..., D]) -> each row's statistics [..., 3] (ops/layer_norm.h), `eps`
+  kLayerNormGradX,  // (g, x, w, stats) -> the gradient of x
+  kLayerNormGradW,  // (g, x, stats) -> Σ over leading dims of g * x̂, [D]
+  kEmbeddingGrad,   // (ids, g[..., D]) -> g's rows added at ids into zeros of `shape`
+  kAttentionGradQ,  // (q, k, v, g) -> the gradient of q, `causal`
+  kAttentionGradK,  // (q, k, v, g) -> the gradient of k, `causal`
+  kAttentionGradV,  // (q, k, v, g) -> the gradient of v, `causal`
   // the vocabulary-parallel cross-entropy's steps (ops/vocab_parallel.h)
   kLogitMax,                   // (logits[B, C]) -> max over C, [B]
   kLogitStats,                 // (logits, max[B], labels[B]) -> [B, 2]: Σ exp(x - max), x[label]
@@ -75,7 +76,7 @@ struct Op {
   int dim = -1;           // softmax, softmax_grad
   Shape shape;            // sum_to, broadcast_to, reshape, embedding_grad: the result's shape
   double scale = 1;       // broadcast_to
-  double eps = 1e-5;      // layer_norm and its gradients
+  double eps = 1e-5;      // layer_norm and layer_norm_stats
   bool causal = false;    // attention and its gradients
   bool operator==(const Op&) const = default;
 };
@@ -137,8 +138,9 @@ void run_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& local
 
 // Returns whether `a` and `b` run as one kernel (run_kernels), each reading the first arity of
 // `operands` (so one's operand list is a prefix of the other's): two of attention's gradients of
-// the same operands (ops/attention.h; they share the probabilities), or layer norm's
-// layer_norm_grad_w(g, x) and its bias's sum_to(g, [D]) (ops/layer_norm.h; one pass over g).
+// the same operands (ops/attention.h; they share the probabilities), layer_norm(x, w, b) and
+// layer_norm_stats(x) (one pass keeps the statistics it makes), or layer_norm_grad_w(g, x, stats)
+// and its bias's sum_to(g, [D]) (ops/layer_norm.h; one pass over g).
 bool runs_together(const Op& a, const Op& b, const std::vector<TensorSpec>& operands);
 
 // Runs `ops` (distinct, each pair runs_together on `globals`) in one kernel, each on the first

@@ -11,7 +11,7 @@ _NAMES = [
     "layer_norm", "embedding", "attention",
     "matmul_grad_a", "matmul_grad_b", "relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad",
     "softmax_grad", "softmax_cross_entropy_grad", "mse_grad", "sum_to", "broadcast_to",
-    "layer_norm_grad_x", "layer_norm_grad_w", "embedding_grad",
+    "layer_norm_stats", "layer_norm_grad_x", "layer_norm_grad_w", "embedding_grad",
     "attention_grad_q", "attention_grad_k", "attention_grad_v",
 ]
 
