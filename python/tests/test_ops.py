@@ -154,6 +154,19 @@ def test_transpose_layer_norm_embedding_attention(mesh, rng):
     mean, var = a.mean(-1, keepdims=True), a.var(-1, keepdims=True)
     close(mf.ops.layer_norm(dist(mesh, a, "S0", "S1"), dist(mesh, w), dist(mesh, b), eps=1e-3),
           (a - mean) / np.sqrt(var + 1e-3) * w + b)
+    # The gradients read each row's statistics: x̂ = (x - s[0]) * s[1] + s[2].
+    x, g = dist(mesh, a, "S0", "S1"), dist(mesh, rng.standard_normal((4, 6, 5)), "S1")
+    stats = mf.ops.layer_norm_stats(x, eps=1e-3)
+    s = stats.full_tensor()
+    xhat = (a - mean) / np.sqrt(var + 1e-3)
+    assert s.shape == (4, 6, 3)
+    assert np.allclose((a - s[..., :1]) * s[..., 1:2] + s[..., 2:], xhat, rtol=1e-10, atol=1e-10)
+    gn = g.full_tensor()
+    gw = gn * w
+    close(mf.ops.layer_norm_grad_x(g, x, dist(mesh, w), stats),
+          (gw - gw.mean(-1, keepdims=True) - xhat * (gw * xhat).mean(-1, keepdims=True)) /
+          np.sqrt(var + 1e-3))
+    close(mf.ops.layer_norm_grad_w(g, x, stats), (gn * xhat).sum(axis=(0, 1)))
     table = rng.standard_normal((10, 3))
     ids = rng.integers(0, 10, size=(4, 5))
     close(mf.ops.embedding(dist(mesh, ids, "S0"), dist(mesh, table, "S0")), table[ids])
