@@ -197,16 +197,6 @@ Pcg expand_backward(Pcg pcg) {
   }
   Expander e{pcg};
   const ValueId loss = *pcg.loss;
-  {
-    const Node& l = pcg.nodes[static_cast<std::size_t>(loss)];
-    Node seed{.name = "grad:" + l.name,
-              .kind = NodeKind::kInput,
-              .spec = l.spec,
-              .source = Source{.kind = Source::Kind::kFill, .a = 1.0}};
-    seed.mesh = l.layout->mesh;
-    seed.placements = gradient_placements(*l.layout);
-    e.grad[loss] = e.push(std::move(seed));
-  }
   // Which forward nodes receive a gradient (as the walk below finds them), so that the steps of
   // theirs that read only their operands are made first, in the forward phase.
   std::vector<bool> reached(pcg.nodes.size(), false);
@@ -225,6 +215,16 @@ Pcg expand_backward(Pcg pcg) {
     if (reached[static_cast<std::size_t>(v)] && needs[static_cast<std::size_t>(v)] &&
         pcg.nodes[static_cast<std::size_t>(v)].kind == NodeKind::kCompute)
       e.add_forward_steps(v, needs);
+  {
+    const Node& l = pcg.nodes[static_cast<std::size_t>(loss)];
+    Node seed{.name = "grad:" + l.name,
+              .kind = NodeKind::kInput,
+              .spec = l.spec,
+              .source = Source{.kind = Source::Kind::kFill, .a = 1.0}};
+    seed.mesh = l.layout->mesh;
+    seed.placements = gradient_placements(*l.layout);
+    e.grad[loss] = e.push(std::move(seed));
+  }
   for (ValueId v = forward_count - 1; v >= 0; --v) {
     auto it = e.grad.find(v);
     if (it == e.grad.end() || !needs[static_cast<std::size_t>(v)]) continue;

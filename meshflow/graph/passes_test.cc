@@ -209,6 +209,71 @@ TEST(Passes, AttentionsGradientsOfWeightsRunAsOneTaskAndAreAdded) {
   EXPECT_EQ(fused, 1);
 }
 
+// Layer norm's gradients read the rows' statistics as a forward value, "<norm>:layer_norm_stats"
+// on its x, made before every backward node and in the layer norm's own task (one per device, in
+// the forward phase); a layer norm that no weight's gradient flows through keeps none.
+TEST(Passes, LayerNormKeepsItsStatisticsForItsGradients) {
+  Pcg g;
+  const DeviceMesh mesh = parse_mesh("2");
+  const ValueId x =
+      add_input(g, "x", {{4, 6, 8}}, mesh, parse_placements("S(0)"), Source::normal(1, 1));
+  const ValueId w = add_weight(g, "w", {{8}}, mesh, parse_placements("R"), Source::normal(1, 2));
+  const ValueId b = add_weight(g, "b", {{8}}, mesh, parse_placements("R"), Source::normal(1, 3));
+  const ValueId v = add_weight(g, "v", {{8}}, mesh, parse_placements("R"), Source::normal(1, 5));
+  const ValueId h = add_compute(g, "h", Op{.type = OpType::kMul}, {x, v});
+  const ValueId norm =
+      add_compute(g, "norm", Op{.type = OpType::kLayerNorm, .eps = 1e-3}, {h, w, b});
+  // A second norm of x with constant scale and bias: nothing to train through it.
+  const ValueId scale =
+      add_input(g, "scale", {{8}}, mesh, parse_placements("R"), Source::normal(1, 4));
+  const ValueId frozen =
+      add_compute(g, "frozen", Op{.type = OpType::kLayerNorm}, {x, scale, scale});
+  const ValueId both = add_compute(g, "both", Op{.type = OpType::kMul}, {norm, frozen});
+  set_loss(g, add_compute(g, "loss", Op{.type = OpType::kSum, .dims = {0, 1, 2}}, {both}));
+  const Pcg c = compile(g, Mode::kTrain);
+  std::vector<ValueId> stats;
+  ValueId first_backward = static_cast<ValueId>(c.nodes.size());
+  for (ValueId id = 0; id < static_cast<ValueId>(c.nodes.size()); ++id) {
+    const Node& n = c.nodes[static_cast<std::size_t>(id)];
+    if (n.phase != Phase::kForward) first_backward = std::min(first_backward, id);
+    if (n.kind == NodeKind::kCompute && n.op.type == OpType::kLayerNormStats) stats.push_back(id);
+  }
+  ASSERT_EQ(stats.size(), 1u);
+  const Node& s = c.nodes[static_cast<std::size_t>(stats[0])];
+  EXPECT_EQ(s.name, "norm:layer_norm_stats");
+  EXPECT_EQ(s.phase, Phase::kForward);
+  EXPECT_LT(stats[0], first_backward);
+  EXPECT_EQ(s.op.eps, 1e-3);
+  EXPECT_EQ(s.spec.shape, (Shape{4, 6, 3}));
+  int readers = 0;
+  for (const Node& n : c.nodes) {
+    if (n.kind != NodeKind::kCompute) continue;
+    const bool grad = n.op.type == OpType::kLayerNormGradX || n.op.type == OpType::kLayerNormGradW;
+    if (grad) {
+      EXPECT_EQ(n.inputs.back(), stats[0]) << n.name;
+    }
+    readers += grad;
+  }
+  EXPECT_EQ(readers, 2);  // norm's dx and dw; frozen has neither
+  const TaskGraph t = expand_shards(c, {*c.loss});
+  for (const DeviceTasks& dt : t.devices) {
+    int with_stats = 0;
+    for (const Task& task : dt.tasks) {
+      const auto* k = std::get_if<ComputeTask>(&task.work);
+      if (!k) continue;
+      EXPECT_NE(k->call->op.type, OpType::kLayerNormStats) << "a task of its own";
+      for (const FusedKernel& f : k->fused) {
+        if (f.op.type != OpType::kLayerNormStats) continue;
+        ++with_stats;
+        EXPECT_EQ(k->call->op.type, OpType::kLayerNorm);
+        EXPECT_EQ(task.phase, Phase::kForward);
+        EXPECT_EQ(f.local_out, (Shape{2, 6, 3}));
+      }
+    }
+    EXPECT_EQ(with_stats, 1) << "device " << dt.device;
+  }
+}
+
 // A reshape takes its input's buffer exactly where this device drops the input right after it
 // (released by the reshape, not accumulated): the GPT's head reshapes in forward and backward.
 TEST(Passes, AReshapeReusesItsInputOnlyWhereItIsTheLastReader) {
