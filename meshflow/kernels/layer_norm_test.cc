@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -135,7 +136,11 @@ TEST(LayerNormRows, ForwardAndBothGradientsAsFloat64WhateverTheRowsMean) {
                     1e-5 * want.rstd[static_cast<std::size_t>(row)])
             << what << " row " << row;
       }
-      expect_close(y, want.y, want.y_terms, 2e-6, "y, " + what);
+      // var within (1 + 2d / k) ε (layer_norm.cc; its shift is the mean of the first k = 64),
+      // so rstd within half that, and x̂ and y a few roundings more: 2.3e-6 at d = 1000.
+      const double y_tol = std::max(2e-6, (0.5 * (1 + 2.0 * static_cast<double>(d) / 64) + 3) *
+                                              std::numeric_limits<float>::epsilon());
+      expect_close(y, want.y, want.y_terms, y_tol, "y, " + what);
       expect_close(gx, want.gx, want.gx_terms, 1e-5, "gx, " + what);
       expect_close(gw, want.gw, want.gw_terms, 1e-5, "gw, " + what);
     }
