@@ -1,7 +1,7 @@
-// The row loops: in the forward pass a row's statistics by one vector reduction, then its output
-// in one pass that also sums the next row's moments (VectorMath::norm_affine); the gradients read
-// the statistics the forward pass kept, so each reads its rows once (the scale's) or twice (the
-// input's: its sums, then its output, built per vector unit, kernels/vectorize.h).
+// The row loops split over the device's threads: the forward pass (VectorMath::norm_rows, one
+// pass per row after the first's moments; kernels/norm_rows.h for its precision); the gradients
+// read the statistics the forward pass kept, so each reads its rows once (the scale's) or twice
+// (the input's: its sums, then its output, built per vector unit, kernels/vectorize.h).
 #include "meshflow/kernels/layer_norm.h"
 
 #include <algorithm>
@@ -17,50 +17,10 @@ namespace meshflow {
 
 namespace {
 
-// A row's statistics about a shift c: mean = c + offset, so x - mean = (x - c) - offset. x - c is
-// exact where x is near c (Sterbenz), so x̂ keeps float's precision relative to the row's spread
-// whatever its mean; x - mean with mean rounded to float would lose log2(|mean| / spread) bits.
-struct RowStats {
-  float shift = 0, offset = 0, rstd = 0;
-};
-
-// The moments are summed about c in one pass over the row: offset = Σd / n and
-// var = Σd² / n - offset², d = x - c. That difference cancels in float as offset² outgrows var,
-// so c is the mean of the row's first kShiftFloats values: by Cauchy-Schwarz over those k
-// values, offset² <= (n / k) var, so the difference's rounding, about ε (var + 2 offset²), stays
-// within (1 + 2n / k) ε of var (17 ε for the GPT's rows of 512). A shift of 0 (the textbook
-// one-pass formula) would lose all of var's precision on a row of mean 1e4 and spread 1.
-constexpr std::int64_t kShiftFloats = 64;
-
-float shift_of(const VectorMath& m, const float* x, std::int64_t d) {
-  const std::int64_t k = std::min(d, kShiftFloats);
-  return k == 0 ? 0.0f : m.sum(x, k) / static_cast<float>(k);
-}
-
-// The statistics from Σd and Σd² about c over d values.
-RowStats stats_about(float c, float sum_d, float sum_sq, std::int64_t d, float eps) {
-  const float n = static_cast<float>(d), offset = sum_d / n;
-  const float var = std::max(sum_sq / n - offset * offset, 0.0f);
-  return {c, offset, 1.0f / std::sqrt(var + eps)};
-}
-
-// x̂ = (x - c) rstd - offset rstd: one multiply-add after the exact x - c, where (x - c -
-// offset) rstd takes three operations. -offset rstd is rounded once, and |offset| <= sqrt(n / k)
-// spread (above), so it is at most 2.9 on the GPT's rows: x̂ keeps an absolute error of a few ε
-// whatever the row's mean.
-NormRow normalizer(const RowStats& s) { return {s.shift, s.rstd, -s.offset * s.rstd}; }
-
 // Row r's statistics as kept in `stats`, and keeping them.
 NormRow stats_row(const float* stats, std::int64_t r) {
   const float* s = stats + r * kNormStatsFloats;
   return {s[0], s[1], s[2]};
-}
-
-void keep(float* stats, std::int64_t r, NormRow row) {
-  float* s = stats + r * kNormStatsFloats;
-  s[0] = row.shift;
-  s[1] = row.scale;
-  s[2] = row.bias;
 }
 
 // The forward pass reads a row twice: its moments (one vector reduction), then its output. A row
@@ -68,34 +28,16 @@ void keep(float* stats, std::int64_t r, NormRow row) {
 // and the statistics between the passes (horizontal sums, a division, a square root) wait on the
 // first. On this machine's AMD EPYC, one pass after the other left the second pass's stores and
 // the next row's reads unoverlapped, so the output pass sums the next row's moments inside this
-// row's (VectorMath::norm_affine). Alone on one thread, over the bench GPT's [2048, 512], that
-// took the forward pass from 139 to 106-116 us (a memcpy of x's 4 MiB: 65 us).
+// row's. Alone on one thread, over the bench GPT's [2048, 512], that took the forward pass from
+// 139 to 106-116 us (a memcpy of x's 4 MiB: 65 us); the row loop inside each instruction set's
+// code (no call per row) and a tree for the horizontal sums then took it to 80-90 us.
 // No loop here prefetches the next row: the hardware's stream prefetcher keeps up with rows
 // read one after another, and asking for the next row (or 2, 4, 8 rows ahead, into L1 or L2)
 // measured 3-15% slower.
 void forward_range(const float* x, const float* w, const float* b, float* y, float* stats,
                    std::int64_t first, std::int64_t last, std::int64_t d, float eps) {
-  if (first == last) return;
-  const VectorMath& m = vector_math();
-  float c = shift_of(m, x + first * d, d);
-  std::array<float, 2> sums = m.shifted_sums(x + first * d, c, d);
-  for (std::int64_t r = first; r < last; ++r) {
-    const NormRow row = normalizer(stats_about(c, sums[0], sums[1], d, eps));
-    if (stats) keep(stats, r, row);
-    const float* next = r + 1 < last ? x + (r + 1) * d : nullptr;
-    c = next ? shift_of(m, next, d) : 0.0f;
-    sums = m.norm_affine(x + r * d, row, w, b, y + r * d, next, c, d);
-  }
-}
-
-void stats_range(const float* x, float* stats, std::int64_t first, std::int64_t last,
-                 std::int64_t d, float eps) {
-  const VectorMath& m = vector_math();
-  for (std::int64_t r = first; r < last; ++r) {
-    const float c = shift_of(m, x + r * d, d);
-    const std::array<float, 2> sums = m.shifted_sums(x + r * d, c, d);
-    keep(stats, r, normalizer(stats_about(c, sums[0], sums[1], d, eps)));
-  }
+  vector_math().norm_rows(x + first * d, w, b, y ? y + first * d : nullptr,
+                          stats ? stats + first * kNormStatsFloats : nullptr, last - first, d, eps);
 }
 
 // Two passes over a row: Σ g w and Σ g w x̂ (VectorMath::norm_grad_dots), then gx.
@@ -160,7 +102,7 @@ void layer_norm_rows(const float* x, const float* w, const float* b, float* y, f
 void layer_norm_stats_rows(const float* x, float* stats, std::int64_t rows, std::int64_t d,
                            float eps) {
   parallel_for(rows, row_grain(d), [&](std::int64_t first, std::int64_t last) {
-    stats_range(x, stats, first, last, d, eps);
+    forward_range(x, nullptr, nullptr, nullptr, stats, first, last, d, eps);
   });
 }
 

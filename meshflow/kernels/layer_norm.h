@@ -1,23 +1,24 @@
 // Layer norm's float32 row loops (the last dim of [rows, d] normalised, torch.nn.LayerNorm's
 // biased variance): the forward pass, which can keep each row's statistics, the statistics
 // alone, and the gradients of x and of the scale w from them. A row's statistics come from one
-// vector reduction over the row, which brings it into cache (see layer_norm.cc for their
+// vector reduction over the row, which brings it into cache (see kernels/norm_rows.h for their
 // precision). Float accumulation, vectorised (kernels/vector_math.h), as PyTorch's CPU kernel
 // does.
 #pragma once
 
 #include <cstdint>
 
+#include "meshflow/kernels/norm_rows.h"
+
 namespace meshflow {
 
-// The floats a row's statistics take: NormRow's shift, scale and bias (kernels/vector_math.h),
-// x̂ = (x - shift) scale + bias. scale = 1 / sqrt(var + eps), and the mean is shift - bias /
-// scale: shift is near the mean, so x - shift is exact where x is near it and x̂ keeps float's
-// precision relative to the row's spread whatever its mean (a mean rounded to float would not).
-// The gradients read x̂ bit for bit as the forward pass made it. PyTorch's forward keeps the
-// mean and rstd (native_layer_norm) for the same reason: its backward then reads each row once
-// less.
-inline constexpr std::int64_t kNormStatsFloats = 3;
+// A row's statistics where the forward pass keeps them (kNormStatsFloats, kernels/norm_rows.h):
+// NormRow's shift, scale and bias (kernels/vector_math.h), x̂ = (x - shift) scale + bias.
+// scale = 1 / sqrt(var + eps), and the mean is shift - bias / scale: shift is near the mean, so
+// x - shift is exact where x is near it and x̂ keeps float's precision relative to the row's
+// spread whatever its mean (a mean rounded to float would not). The gradients read x̂ bit for
+// bit as the forward pass made it. PyTorch's forward keeps the mean and rstd
+// (native_layer_norm) for the same reason: its backward then reads each row once less.
 
 // y = (x - mean) / sqrt(var + eps) * w + b per row; and, unless stats is null, each row's
 // statistics ([rows, kNormStatsFloats]).

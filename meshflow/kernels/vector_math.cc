@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "meshflow/kernels/norm_rows.h"
+
 #if MESHFLOW_X86_SIMD
 #include "meshflow/kernels/vector_math_simd.h"
 #endif
@@ -23,6 +25,24 @@ std::array<float, 2> scalar_shifted_sums(const float* x, float c, std::int64_t n
   }
   return out;
 }
+
+// The scalar loops norm_rows_with reads.
+struct ScalarLoops {
+  static float sum(const float* x, std::int64_t n) {
+    float s = 0;
+    for (std::int64_t i = 0; i < n; ++i) s += x[i];
+    return s;
+  }
+  static std::array<float, 2> shifted_sums(const float* x, float c, std::int64_t n) {
+    return scalar_shifted_sums(x, c, n);
+  }
+  static std::array<float, 2> norm_affine(const float* x, NormRow r, const float* w, const float* b,
+                                          float* y, const float* next, float next_c,
+                                          std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = ((x[i] - r.shift) * r.scale + r.bias) * w[i] + b[i];
+    return next ? scalar_shifted_sums(next, next_c, n) : std::array<float, 2>{};
+  }
+};
 
 const VectorMath kScalar{
     .isa = "scalar",
@@ -52,12 +72,7 @@ const VectorMath kScalar{
           for (std::int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
           return m;
         },
-    .sum =
-        [](const float* x, std::int64_t n) {
-          float s = 0;
-          for (std::int64_t i = 0; i < n; ++i) s += x[i];
-          return s;
-        },
+    .sum = ScalarLoops::sum,
     .dot =
         [](const float* a, const float* b, std::int64_t n) {
           float s = 0;
@@ -74,13 +89,7 @@ const VectorMath kScalar{
           }
           return out;
         },
-    .norm_affine =
-        [](const float* x, NormRow r, const float* w, const float* b, float* y, const float* next,
-           float next_c, std::int64_t n) {
-          for (std::int64_t i = 0; i < n; ++i)
-            y[i] = ((x[i] - r.shift) * r.scale + r.bias) * w[i] + b[i];
-          return next ? scalar_shifted_sums(next, next_c, n) : std::array<float, 2>{};
-        },
+    .norm_rows = norm_rows_with<ScalarLoops>,
     .norm_grad_w =
         [](const float* x, const float* g, NormRow r, float* sum, float* bias, std::int64_t n) {
           for (std::int64_t i = 0; i < n; ++i) {

@@ -15,7 +15,7 @@
 
 namespace meshflow {
 
-// A layer-norm row's x̂ = (x - shift) scale + bias (kernels/layer_norm.cc).
+// A layer-norm row's x̂ = (x - shift) scale + bias (kernels/norm_rows.h).
 struct NormRow {
   float shift = 0, scale = 0, bias = 0;
 };
@@ -43,11 +43,12 @@ struct VectorMath {
   // Layer norm's input-gradient sums over a row in one pass: {Σ g w, Σ g w x̂}.
   std::array<float, 2> (*norm_grad_dots)(const float* x, const float* g, const float* w, NormRow r,
                                          std::int64_t n);
-  // y = x̂ w + b over a row, summing the next row's moments in the same loop (next null: none,
-  // and zeros returned), so that row's reads overlap this row's arithmetic and writes; returns
-  // the bits shifted_sums(next, next_c) gives.
-  std::array<float, 2> (*norm_affine)(const float* x, NormRow r, const float* w, const float* b,
-                                      float* y, const float* next, float next_c, std::int64_t n);
+  // Layer norm's forward rows (kernels/norm_rows.h): each row of [rows, n]'s statistics into
+  // stats (unless null) and, unless y is null, y = x̂ w + b, in one pass per row that also sums
+  // the next row's moments, so that row's reads overlap this row's arithmetic and writes. The
+  // statistics are the same bits with y or without.
+  void (*norm_rows)(const float* x, const float* w, const float* b, float* y, float* stats,
+                    std::int64_t rows, std::int64_t n, float eps);
   // sum += g x̂ and, unless bias is null, bias += g (each element one add, in order).
   void (*norm_grad_w)(const float* x, const float* g, NormRow r, float* sum, float* bias,
                       std::int64_t n);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "meshflow/kernels/norm_rows.h"
 #include "meshflow/kernels/vector_math.h"
 
 namespace meshflow {
@@ -215,7 +216,10 @@ struct SimdLoops {
     return i;
   }
 
-  static std::array<float, 2> shifted_sums(const float* x, float c, std::int64_t n) {
+  // Inlined into norm_rows' row loop: a call per row passes NormRow through the stack and leaves
+  // the next row waiting on it.
+  [[gnu::always_inline]] static std::array<float, 2> shifted_sums(const float* x, float c,
+                                                                  std::int64_t n) {
     Moments m(c);
     const std::int64_t i = whole_vectors(n, [&](std::int64_t at, int set) { m.step(x, at, set); });
     return m.finish(x, c, i, n);
@@ -271,9 +275,10 @@ struct SimdLoops {
     return next ? m.finish(next, next_c, i, n) : std::array<float, 2>{};
   }
 
-  static std::array<float, 2> norm_affine(const float* x, NormRow r, const float* w, const float* b,
-                                          float* y, const float* next, float next_c,
-                                          std::int64_t n) {
+  [[gnu::always_inline]] static std::array<float, 2> norm_affine(const float* x, NormRow r,
+                                                                 const float* w, const float* b,
+                                                                 float* y, const float* next,
+                                                                 float next_c, std::int64_t n) {
     const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
     return with_next_moments(
         next, next_c, n,
@@ -282,6 +287,11 @@ struct SimdLoops {
           V::store(y + i, V::fmadd(xhat, V::load(w + i), V::load(b + i)));
         },
         [&](std::int64_t j) { y[j] = ((x[j] - r.shift) * r.scale + r.bias) * w[j] + b[j]; });
+  }
+
+  static void norm_rows(const float* x, const float* w, const float* b, float* y, float* stats,
+                        std::int64_t rows, std::int64_t n, float eps) {
+    norm_rows_with<SimdLoops>(x, w, b, y, stats, rows, n, eps);
   }
 
   static void norm_grad_w(const float* x, const float* g, NormRow r, float* sum, float* bias_sum,
@@ -374,7 +384,7 @@ struct SimdLoops {
             .dot = dot,
             .shifted_sums = shifted_sums,
             .norm_grad_dots = norm_grad_dots,
-            .norm_affine = norm_affine,
+            .norm_rows = norm_rows,
             .norm_grad_w = norm_grad_w,
             .exp_sum = exp_sum,
             .sum_exp = sum_exp};

@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "meshflow/kernels/norm_rows.h"
+
 namespace meshflow {
 namespace {
 
@@ -151,38 +153,67 @@ TEST(VectorMath, LayerNormGradientSumsAsFloat64) {
   }
 }
 
-// Layer norm's passes: the output as float64 arithmetic on the same row, the forward's next row's
-// moments bit for bit as shifted_sums gives them (zeros without a next row), and the bias's sums
-// as plain float adds in order.
-TEST(VectorMath, LayerNormPassesGiveTheirOutputAndTheNextRowsMoments) {
+// Layer norm's forward rows: the statistics the same bits with the output or without, each row's
+// as norm_row makes them from shifted_sums about the mean of its first 64 values (so the pass
+// that makes the output sums the next row's moments bit for bit as shifted_sums does), and y as
+// float64 arithmetic from the kept statistics.
+TEST(VectorMath, LayerNormRowsKeepTheirStatistics) {
+  const float eps = 1e-5f;
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {1, 7, 16, 31, 33, 512, 4099}) {
       const auto seed = 71 + static_cast<unsigned>(n);
-      const std::vector<float> x = values(n, 3, seed), next = values(n, 5, seed + 1);
-      const std::vector<float> g = values(n, 2, seed + 2), w = values(n, 1.5f, seed + 3);
-      const std::vector<float> b = values(n, 1, seed + 4), start = values(n, 4, seed + 5);
+      std::vector<float> x;
+      for (int row = 0; row < 3; ++row)
+        for (float v : values(n, 3, seed + static_cast<unsigned>(row)))
+          x.push_back(v + 100.0f * row);
+      const std::vector<float> w = values(n, 1.5f, seed + 3), b = values(n, 1, seed + 4);
+      const auto len = static_cast<std::int64_t>(w.size()), rows = std::int64_t{3};
+      std::vector<float> y(x.size()), stats(static_cast<std::size_t>(rows * kNormStatsFloats));
+      std::vector<float> alone(stats.size());
+      m->norm_rows(x.data(), w.data(), b.data(), y.data(), stats.data(), rows, len, eps);
+      m->norm_rows(x.data(), nullptr, nullptr, nullptr, alone.data(), rows, len, eps);
+      EXPECT_EQ(stats, alone) << m->isa << " n=" << n;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* row = x.data() + r * len;
+        const std::int64_t k = std::min(len, kShiftFloats);
+        const float c = m->sum(row, k) / static_cast<float>(k);
+        const std::array<float, 2> sums = m->shifted_sums(row, c, len);
+        const NormRow want = norm_row(c, sums[0], sums[1], len, eps);
+        const float* s = stats.data() + r * kNormStatsFloats;
+        EXPECT_EQ(s[0], want.shift) << m->isa << " n=" << n << " row " << r;
+        EXPECT_EQ(s[1], want.scale) << m->isa << " n=" << n << " row " << r;
+        EXPECT_EQ(s[2], want.bias) << m->isa << " n=" << n << " row " << r;
+        for (std::int64_t j = 0; j < len; ++j) {
+          // Within a few ULP of the largest term it sums: (x - shift) scale, bias, then times w
+          // plus b.
+          const auto i = static_cast<std::size_t>(r * len + j), jw = static_cast<std::size_t>(j);
+          const double centred = (double{x[i]} - s[0]) * s[1], xhat = centred + s[2];
+          expect_close(y[i], xhat * w[jw] + b[jw], "norm_rows", m->isa, x[i],
+                       (std::abs(centred) + std::abs(s[2])) * std::abs(w[jw]) + std::abs(b[jw]));
+        }
+      }
+    }
+  }
+}
+
+// Layer norm's scale-gradient pass: the scale's sums as float64 arithmetic on the same row, the
+// bias's as plain float adds in order.
+TEST(VectorMath, LayerNormScaleGradientSums) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (std::int64_t n : {1, 7, 16, 31, 33, 512, 4099}) {
+      const auto seed = 71 + static_cast<unsigned>(n);
+      const std::vector<float> x = values(n, 3, seed), g = values(n, 2, seed + 2);
+      const std::vector<float> start = values(n, 4, seed + 5);
       const std::vector<float> bias_start = values(n, 4, seed + 6);
       const auto len = static_cast<std::int64_t>(x.size());
       const NormRow r{.shift = 0.37f, .scale = 0.8f, .bias = -0.21f};
-      const float c = -0.6f;
-      const std::array<float, 2> moments = m->shifted_sums(next.data(), c, len);
-      std::vector<float> y(x.size());
-      for (const bool has_next : {true, false}) {
-        const float* nx = has_next ? next.data() : nullptr;
-        const std::array<float, 2> want = has_next ? moments : std::array<float, 2>{};
-        const std::array<float, 2> from_affine =
-            m->norm_affine(x.data(), r, w.data(), b.data(), y.data(), nx, c, len);
-        EXPECT_EQ(from_affine, want) << m->isa << " n=" << n << " next=" << has_next;
-      }
       std::vector<float> sum = start, bias = bias_start;
       m->norm_grad_w(x.data(), g.data(), r, sum.data(), bias.data(), len);
       for (std::size_t i = 0; i < x.size(); ++i) {
-        // Each within a few ULP of the largest term it sums: (x - shift) scale, bias, then
-        // times w plus b (or times g plus the running sum).
+        // Within a few ULP of the largest term it sums: (x - shift) scale, bias, then times g
+        // plus the running sum.
         const double centred = (double{x[i]} - r.shift) * r.scale, xhat = centred + r.bias;
         const double x_terms = std::abs(centred) + std::abs(r.bias);
-        expect_close(y[i], xhat * w[i] + b[i], "norm_affine", m->isa, x[i],
-                     x_terms * std::abs(w[i]) + std::abs(b[i]));
         expect_close(sum[i], start[i] + g[i] * xhat, "norm_grad_w", m->isa, x[i],
                      std::abs(start[i]) + x_terms * std::abs(g[i]));
         EXPECT_EQ(bias[i], bias_start[i] + g[i]) << m->isa << " at " << i;
