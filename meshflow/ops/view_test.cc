@@ -2,13 +2,18 @@
 // mapping rule on hand-worked layouts, and the errors a user can cause.
 #include "meshflow/ops/view.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
+#include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
 namespace {
@@ -51,6 +56,43 @@ TEST(ViewKernels, TransposeMatchesIndexArithmeticForEveryDtype) {
   const Tensor t = compute({.type = OpType::kTranspose}, {&m});  // no dims: reversed
   ASSERT_EQ(t.shape(), (Shape{3, 2}));
   EXPECT_EQ(t.data<float>()[1], m.data<float>()[3]);  // t[0][1] = m[1][0]
+}
+
+// Every permutation of a rank-4 operand whose runs are short, long (37 floats: two 64-byte moves
+// and a tail) or strided, alone and on a team of 3 (whose parts start in the middle of a run),
+// against index arithmetic.
+TEST(ViewKernels, EveryPermutationOfRankFourMatchesIndexArithmetic) {
+  const Shape shape{3, 5, 2, 37};
+  const Tensor x = random_tensor(DType::kFloat32, shape, 11);
+  std::vector<int> perm = {0, 1, 2, 3};
+  ThreadTeam team(3);
+  do {
+    Shape out;
+    for (int p : perm) out.push_back(shape[static_cast<std::size_t>(p)]);
+    for (bool on_team : {false, true}) {
+      Tensor y;
+      {
+        const UseTeam use(on_team ? &team : nullptr);
+        y = compute({.type = OpType::kTranspose, .dims = perm}, {&x});
+      }
+      ASSERT_EQ(y.shape(), out);
+      std::vector<std::int64_t> at(4, 0), src(4, 0);
+      for (std::int64_t i = 0; i < y.numel(); ++i) {
+        std::int64_t rest = i;
+        for (std::size_t d = 4; d-- > 0;) {
+          at[d] = rest % out[d];
+          rest /= out[d];
+        }
+        for (std::size_t d = 0; d < 4; ++d) src[static_cast<std::size_t>(perm[d])] = at[d];
+        const std::int64_t j =
+            ((src[0] * shape[1] + src[1]) * shape[2] + src[2]) * shape[3] + src[3];
+        ASSERT_EQ(y.data<float>()[static_cast<std::size_t>(i)],
+                  x.data<float>()[static_cast<std::size_t>(j)])
+            << fmt::format("dims [{}]{} at {}", fmt::join(perm, ","), on_team ? " on a team" : "",
+                           i);
+      }
+    }
+  } while (std::next_permutation(perm.begin(), perm.end()));
 }
 
 TEST(ViewKernels, ReshapeKeepsTheBytesInCOrderAndResolvesMinusOne) {
