@@ -17,23 +17,13 @@ namespace meshflow {
 
 namespace {
 
-// Row r's statistics as kept in `stats`, and keeping them.
+// Row r's statistics as kept in `stats`.
 NormRow stats_row(const float* stats, std::int64_t r) {
   const float* s = stats + r * kNormStatsFloats;
   return {s[0], s[1], s[2]};
 }
 
-// The forward pass reads a row twice: its moments (one vector reduction), then its output. A row
-// of 2 KiB is in L1 for the second pass, but the first waits on the row's reads from L2 or L3,
-// and the statistics between the passes (horizontal sums, a division, a square root) wait on the
-// first. On this machine's AMD EPYC, one pass after the other left the second pass's stores and
-// the next row's reads unoverlapped, so the output pass sums the next row's moments inside this
-// row's. Alone on one thread, over the bench GPT's [2048, 512], that took the forward pass from
-// 139 to 106-116 us (a memcpy of x's 4 MiB: 65 us); the row loop inside each instruction set's
-// code (no call per row) and a tree for the horizontal sums then took it to 80-90 us.
-// No loop here prefetches the next row: the hardware's stream prefetcher keeps up with rows
-// read one after another, and asking for the next row (or 2, 4, 8 rows ahead, into L1 or L2)
-// measured 3-15% slower.
+// Rows [first, last) of the forward pass (kernels/norm_rows.h), or their statistics alone.
 void forward_range(const float* x, const float* w, const float* b, float* y, float* stats,
                    std::int64_t first, std::int64_t last, std::int64_t d, float eps) {
   vector_math().norm_rows(x + first * d, w, b, y ? y + first * d : nullptr,

@@ -6,6 +6,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/core/limits.h"
+#include "meshflow/kernels/copy_rows.h"
 #include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
@@ -75,21 +76,9 @@ std::vector<int> resolve_perm(const std::vector<int>& dims, std::size_t rank) {
   return perm;
 }
 
-// dst[0, count) = src[0, count), in 64-byte moves the compiler inlines: a transpose's runs are
-// short (a head's 64 floats), and a memmove call per run cost 13% of [8, 8, 256, 64]'s.
-template <typename T>
-void copy_run(const T* __restrict src, T* __restrict dst, std::int64_t count) {
-  const auto* s = reinterpret_cast<const std::byte*>(src);
-  auto* d = reinterpret_cast<std::byte*>(dst);
-  const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
-  std::size_t j = 0;
-  for (; j + 64 <= bytes; j += 64) __builtin_memcpy(d + j, s + j, 64);
-  if (j < bytes) std::memcpy(d + j, s + j, bytes - j);
-}
-
-// out[i0, ..., ik] = in[...] with out dim j reading operand dim perm[j]: the innermost result
-// dim runs as one loop (a contiguous copy where the operand's last dim stays last), the result
-// rows along the next dim out as a loop over the operand's stride, the outer dims as an
+// out[i0, ..., ik] = in[...] with out dim j reading operand dim perm[j]: the result's rows along
+// its next-to-last dim run as one loop over the operand's stride (kernels/copy_rows.h where the
+// operand's last dim stays last, each row one contiguous run), the dims outside them as an
 // odometer; the result's rows split over the device's threads.
 template <typename T>
 void transpose_into(const T* in, const Shape& in_shape, const std::vector<int>& perm, T* out) {
@@ -121,12 +110,15 @@ void transpose_into(const T* in, const Shape& in_shape, const std::vector<int>& 
       const std::int64_t at = rank >= 2 ? index[along] : 0;
       const std::int64_t run = std::min(last - row, along_extent - at);
       const T* src = in + base;
-      for (std::int64_t r = 0; r < run; ++r, src += along_stride, o += inner) {
-        if (step == 1) {
-          copy_run(src, o, inner);
-        } else {
+      if (step == 1) {
+        copy_rows(reinterpret_cast<const std::byte*>(src),
+                  along_stride * static_cast<std::int64_t>(sizeof(T)),
+                  reinterpret_cast<std::byte*>(o), run,
+                  inner * static_cast<std::int64_t>(sizeof(T)));
+        o += run * inner;
+      } else {
+        for (std::int64_t r = 0; r < run; ++r, src += along_stride, o += inner)
           for (std::int64_t i = 0; i < inner; ++i) o[i] = src[i * step];
-        }
       }
       row += run;
       if (rank < 2 || row == last) break;
