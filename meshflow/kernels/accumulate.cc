@@ -56,12 +56,30 @@ void scale_in_place(Tensor& t, double s) {
 
 namespace {
 
-// out[0, n) = Σ over the rows of x's columns [0, n) (rows `stride` apart): a block of columns
-// at a time, the block's sums staying in the first-level cache while every row's stretch of it
-// is added (written out once, not once per row).
+// out[0, n) = Σ over the rows of x's columns [0, n) (rows `stride` apart), each column from 0 in
+// row order. With at most kFewRows rows, kLanes columns at a time in registers (every row's
+// stretch added, then written out once): through the cache each row's add also loaded and
+// stored the sums, and [8, 131072] summed to [131072] (the position embedding's gradient) took
+// 47-69 us alone against 44-46 us. Otherwise (and for the last columns) a block of columns at a
+// time, the block's sums staying in the first-level cache while every row's stretch of it is
+// added: reading many rows a register's width at a time, [2048, 512]'s blocks of 64 rows took
+// 64 us against 43-49 us.
 template <typename T>
 [[gnu::always_inline]] inline void sum_columns(const T* x, std::int64_t rows, std::int64_t stride,
                                                std::int64_t n, T* out) {
+  constexpr std::int64_t kLanes = 64 / sizeof(T) * 4, kFewRows = 16;  // four 64-byte registers
+  std::int64_t done = 0;
+  for (; rows <= kFewRows && done + kLanes <= n; done += kLanes) {
+    T acc[kLanes] = {};
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* __restrict xr = x + r * stride + done;
+      for (std::int64_t j = 0; j < kLanes; ++j) acc[j] += xr[j];
+    }
+    for (std::int64_t j = 0; j < kLanes; ++j) out[done + j] = acc[j];
+  }
+  x += done;
+  out += done;
+  n -= done;
   constexpr std::int64_t kBlock = 2048;
   for (std::int64_t b = 0; b < n; b += kBlock) {
     T* __restrict o = out + b;

@@ -54,7 +54,8 @@ TEST(Accumulate, AddsAndScalesElementwiseAloneAndOnATeam) {
 }
 
 // Shapes that sum in one block, in several of uneven rows, and one row per block; a team of 3
-// gives the same bits as one thread, and both are within float's rounding of the double sums.
+// gives the same bits as one thread, and both are within float's rounding of the double sums
+// (and, in one block, the float sums in row order bit for bit).
 TEST(Accumulate, SumRowsAsDoubleWithTheSameBitsOnATeam) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -77,6 +78,12 @@ TEST(Accumulate, SumRowsAsDoubleWithTheSameBitsOnATeam) {
       }
       const auto k = static_cast<std::size_t>(j);
       ASSERT_EQ(alone[k], split[k]) << rows << "x" << cols << " column " << j;
+      if (rows < 16) {  // one block: each column summed from 0 in row order, in float
+        float in_order = 0;
+        for (std::int64_t r = 0; r < rows; ++r)
+          in_order += x[static_cast<std::size_t>(r * cols + j)];
+        ASSERT_EQ(alone[k], in_order) << rows << "x" << cols << " column " << j;
+      }
       ASSERT_NEAR(alone[k], want, 1e-6 * magnitude) << rows << "x" << cols << " column " << j;
     }
   }
