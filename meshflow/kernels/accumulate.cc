@@ -60,7 +60,7 @@ namespace {
 // row order. With at most kFewRows rows, kLanes columns at a time in registers (every row's
 // stretch added, then written out once): through the cache each row's add also loaded and
 // stored the sums, and [8, 131072] summed to [131072] (the position embedding's gradient) took
-// 47-69 us alone against 44-46 us. Otherwise (and for the last columns) a block of columns at a
+// 47-69 us alone against 44-48 us. Otherwise (and for the last columns) a block of columns at a
 // time, the block's sums staying in the first-level cache while every row's stretch of it is
 // added: reading many rows a register's width at a time, [2048, 512]'s blocks of 64 rows took
 // 64 us against 43-49 us.
