@@ -258,12 +258,17 @@ struct SimdLoops {
     return out;
   }
 
-  // The fused layer-norm passes' loop: out(i) for every whole vector of a row of n, summing
-  // next's moments about next_c alongside (where there is a next row), then tail(j) for each
-  // element past the whole vectors; returns next's moments as shifted_sums gives them, or zeros.
-  template <class Out, class Tail>
-  static std::array<float, 2> with_next_moments(const float* next, float next_c, std::int64_t n,
-                                                Out out, Tail tail) {
+  // y = x̂ w + b over a row of n, summing next's moments about next_c alongside (where there is a
+  // next row); returns them as shifted_sums gives them, or zeros.
+  [[gnu::always_inline]] static std::array<float, 2> norm_affine(const float* x, NormRow r,
+                                                                 const float* w, const float* b,
+                                                                 float* y, const float* next,
+                                                                 float next_c, std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
+    const auto out = [&](std::int64_t i) {
+      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+      V::store(y + i, V::fmadd(xhat, V::load(w + i), V::load(b + i)));
+    };
     Moments m(next_c);
     const std::int64_t i = next ? whole_vectors(n,
                                                 [&](std::int64_t at, int set) {
@@ -271,22 +276,8 @@ struct SimdLoops {
                                                   out(at);
                                                 })
                                 : whole_vectors(n, [&](std::int64_t at, int) { out(at); });
-    for (std::int64_t j = i; j < n; ++j) tail(j);
+    for (std::int64_t j = i; j < n; ++j) y[j] = ((x[j] - r.shift) * r.scale + r.bias) * w[j] + b[j];
     return next ? m.finish(next, next_c, i, n) : std::array<float, 2>{};
-  }
-
-  [[gnu::always_inline]] static std::array<float, 2> norm_affine(const float* x, NormRow r,
-                                                                 const float* w, const float* b,
-                                                                 float* y, const float* next,
-                                                                 float next_c, std::int64_t n) {
-    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
-    return with_next_moments(
-        next, next_c, n,
-        [&](std::int64_t i) {
-          const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
-          V::store(y + i, V::fmadd(xhat, V::load(w + i), V::load(b + i)));
-        },
-        [&](std::int64_t j) { y[j] = ((x[j] - r.shift) * r.scale + r.bias) * w[j] + b[j]; });
   }
 
   static void norm_rows(const float* x, const float* w, const float* b, float* y, float* stats,
