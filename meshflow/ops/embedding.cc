@@ -85,39 +85,50 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     });
     return y;
   }
-  // first[v]: the first token whose id is v, or -1 where no token has it.
-  std::vector<std::int64_t> first(static_cast<std::size_t>(vocab), -1);
+  // first[v]: the first token whose id is v, or -1 where no token has it; later[i]: the next
+  // token after i with i's id, or -1 (last[v] is the latest token seen with id v).
+  std::vector<std::int64_t> first(static_cast<std::size_t>(vocab), -1), last(first.size(), -1);
+  std::vector<std::int64_t> later(static_cast<std::size_t>(n), -1);
   for (std::int64_t i = 0; i < n; ++i) {
-    std::int64_t& f = first[static_cast<std::size_t>(checked(i))];
-    if (f < 0) f = i;
+    const auto id = static_cast<std::size_t>(checked(i));
+    std::int64_t& f = first[id];
+    if (f < 0) {
+      f = i;
+    } else {
+      later[static_cast<std::size_t>(last[id])] = i;
+    }
+    last[id] = i;
   }
   Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
   // The table zeroed, each thread its block of rows in one memset; then a row some token names
   // gets its first token's gradient copied, and each later token's added in token order (the
-  // sum 0 + g1 + g2 ... would give). Rows split over the device's threads, then the columns for
-  // the additions (a repeated id adds in order alone). One memset of the block, whose bulk
-  // stores write whole lines without reading them, then copies over the named rows: 0.35 ms
-  // for the bench GPT's [8192, 512] table on one thread, against 0.66-0.70 ms when each row
-  // was either zeroed or copied (`meshflow bench kernels --cases embedding_bwd --threads 1`).
+  // sum 0 + g1 + g2 ... would give) while the row is in cache. Rows split over the device's
+  // threads, each row's tokens added by the thread that owns it: a second pass that split the
+  // columns, each thread reading every token's id, took 10-15% longer on two threads for the
+  // bench GPT's table (both interleaved in one process). One memset of the block, whose bulk
+  // stores write whole lines without reading them, then copies over the named rows: 0.35 ms for
+  // the bench GPT's [8192, 512] table on one thread, against 0.66-0.70 ms when each row was
+  // either zeroed or copied (`meshflow bench kernels --cases embedding_bwd --threads 1`);
+  // zeroing each run of unnamed rows in its own memset measured slower too (241-244 us against
+  // 198-209 on two threads).
+  const auto row_bytes = sizeof(T) * static_cast<std::size_t>(d);
   parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
-    std::memset(pg + begin * d, 0, sizeof(T) * static_cast<std::size_t>((end - begin) * d));
+    std::memset(pg + begin * d, 0, row_bytes * static_cast<std::size_t>(end - begin));
     for (std::int64_t v = begin; v < end; ++v) {
       const std::int64_t f = first[static_cast<std::size_t>(v)];
-      if (f >= 0) std::memcpy(pg + v * d, g + f * d, sizeof(T) * static_cast<std::size_t>(d));
-    }
-  });
-  parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t id = id_at<I>(ids, i);
-      if (first[static_cast<std::size_t>(id)] == i) continue;
-      T* __restrict dst = pg + id * d;
-      const T* __restrict src = g + i * d;
-      if constexpr (std::is_same_v<T, float>) {
-        add_to(dst + begin, src + begin, end - begin);
-      } else {
-        for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
+      if (f < 0) continue;
+      T* __restrict dst = pg + v * d;
+      std::memcpy(dst, g + f * d, row_bytes);
+      for (std::int64_t i = later[static_cast<std::size_t>(f)]; i >= 0;
+           i = later[static_cast<std::size_t>(i)]) {
+        const T* __restrict src = g + i * d;
+        if constexpr (std::is_same_v<T, float>) {
+          add_to(dst, src, d);
+        } else {
+          for (std::int64_t j = 0; j < d; ++j) dst[j] += src[j];
+        }
       }
     }
   });
