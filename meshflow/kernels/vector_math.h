@@ -46,9 +46,8 @@ struct VectorMath {
   // Layer norm's input gradient over rows [0, rows) of [rows, n] (row r's statistics at stats +
   // r kNormStatsFloats): gx = scale (g w - mean(g w) - x̂ mean(g w x̂)) per row, its sums as
   // norm_grad_dots gives them; each row's output pass also sums the next row's, so that row's
-  // reads overlap this row's writes (alone on one thread, 64-byte aligned rows: [256, 512]
-  // 14.3-14.7 us against 15.3-15.5; [2048, 512], from the last-level cache, 115-125 against
-  // 114-116, no gain). Each row the same bits in any call that has it.
+  // reads overlap this row's writes (alone on one thread over [256, 512], 18.1-18.6 us took
+  // 17.3-18.0). Each row the same bits in any call that has it.
   void (*norm_grad_x)(const float* g, const float* x, const float* w, const float* stats, float* gx,
                       std::int64_t rows, std::int64_t n);
   // Layer norm's forward rows (kernels/norm_rows.h): each row of [rows, n]'s statistics into

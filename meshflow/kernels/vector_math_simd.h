@@ -382,9 +382,8 @@ struct SimdLoops {
   }
 
   // Four rows at a time: per register of sums, 10 loads and 2 stores for four rows where one
-  // row at a time made 16 and 8. Alone on one thread (layer_norm_grad_wb_rows, 64-byte aligned
-  // rows), [256, 512] took 9.7-10.0 us against 10.2-10.3; [2048, 512], whose rows come from the
-  // last-level cache, 76-93 against 82-89 (no clear change).
+  // row at a time made 16 and 8. Alone on one thread over [256, 512] (layer_norm_grad_wb_rows,
+  // rows from the last-level cache), 13.9-14.7 us took 11.5-12.1.
   template <bool kBias>
   static void norm_grad_w_rows(const float* x, const float* g, const float* stats,
                                std::int64_t rows, float* sum, float* bias_sum, std::int64_t n) {
