@@ -102,32 +102,42 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
   Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
-  // The table zeroed, each thread its block of rows in one memset; then a row some token names
-  // gets its first token's gradient copied, and each later token's added in token order (the
-  // sum 0 + g1 + g2 ... would give) while the row is in cache. Rows split over the device's
-  // threads, each row's tokens added by the thread that owns it: a second pass that split the
-  // columns, each thread reading every token's id, took 10-15% longer on two threads for the
-  // bench GPT's table (both interleaved in one process). One memset of the block, whose bulk
-  // stores write whole lines without reading them, then copies over the named rows: 0.35 ms for
-  // the bench GPT's [8192, 512] table on one thread, against 0.66-0.70 ms when each row was
-  // either zeroed or copied (`meshflow bench kernels --cases embedding_bwd --threads 1`);
-  // zeroing each run of unnamed rows in its own memset measured slower too (241-244 us against
-  // 198-209 on two threads).
+  // The table zeroed a chunk of rows at a time, each thread its blocks of chunks; then a row some
+  // token names gets its first token's gradient copied, and each later token's added in token
+  // order (the sum 0 + g1 + g2 ... would give), while the chunk is in cache. Rows split over the
+  // device's threads, each row's tokens added by the thread that owns it.
+  //
+  // Measured on the bench GPT's [8192, 512] table from 2,048 tokens, two threads, the variants
+  // interleaved in one process, each rep followed by a 10 MiB memcpy (the bench's floor): one
+  // memset of each thread's whole block (bulk stores that write lines without reading them),
+  // then the copies, took 0.99-1.49x the floor, and a memset per chunk of 256 KiB, each followed
+  // by its rows, 0.85-1.39x (8-15% less, in each state of the machine; chunks of 32 KiB gained
+  // half as much, of 128 KiB to 1 MiB as much). Inside `meshflow bench kernels`, both in one
+  // process, the chunks took 247-318 us against 243-327. Each row zeroed or copied alone took
+  // 1.6-2.0x with vector stores or a memset per run of unnamed rows, and 1.3-1.8x with streaming
+  // stores; a second pass that split the columns for the repeated ids, each thread reading every
+  // token's id, 10-15% longer than adding them here.
+  constexpr std::size_t kZeroChunkBytes = std::size_t{256} << 10;
   const auto row_bytes = sizeof(T) * static_cast<std::size_t>(d);
+  const auto chunk =
+      static_cast<std::int64_t>(std::max<std::size_t>(1, kZeroChunkBytes / row_bytes));
   parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
-    std::memset(pg + begin * d, 0, row_bytes * static_cast<std::size_t>(end - begin));
-    for (std::int64_t v = begin; v < end; ++v) {
-      const std::int64_t f = first[static_cast<std::size_t>(v)];
-      if (f < 0) continue;
-      T* __restrict dst = pg + v * d;
-      std::memcpy(dst, g + f * d, row_bytes);
-      for (std::int64_t i = later[static_cast<std::size_t>(f)]; i >= 0;
-           i = later[static_cast<std::size_t>(i)]) {
-        const T* __restrict src = g + i * d;
-        if constexpr (std::is_same_v<T, float>) {
-          add_to(dst, src, d);
-        } else {
-          for (std::int64_t j = 0; j < d; ++j) dst[j] += src[j];
+    for (std::int64_t c = begin; c < end; c += chunk) {
+      const std::int64_t c_end = std::min(end, c + chunk);
+      std::memset(pg + c * d, 0, row_bytes * static_cast<std::size_t>(c_end - c));
+      for (std::int64_t v = c; v < c_end; ++v) {
+        const std::int64_t f = first[static_cast<std::size_t>(v)];
+        if (f < 0) continue;
+        T* __restrict dst = pg + v * d;
+        std::memcpy(dst, g + f * d, row_bytes);
+        for (std::int64_t i = later[static_cast<std::size_t>(f)]; i >= 0;
+             i = later[static_cast<std::size_t>(i)]) {
+          const T* __restrict src = g + i * d;
+          if constexpr (std::is_same_v<T, float>) {
+            add_to(dst, src, d);
+          } else {
+            for (std::int64_t j = 0; j < d; ++j) dst[j] += src[j];
+          }
         }
       }
     }

@@ -315,7 +315,9 @@ TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
 // others the sum of their tokens' rows in token order, bit for bit as a plain loop adds them.
 TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
   ThreadTeam team(3);
-  const std::int64_t vocab = 3001, width = 40, tokens = 700;
+  // Rows of 160 bytes: the kernel zeroes 1,638 at a time, so each thread's block is more than
+  // one chunk, and the chunks' ends are not the blocks'.
+  const std::int64_t vocab = 7001, width = 40, tokens = 1500;
   const Tensor i = ids({tokens}, vocab);
   const Tensor g = rnd({tokens, width}, 7, DType::kFloat32);
   std::vector<float> want(static_cast<std::size_t>(vocab * width), 0.0f);
