@@ -1,8 +1,8 @@
 // The row loops split over the device's threads: the forward pass (VectorMath::norm_rows, one
 // pass per row after the first's moments; kernels/norm_rows.h for its precision); the gradients
 // read the statistics the forward pass kept, so each reads its rows once: the scale's
-// (VectorMath::norm_grad_w, a few rows at a time) and the input's (VectorMath::norm_grad_x, its
-// sums, then its output, which sums the next row's alongside).
+// (VectorMath::norm_grad_w) and the input's (VectorMath::norm_grad_x, its sums, then its output,
+// which sums the next row's alongside).
 #include "meshflow/kernels/layer_norm.h"
 
 #include <algorithm>
@@ -17,6 +17,12 @@ namespace meshflow {
 
 namespace {
 
+// Row r's statistics as kept in `stats`.
+NormRow stats_row(const float* stats, std::int64_t r) {
+  const float* s = stats + r * kNormStatsFloats;
+  return {s[0], s[1], s[2]};
+}
+
 // Rows [first, last) of the forward pass (kernels/norm_rows.h), or their statistics alone.
 void forward_range(const float* x, const float* w, const float* b, float* y, float* stats,
                    std::int64_t first, std::int64_t last, std::int64_t d, float eps) {
@@ -27,8 +33,9 @@ void forward_range(const float* x, const float* w, const float* b, float* y, flo
 // sum += Σ over rows [first, last) of g x̂, and with `bias` bias += Σ of g, in row order.
 void grad_w_range(const float* g, const float* x, const float* stats, float* sum, float* bias,
                   std::int64_t first, std::int64_t last, std::int64_t d) {
-  vector_math().norm_grad_w(x + first * d, g + first * d, stats + first * kNormStatsFloats,
-                            last - first, sum, bias, d);
+  const VectorMath& m = vector_math();
+  for (std::int64_t r = first; r < last; ++r)
+    m.norm_grad_w(x + r * d, g + r * d, stats_row(stats, r), sum, bias, d);
 }
 
 // out = partial row 0 + partial row 1 + ..., in order.

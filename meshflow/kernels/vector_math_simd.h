@@ -346,64 +346,19 @@ struct SimdLoops {
     norm_rows_with<SimdLoops>(x, w, b, y, stats, rows, n, eps);
   }
 
-  // norm_grad_w over kRows rows: each register of sums loaded once, kRows terms added in row
-  // order, stored once.
-  template <int kRows, bool kBias>
-  [[gnu::always_inline]] static void norm_grad_w_group(const float* x, const float* g,
-                                                       const float* stats, float* sum,
-                                                       float* bias_sum, std::int64_t n) {
-    R shift[kRows], scale[kRows], bias[kRows];
-    for (int k = 0; k < kRows; ++k) {
-      shift[k] = V::set1(stats[k * kNormStatsFloats]);
-      scale[k] = V::set1(stats[k * kNormStatsFloats + 1]);
-      bias[k] = V::set1(stats[k * kNormStatsFloats + 2]);
-    }
+  static void norm_grad_w(const float* x, const float* g, NormRow r, float* sum, float* bias_sum,
+                          std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
     std::int64_t i = 0;
     for (; i + kWidth <= n; i += kWidth) {
-      R s = V::load(sum + i), b = kBias ? V::load(bias_sum + i) : s;
-      for (int k = 0; k < kRows; ++k) {
-        const R gi = V::load(g + k * n + i);
-        const R xhat = V::fmadd(V::sub(V::load(x + k * n + i), shift[k]), scale[k], bias[k]);
-        s = V::fmadd(gi, xhat, s);
-        if constexpr (kBias) b = V::add(b, gi);
-      }
-      V::store(sum + i, s);
-      if constexpr (kBias) V::store(bias_sum + i, b);
+      const R gi = V::load(g + i);
+      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+      V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
+      if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
     }
-    for (int k = 0; k < kRows; ++k) {
-      const float* __restrict xr = x + k * n;
-      const float* __restrict gr = g + k * n;
-      const float* st = stats + k * kNormStatsFloats;
-      for (std::int64_t j = i; j < n; ++j) {
-        sum[j] += gr[j] * ((xr[j] - st[0]) * st[1] + st[2]);
-        if constexpr (kBias) bias_sum[j] += gr[j];
-      }
-    }
-  }
-
-  // Four rows at a time: per register of sums, 10 loads and 2 stores for four rows where one
-  // row at a time made 16 and 8. Alone on one thread over [256, 512] (layer_norm_grad_wb_rows,
-  // rows from the last-level cache), 13.9-14.7 us took 11.5-12.1.
-  template <bool kBias>
-  static void norm_grad_w_rows(const float* x, const float* g, const float* stats,
-                               std::int64_t rows, float* sum, float* bias_sum, std::int64_t n) {
-    constexpr int kRows = 4;
-    std::int64_t r = 0;
-    for (; r + kRows <= rows; r += kRows) {
-      norm_grad_w_group<kRows, kBias>(x + r * n, g + r * n, stats + r * kNormStatsFloats, sum,
-                                      bias_sum, n);
-    }
-    for (; r < rows; ++r) {
-      norm_grad_w_group<1, kBias>(x + r * n, g + r * n, stats + r * kNormStatsFloats, sum, bias_sum,
-                                  n);
-    }
-  }
-  static void norm_grad_w(const float* x, const float* g, const float* stats, std::int64_t rows,
-                          float* sum, float* bias_sum, std::int64_t n) {
-    if (bias_sum) {
-      norm_grad_w_rows<true>(x, g, stats, rows, sum, bias_sum, n);
-    } else {
-      norm_grad_w_rows<false>(x, g, stats, rows, sum, nullptr, n);
+    for (; i < n; ++i) {
+      sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
+      if (bias_sum) bias_sum[i] += g[i];
     }
   }
 
