@@ -17,12 +17,6 @@ namespace meshflow {
 
 namespace {
 
-// Row r's statistics as kept in `stats`.
-NormRow stats_row(const float* stats, std::int64_t r) {
-  const float* s = stats + r * kNormStatsFloats;
-  return {s[0], s[1], s[2]};
-}
-
 // Rows [first, last) of the forward pass (kernels/norm_rows.h), or their statistics alone.
 void forward_range(const float* x, const float* w, const float* b, float* y, float* stats,
                    std::int64_t first, std::int64_t last, std::int64_t d, float eps) {
@@ -33,9 +27,8 @@ void forward_range(const float* x, const float* w, const float* b, float* y, flo
 // sum += Σ over rows [first, last) of g x̂, and with `bias` bias += Σ of g, in row order.
 void grad_w_range(const float* g, const float* x, const float* stats, float* sum, float* bias,
                   std::int64_t first, std::int64_t last, std::int64_t d) {
-  const VectorMath& m = vector_math();
-  for (std::int64_t r = first; r < last; ++r)
-    m.norm_grad_w(x + r * d, g + r * d, stats_row(stats, r), sum, bias, d);
+  vector_math().norm_grad_w(x + first * d, g + first * d, stats + first * kNormStatsFloats,
+                            last - first, sum, bias, d);
 }
 
 // out = partial row 0 + partial row 1 + ..., in order.

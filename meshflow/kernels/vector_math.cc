@@ -111,10 +111,16 @@ const VectorMath kScalar{
     .norm_grad_x = scalar_norm_grad_x,
     .norm_rows = norm_rows_with<ScalarLoops>,
     .norm_grad_w =
-        [](const float* x, const float* g, NormRow r, float* sum, float* bias, std::int64_t n) {
-          for (std::int64_t i = 0; i < n; ++i) {
-            sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
-            if (bias) bias[i] += g[i];
+        [](const float* x, const float* g, const float* stats, std::int64_t rows, float* sum,
+           float* bias, std::int64_t n) {
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const float* s = stats + r * kNormStatsFloats;
+            const float* xr = x + r * n;
+            const float* gr = g + r * n;
+            for (std::int64_t i = 0; i < n; ++i) {
+              sum[i] += gr[i] * ((xr[i] - s[0]) * s[1] + s[2]);
+              if (bias) bias[i] += gr[i];
+            }
           }
         },
     .exp_sum =

@@ -48,7 +48,7 @@ struct VectorMath {
   // norm_grad_dots gives them; each row's output pass also sums the next row's, so that row's
   // reads overlap this row's writes. Each row the same bits in any call that has it. On the
   // bench GPT's [2048, 512], two threads, interleaved in one process with the row-by-row passes
-  // it replaced and a 10 MiB memcpy: 82-83 us against 124-129 where the memcpy took 96 us,
+  // it replaced and a 10 MiB memcpy: 74-85 us against 124-154 where the memcpy took 91-100 us,
   // 210 against 309 where it took 207, and 2-5% slower (139-148 against 133-144) where it took
   // 145-194.
   void (*norm_grad_x)(const float* g, const float* x, const float* w, const float* stats, float* gx,
@@ -59,9 +59,15 @@ struct VectorMath {
   // statistics are the same bits with y or without.
   void (*norm_rows)(const float* x, const float* w, const float* b, float* y, float* stats,
                     std::int64_t rows, std::int64_t n, float eps);
-  // sum += g x̂ and, unless bias is null, bias += g (each element one add, in order).
-  void (*norm_grad_w)(const float* x, const float* g, NormRow r, float* sum, float* bias,
-                      std::int64_t n);
+  // Layer norm's scale-gradient pass over rows [0, rows) of [rows, n] (row r's statistics at
+  // stats + r kNormStatsFloats, kernels/norm_rows.h): sum += g x̂ and, unless bias is null,
+  // bias += g, each element's adds in row order, so the bits do not depend on how many rows one
+  // call takes. The row loop is the instruction set's own: a call per row through this table
+  // took 3-10% longer over [2048, 512] on two threads (interleaved in one process). Four rows
+  // per register of sums (a load and store of the sums per four rows) measured 10% faster to
+  // 17% slower, depending on what else the machine ran.
+  void (*norm_grad_w)(const float* x, const float* g, const float* stats, std::int64_t rows,
+                      float* sum, float* bias, std::int64_t n);
   // Returns Σ exp(x - shift), shift at least every x (their max, so no term exceeds 1); writes
   // the terms to y unless y is null; streams a row of kStreamFloats or more. A term below the
   // smallest normal float (x - shift < -87.3) is 0: a denormal softmax probability weighs

@@ -346,19 +346,33 @@ struct SimdLoops {
     norm_rows_with<SimdLoops>(x, w, b, y, stats, rows, n, eps);
   }
 
-  static void norm_grad_w(const float* x, const float* g, NormRow r, float* sum, float* bias_sum,
-                          std::int64_t n) {
-    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
-    std::int64_t i = 0;
-    for (; i + kWidth <= n; i += kWidth) {
-      const R gi = V::load(g + i);
-      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
-      V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
-      if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
+  template <bool kBias>
+  static void norm_grad_w_rows(const float* x, const float* g, const float* stats,
+                               std::int64_t rows, float* sum, float* bias_sum, std::int64_t n) {
+    for (std::int64_t k = 0; k < rows; ++k) {
+      const float* s = stats + k * kNormStatsFloats;
+      const float* __restrict xr = x + k * n;
+      const float* __restrict gr = g + k * n;
+      const R shift = V::set1(s[0]), scale = V::set1(s[1]), bias = V::set1(s[2]);
+      std::int64_t i = 0;
+      for (; i + kWidth <= n; i += kWidth) {
+        const R gi = V::load(gr + i);
+        const R xhat = V::fmadd(V::sub(V::load(xr + i), shift), scale, bias);
+        V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
+        if constexpr (kBias) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
+      }
+      for (; i < n; ++i) {
+        sum[i] += gr[i] * ((xr[i] - s[0]) * s[1] + s[2]);
+        if constexpr (kBias) bias_sum[i] += gr[i];
+      }
     }
-    for (; i < n; ++i) {
-      sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
-      if (bias_sum) bias_sum[i] += g[i];
+  }
+  static void norm_grad_w(const float* x, const float* g, const float* stats, std::int64_t rows,
+                          float* sum, float* bias_sum, std::int64_t n) {
+    if (bias_sum) {
+      norm_grad_w_rows<true>(x, g, stats, rows, sum, bias_sum, n);
+    } else {
+      norm_grad_w_rows<false>(x, g, stats, rows, sum, nullptr, n);
     }
   }
 

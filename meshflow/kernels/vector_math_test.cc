@@ -248,7 +248,7 @@ TEST(VectorMath, LayerNormRowsKeepTheirStatistics) {
 }
 
 // Layer norm's scale-gradient pass: the scale's sums as float64 arithmetic on the same row, the
-// bias's as plain float adds in order.
+// bias's as plain float adds in order; over many rows, the same bits as one row at a time.
 TEST(VectorMath, LayerNormScaleGradientSums) {
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {1, 7, 16, 31, 33, 512, 4099}) {
@@ -258,8 +258,9 @@ TEST(VectorMath, LayerNormScaleGradientSums) {
       const std::vector<float> bias_start = values(n, 4, seed + 6);
       const auto len = static_cast<std::int64_t>(x.size());
       const NormRow r{.shift = 0.37f, .scale = 0.8f, .bias = -0.21f};
+      const float stats[kNormStatsFloats] = {r.shift, r.scale, r.bias};
       std::vector<float> sum = start, bias = bias_start;
-      m->norm_grad_w(x.data(), g.data(), r, sum.data(), bias.data(), len);
+      m->norm_grad_w(x.data(), g.data(), stats, 1, sum.data(), bias.data(), len);
       for (std::size_t i = 0; i < x.size(); ++i) {
         // Within a few ULP of the largest term it sums: (x - shift) scale, bias, then times g
         // plus the running sum.
@@ -272,8 +273,40 @@ TEST(VectorMath, LayerNormScaleGradientSums) {
       // Without a bias, the same scale's sums.
       const std::vector<float> with_bias = sum;
       sum = start;
-      m->norm_grad_w(x.data(), g.data(), r, sum.data(), nullptr, len);
+      m->norm_grad_w(x.data(), g.data(), stats, 1, sum.data(), nullptr, len);
       EXPECT_EQ(sum, with_bias) << m->isa << " n=" << n;
+    }
+  }
+}
+
+// Rows taken several in one call add each element's terms in row order: the same bits as a call
+// per row, with the bias and without.
+TEST(VectorMath, LayerNormScaleGradientRowsAddInRowOrder) {
+  for (const VectorMath* m : vector_math_all()) {
+    for (std::int64_t n : {1, 17, 40, 512}) {
+      for (std::int64_t rows : {2, 4, 5, 11}) {
+        const auto seed = 91 + static_cast<unsigned>(n * rows);
+        const std::vector<float> x = values(rows * n, 3, seed), g = values(rows * n, 2, seed + 1);
+        std::vector<float> stats;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const auto k = static_cast<float>(r);
+          stats.insert(stats.end(), {0.1f * k - 0.3f, 0.7f + 0.05f * k, 0.02f * k - 0.1f});
+        }
+        const std::vector<float> start = values(n, 4, seed + 2),
+                                 bias_start = values(n, 4, seed + 3);
+        for (const bool with_bias : {true, false}) {
+          std::vector<float> sum = start, bias = bias_start, one_sum = start, one_bias = bias_start;
+          m->norm_grad_w(x.data(), g.data(), stats.data(), rows, sum.data(),
+                         with_bias ? bias.data() : nullptr, n);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            m->norm_grad_w(x.data() + r * n, g.data() + r * n, stats.data() + r * kNormStatsFloats,
+                           1, one_sum.data(), with_bias ? one_bias.data() : nullptr, n);
+          }
+          EXPECT_EQ(sum, one_sum) << m->isa << " n=" << n << " rows=" << rows;
+          EXPECT_EQ(bias, one_bias) << m->isa << " n=" << n << " rows=" << rows;
+          EXPECT_NE(sum, start) << m->isa;  // the rows were added
+        }
+      }
     }
   }
 }
