@@ -1,8 +1,7 @@
 // The row loops split over the device's threads: the forward pass (VectorMath::norm_rows, one
 // pass per row after the first's moments; kernels/norm_rows.h for its precision); the gradients
-// read the statistics the forward pass kept, so each reads its rows once: the scale's
-// (VectorMath::norm_grad_w) and the input's (VectorMath::norm_grad_x, its sums, then its output,
-// which sums the next row's alongside).
+// read the statistics the forward pass kept, so each reads its rows once (the scale's) or twice
+// (the input's: its sums, then its output, built per vector unit, kernels/vectorize.h).
 #include "meshflow/kernels/layer_norm.h"
 
 #include <algorithm>
@@ -12,10 +11,17 @@
 #include "meshflow/kernels/accumulate.h"
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/kernels/vector_math.h"
+#include "meshflow/kernels/vectorize.h"
 
 namespace meshflow {
 
 namespace {
+
+// Row r's statistics as kept in `stats`.
+NormRow stats_row(const float* stats, std::int64_t r) {
+  const float* s = stats + r * kNormStatsFloats;
+  return {s[0], s[1], s[2]};
+}
 
 // Rows [first, last) of the forward pass (kernels/norm_rows.h), or their statistics alone.
 void forward_range(const float* x, const float* w, const float* b, float* y, float* stats,
@@ -24,11 +30,30 @@ void forward_range(const float* x, const float* w, const float* b, float* y, flo
                           stats ? stats + first * kNormStatsFloats : nullptr, last - first, d, eps);
 }
 
+// Two passes over a row: Σ g w and Σ g w x̂ (VectorMath::norm_grad_dots), then gx.
+MESHFLOW_VECTOR_CLONES
+void grad_x_range(const float* g, const float* x, const float* __restrict w, const float* stats,
+                  float* gx, std::int64_t first, std::int64_t last, std::int64_t d) {
+  const VectorMath& m = vector_math();
+  const float n = static_cast<float>(d);
+  for (std::int64_t r = first; r < last; ++r) {
+    const float* __restrict xr = x + r * d;
+    const float* __restrict gr = g + r * d;
+    float* __restrict out = gx + r * d;
+    const NormRow s = stats_row(stats, r);
+    const auto [sum_gw, sum_gwx] = m.norm_grad_dots(xr, gr, w, s, d);
+    const float m1 = sum_gw / n, m2 = sum_gwx / n;
+    for (std::int64_t j = 0; j < d; ++j)
+      out[j] = s.scale * (gr[j] * w[j] - m1 - ((xr[j] - s.shift) * s.scale + s.bias) * m2);
+  }
+}
+
 // sum += Σ over rows [first, last) of g x̂, and with `bias` bias += Σ of g, in row order.
 void grad_w_range(const float* g, const float* x, const float* stats, float* sum, float* bias,
                   std::int64_t first, std::int64_t last, std::int64_t d) {
-  vector_math().norm_grad_w(x + first * d, g + first * d, stats + first * kNormStatsFloats,
-                            last - first, sum, bias, d);
+  const VectorMath& m = vector_math();
+  for (std::int64_t r = first; r < last; ++r)
+    m.norm_grad_w(x + r * d, g + r * d, stats_row(stats, r), sum, bias, d);
 }
 
 // out = partial row 0 + partial row 1 + ..., in order.
@@ -74,8 +99,7 @@ void layer_norm_stats_rows(const float* x, float* stats, std::int64_t rows, std:
 void layer_norm_grad_x_rows(const float* g, const float* x, const float* w, const float* stats,
                             float* gx, std::int64_t rows, std::int64_t d) {
   parallel_for(rows, row_grain(d), [&](std::int64_t first, std::int64_t last) {
-    vector_math().norm_grad_x(g + first * d, x + first * d, w, stats + first * kNormStatsFloats,
-                              gx + first * d, last - first, d);
+    grad_x_range(g, x, w, stats, gx, first, last, d);
   });
 }
 

@@ -26,33 +26,6 @@ std::array<float, 2> scalar_shifted_sums(const float* x, float c, std::int64_t n
   return out;
 }
 
-std::array<float, 2> scalar_norm_grad_dots(const float* x, const float* g, const float* w,
-                                           NormRow r, std::int64_t n) {
-  std::array<float, 2> out{};
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[0] += g[i] * w[i];
-    out[1] += g[i] * w[i] * ((x[i] - r.shift) * r.scale + r.bias);
-  }
-  return out;
-}
-
-void scalar_norm_grad_x(const float* g, const float* x, const float* w, const float* stats,
-                        float* gx, std::int64_t rows, std::int64_t n) {
-  const float count = static_cast<float>(n);
-  for (std::int64_t k = 0; k < rows; ++k) {
-    const float* s = stats + k * kNormStatsFloats;
-    const NormRow r{s[0], s[1], s[2]};
-    const float* xr = x + k * n;
-    const float* gr = g + k * n;
-    const auto [sum_gw, sum_gwx] = scalar_norm_grad_dots(xr, gr, w, r, n);
-    const float m1 = sum_gw / count, m2 = sum_gwx / count;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float xhat = (xr[j] - r.shift) * r.scale + r.bias;
-      gx[k * n + j] = r.scale * (gr[j] * w[j] - m1 - xhat * m2);
-    }
-  }
-}
-
 // The scalar loops norm_rows_with reads.
 struct ScalarLoops {
   static float sum(const float* x, std::int64_t n) {
@@ -107,20 +80,21 @@ const VectorMath kScalar{
           return s;
         },
     .shifted_sums = scalar_shifted_sums,
-    .norm_grad_dots = scalar_norm_grad_dots,
-    .norm_grad_x = scalar_norm_grad_x,
+    .norm_grad_dots =
+        [](const float* x, const float* g, const float* w, NormRow r, std::int64_t n) {
+          std::array<float, 2> out{};
+          for (std::int64_t i = 0; i < n; ++i) {
+            out[0] += g[i] * w[i];
+            out[1] += g[i] * w[i] * ((x[i] - r.shift) * r.scale + r.bias);
+          }
+          return out;
+        },
     .norm_rows = norm_rows_with<ScalarLoops>,
     .norm_grad_w =
-        [](const float* x, const float* g, const float* stats, std::int64_t rows, float* sum,
-           float* bias, std::int64_t n) {
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const float* s = stats + r * kNormStatsFloats;
-            const float* xr = x + r * n;
-            const float* gr = g + r * n;
-            for (std::int64_t i = 0; i < n; ++i) {
-              sum[i] += gr[i] * ((xr[i] - s[0]) * s[1] + s[2]);
-              if (bias) bias[i] += gr[i];
-            }
+        [](const float* x, const float* g, NormRow r, float* sum, float* bias, std::int64_t n) {
+          for (std::int64_t i = 0; i < n; ++i) {
+            sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
+            if (bias) bias[i] += g[i];
           }
         },
     .exp_sum =

@@ -43,31 +43,15 @@ struct VectorMath {
   // Layer norm's input-gradient sums over a row in one pass: {Σ g w, Σ g w x̂}.
   std::array<float, 2> (*norm_grad_dots)(const float* x, const float* g, const float* w, NormRow r,
                                          std::int64_t n);
-  // Layer norm's input gradient over rows [0, rows) of [rows, n] (row r's statistics at stats +
-  // r kNormStatsFloats): gx = scale (g w - mean(g w) - x̂ mean(g w x̂)) per row, its sums as
-  // norm_grad_dots gives them; each row's output pass also sums the next row's, so that row's
-  // reads overlap this row's writes. Each row the same bits in any call that has it. On the
-  // bench GPT's [2048, 512], two threads, interleaved in one process with the row-by-row passes
-  // it replaced and a 10 MiB memcpy: 74-85 us against 124-154 where the memcpy took 91-100 us,
-  // 210 against 309 where it took 207, and 2-5% slower (139-148 against 133-144) where it took
-  // 145-194.
-  void (*norm_grad_x)(const float* g, const float* x, const float* w, const float* stats, float* gx,
-                      std::int64_t rows, std::int64_t n);
   // Layer norm's forward rows (kernels/norm_rows.h): each row of [rows, n]'s statistics into
   // stats (unless null) and, unless y is null, y = x̂ w + b, in one pass per row that also sums
   // the next row's moments, so that row's reads overlap this row's arithmetic and writes. The
   // statistics are the same bits with y or without.
   void (*norm_rows)(const float* x, const float* w, const float* b, float* y, float* stats,
                     std::int64_t rows, std::int64_t n, float eps);
-  // Layer norm's scale-gradient pass over rows [0, rows) of [rows, n] (row r's statistics at
-  // stats + r kNormStatsFloats, kernels/norm_rows.h): sum += g x̂ and, unless bias is null,
-  // bias += g, each element's adds in row order, so the bits do not depend on how many rows one
-  // call takes. The row loop is the instruction set's own: a call per row through this table
-  // took 3-10% longer over [2048, 512] on two threads (interleaved in one process). Four rows
-  // per register of sums (a load and store of the sums per four rows) measured 10% faster to
-  // 17% slower, depending on what else the machine ran.
-  void (*norm_grad_w)(const float* x, const float* g, const float* stats, std::int64_t rows,
-                      float* sum, float* bias, std::int64_t n);
+  // sum += g x̂ and, unless bias is null, bias += g (each element one add, in order).
+  void (*norm_grad_w)(const float* x, const float* g, NormRow r, float* sum, float* bias,
+                      std::int64_t n);
   // Returns Σ exp(x - shift), shift at least every x (their max, so no term exceeds 1); writes
   // the terms to y unless y is null; streams a row of kStreamFloats or more. A term below the
   // smallest normal float (x - shift < -87.3) is 0: a denormal softmax probability weighs

@@ -232,91 +232,30 @@ struct SimdLoops {
                                                      (i * sizeof(float) + kAheadBytes)));
   }
 
-  // Layer norm's input-gradient sums over a row, {Σ g w, Σ g w x̂}, in two sets of running sums
-  // as Moments takes them (one would wait on the last add's latency).
-  struct GradDots {
-    R shift, scale, bias, gw[2], gwx[2];
-    explicit GradDots(NormRow r)
-        : shift(V::set1(r.shift)), scale(V::set1(r.scale)), bias(V::set1(r.bias)) {
-      gw[0] = gw[1] = gwx[0] = gwx[1] = V::set1(0.0f);
-    }
-    void step(const float* x, const float* g, const float* w, std::int64_t i, int set) {
+  static std::array<float, 2> norm_grad_dots(const float* x, const float* g, const float* w,
+                                             NormRow r, std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
+    // Two sets of running sums: one would wait on the last add's latency.
+    R gw0 = V::set1(0.0f), gwx0 = gw0, gw1 = gw0, gwx1 = gw0;
+    const auto step = [&](std::int64_t i, R& gw, R& gwx) {
       const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
       const R t = V::mul(V::load(g + i), V::load(w + i));
-      gw[set] = V::add(gw[set], t);
-      gwx[set] = V::fmadd(t, xhat, gwx[set]);
-    }
-    std::array<float, 2> finish(const float* x, const float* g, const float* w, NormRow r,
-                                std::int64_t i, std::int64_t n) {
-      std::array<float, 2> out = {V::hsum(V::add(gw[0], gw[1])), V::hsum(V::add(gwx[0], gwx[1]))};
-      for (; i < n; ++i) {
-        const float t = g[i] * w[i];
-        out[0] += t;
-        out[1] += t * ((x[i] - r.shift) * r.scale + r.bias);
-      }
-      return out;
-    }
-  };
-
-  [[gnu::always_inline]] static std::array<float, 2> norm_grad_dots(const float* x, const float* g,
-                                                                    const float* w, NormRow r,
-                                                                    std::int64_t n) {
-    GradDots dots(r);
-    const std::int64_t i =
-        whole_vectors(n, [&](std::int64_t at, int set) { dots.step(x, g, w, at, set); });
-    return dots.finish(x, g, w, r, i, n);
-  }
-
-  // gx = scale (g w - m1 - x̂ m2) over a row of n (m1, m2 its sums over n), summing the next
-  // row's sums alongside (where there is a next row: next_x, next_g, its statistics next_r);
-  // returns them as norm_grad_dots gives them, or zeros. Folding x̂'s affine form into two
-  // constants a row (four vector operations for six) measured no faster.
-  [[gnu::always_inline]] static std::array<float, 2> norm_grad_out(
-      const float* x, const float* g, const float* w, NormRow r, std::array<float, 2> sums,
-      float* gx, const float* next_x, const float* next_g, NormRow next_r, std::int64_t n) {
-    const float count = static_cast<float>(n), m1 = sums[0] / count, m2 = sums[1] / count;
-    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
-    const R m1v = V::set1(m1), m2v = V::set1(m2);
-    const auto out = [&](std::int64_t i) {
-      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
-      const R gw = V::sub(V::mul(V::load(g + i), V::load(w + i)), m1v);
-      V::store(gx + i, V::mul(scale, V::fnmadd(xhat, m2v, gw)));
+      gw = V::add(gw, t);
+      gwx = V::fmadd(t, xhat, gwx);
     };
-    GradDots dots(next_r);
-    const std::int64_t i = next_x ? whole_vectors(n,
-                                                  [&](std::int64_t at, int set) {
-                                                    dots.step(next_x, next_g, w, at, set);
-                                                    out(at);
-                                                  })
-                                  : whole_vectors(n, [&](std::int64_t at, int) { out(at); });
-    for (std::int64_t j = i; j < n; ++j) {
-      const float xhat = (x[j] - r.shift) * r.scale + r.bias;
-      gx[j] = r.scale * (g[j] * w[j] - m1 - xhat * m2);
+    std::int64_t i = 0;
+    for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      step(i, gw0, gwx0);
+      step(i + kWidth, gw1, gwx1);
     }
-    return next_x ? dots.finish(next_x, next_g, w, next_r, i, n) : std::array<float, 2>{};
-  }
-
-  // Layer norm's input gradient over rows [0, rows): each row's output pass sums the next row's
-  // sums, so that row's reads overlap this row's arithmetic and writes, as the forward pass does
-  // (kernels/norm_rows.h).
-  static void norm_grad_x(const float* g, const float* x, const float* w, const float* stats,
-                          float* gx, std::int64_t rows, std::int64_t n) {
-    if (rows == 0) return;
-    const auto row = [stats](std::int64_t k) {
-      const float* s = stats + k * kNormStatsFloats;
-      return NormRow{s[0], s[1], s[2]};
-    };
-    NormRow r = row(0);
-    std::array<float, 2> sums = norm_grad_dots(x, g, w, r, n);
-    for (std::int64_t k = 0; k < rows; ++k) {
-      const bool last = k + 1 == rows;
-      const NormRow next = last ? NormRow{} : row(k + 1);
-      const float* xr = x + k * n;
-      const float* gr = g + k * n;
-      sums = norm_grad_out(xr, gr, w, r, sums, gx + k * n, last ? nullptr : xr + n,
-                           last ? nullptr : gr + n, next, n);
-      r = next;
+    for (; i + kWidth <= n; i += kWidth) step(i, gw0, gwx0);
+    std::array<float, 2> out = {V::hsum(V::add(gw0, gw1)), V::hsum(V::add(gwx0, gwx1))};
+    for (; i < n; ++i) {
+      const float t = g[i] * w[i];
+      out[0] += t;
+      out[1] += t * ((x[i] - r.shift) * r.scale + r.bias);
     }
+    return out;
   }
 
   // y = x̂ w + b over a row of n, summing next's moments about next_c alongside (where there is a
@@ -346,33 +285,19 @@ struct SimdLoops {
     norm_rows_with<SimdLoops>(x, w, b, y, stats, rows, n, eps);
   }
 
-  template <bool kBias>
-  static void norm_grad_w_rows(const float* x, const float* g, const float* stats,
-                               std::int64_t rows, float* sum, float* bias_sum, std::int64_t n) {
-    for (std::int64_t k = 0; k < rows; ++k) {
-      const float* s = stats + k * kNormStatsFloats;
-      const float* __restrict xr = x + k * n;
-      const float* __restrict gr = g + k * n;
-      const R shift = V::set1(s[0]), scale = V::set1(s[1]), bias = V::set1(s[2]);
-      std::int64_t i = 0;
-      for (; i + kWidth <= n; i += kWidth) {
-        const R gi = V::load(gr + i);
-        const R xhat = V::fmadd(V::sub(V::load(xr + i), shift), scale, bias);
-        V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
-        if constexpr (kBias) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
-      }
-      for (; i < n; ++i) {
-        sum[i] += gr[i] * ((xr[i] - s[0]) * s[1] + s[2]);
-        if constexpr (kBias) bias_sum[i] += gr[i];
-      }
+  static void norm_grad_w(const float* x, const float* g, NormRow r, float* sum, float* bias_sum,
+                          std::int64_t n) {
+    const R shift = V::set1(r.shift), scale = V::set1(r.scale), bias = V::set1(r.bias);
+    std::int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth) {
+      const R gi = V::load(g + i);
+      const R xhat = V::fmadd(V::sub(V::load(x + i), shift), scale, bias);
+      V::store(sum + i, V::fmadd(gi, xhat, V::load(sum + i)));
+      if (bias_sum) V::store(bias_sum + i, V::add(V::load(bias_sum + i), gi));
     }
-  }
-  static void norm_grad_w(const float* x, const float* g, const float* stats, std::int64_t rows,
-                          float* sum, float* bias_sum, std::int64_t n) {
-    if (bias_sum) {
-      norm_grad_w_rows<true>(x, g, stats, rows, sum, bias_sum, n);
-    } else {
-      norm_grad_w_rows<false>(x, g, stats, rows, sum, nullptr, n);
+    for (; i < n; ++i) {
+      sum[i] += g[i] * ((x[i] - r.shift) * r.scale + r.bias);
+      if (bias_sum) bias_sum[i] += g[i];
     }
   }
 
@@ -450,7 +375,6 @@ struct SimdLoops {
             .dot = dot,
             .shifted_sums = shifted_sums,
             .norm_grad_dots = norm_grad_dots,
-            .norm_grad_x = norm_grad_x,
             .norm_rows = norm_rows,
             .norm_grad_w = norm_grad_w,
             .exp_sum = exp_sum,

@@ -153,57 +153,6 @@ TEST(VectorMath, LayerNormGradientSumsAsFloat64) {
   }
 }
 
-// Layer norm's input gradient: each row's gx as float64 arithmetic from the row's sums (as
-// norm_grad_dots gives them), and the same bits whether the rows come in one call (each output
-// pass summing the next row's sums) or one call each.
-TEST(VectorMath, LayerNormInputGradientRows) {
-  for (const VectorMath* m : vector_math_all()) {
-    for (std::int64_t n : {1, 7, 16, 33, 512}) {
-      for (std::int64_t rows : {1, 3, 6}) {
-        const auto seed = 101 + static_cast<unsigned>(n * rows);
-        // Random values alone (values() appends its special values past the first count).
-        const auto random = [](std::int64_t count, float r, unsigned s) {
-          std::vector<float> v = values(count, r, s);
-          v.resize(static_cast<std::size_t>(count));
-          return v;
-        };
-        const std::vector<float> x = random(rows * n, 3, seed), g = random(rows * n, 2, seed + 1);
-        const std::vector<float> w = random(n, 1.5f, seed + 2);
-        const std::int64_t len = n;
-        std::vector<float> stats;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const auto k = static_cast<float>(r);
-          stats.insert(stats.end(), {0.2f * k - 0.4f, 0.6f + 0.1f * k, 0.05f * k - 0.15f});
-        }
-        std::vector<float> gx(x.size()), one(x.size());
-        m->norm_grad_x(g.data(), x.data(), w.data(), stats.data(), gx.data(), rows, len);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const auto at = static_cast<std::size_t>(r * len);
-          const float* st = stats.data() + r * kNormStatsFloats;
-          m->norm_grad_x(g.data() + at, x.data() + at, w.data(), st, one.data() + at, 1, len);
-          const NormRow row{st[0], st[1], st[2]};
-          const std::array<float, 2> sums =
-              m->norm_grad_dots(x.data() + at, g.data() + at, w.data(), row, len);
-          const double m1 = double{sums[0]} / static_cast<double>(len);
-          const double m2 = double{sums[1]} / static_cast<double>(len);
-          for (std::int64_t j = 0; j < len; ++j) {
-            const auto i = at + static_cast<std::size_t>(j);
-            const auto jw = static_cast<std::size_t>(j);
-            const double centred = (double{x[i]} - row.shift) * row.scale;
-            const double gw = double{g[i]} * w[jw];
-            const double want = row.scale * (gw - m1 - (centred + row.bias) * m2);
-            const double terms =
-                row.scale * (std::abs(gw) + std::abs(m1) +
-                             (std::abs(centred) + std::abs(row.bias)) * std::abs(m2));
-            expect_close(gx[i], want, "norm_grad_x", m->isa, x[i], terms);
-          }
-        }
-        EXPECT_EQ(gx, one) << m->isa << " n=" << n << " rows=" << rows;
-      }
-    }
-  }
-}
-
 // Layer norm's forward rows: the statistics the same bits with the output or without, each row's
 // as norm_row makes them from shifted_sums about the mean of its first 64 values (so the pass
 // that makes the output sums the next row's moments bit for bit as shifted_sums does), and y as
@@ -248,7 +197,7 @@ TEST(VectorMath, LayerNormRowsKeepTheirStatistics) {
 }
 
 // Layer norm's scale-gradient pass: the scale's sums as float64 arithmetic on the same row, the
-// bias's as plain float adds in order; over many rows, the same bits as one row at a time.
+// bias's as plain float adds in order.
 TEST(VectorMath, LayerNormScaleGradientSums) {
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {1, 7, 16, 31, 33, 512, 4099}) {
@@ -258,9 +207,8 @@ TEST(VectorMath, LayerNormScaleGradientSums) {
       const std::vector<float> bias_start = values(n, 4, seed + 6);
       const auto len = static_cast<std::int64_t>(x.size());
       const NormRow r{.shift = 0.37f, .scale = 0.8f, .bias = -0.21f};
-      const float stats[kNormStatsFloats] = {r.shift, r.scale, r.bias};
       std::vector<float> sum = start, bias = bias_start;
-      m->norm_grad_w(x.data(), g.data(), stats, 1, sum.data(), bias.data(), len);
+      m->norm_grad_w(x.data(), g.data(), r, sum.data(), bias.data(), len);
       for (std::size_t i = 0; i < x.size(); ++i) {
         // Within a few ULP of the largest term it sums: (x - shift) scale, bias, then times g
         // plus the running sum.
@@ -273,40 +221,8 @@ TEST(VectorMath, LayerNormScaleGradientSums) {
       // Without a bias, the same scale's sums.
       const std::vector<float> with_bias = sum;
       sum = start;
-      m->norm_grad_w(x.data(), g.data(), stats, 1, sum.data(), nullptr, len);
+      m->norm_grad_w(x.data(), g.data(), r, sum.data(), nullptr, len);
       EXPECT_EQ(sum, with_bias) << m->isa << " n=" << n;
-    }
-  }
-}
-
-// Rows taken several in one call add each element's terms in row order: the same bits as a call
-// per row, with the bias and without.
-TEST(VectorMath, LayerNormScaleGradientRowsAddInRowOrder) {
-  for (const VectorMath* m : vector_math_all()) {
-    for (std::int64_t n : {1, 17, 40, 512}) {
-      for (std::int64_t rows : {2, 4, 5, 11}) {
-        const auto seed = 91 + static_cast<unsigned>(n * rows);
-        const std::vector<float> x = values(rows * n, 3, seed), g = values(rows * n, 2, seed + 1);
-        std::vector<float> stats;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const auto k = static_cast<float>(r);
-          stats.insert(stats.end(), {0.1f * k - 0.3f, 0.7f + 0.05f * k, 0.02f * k - 0.1f});
-        }
-        const std::vector<float> start = values(n, 4, seed + 2),
-                                 bias_start = values(n, 4, seed + 3);
-        for (const bool with_bias : {true, false}) {
-          std::vector<float> sum = start, bias = bias_start, one_sum = start, one_bias = bias_start;
-          m->norm_grad_w(x.data(), g.data(), stats.data(), rows, sum.data(),
-                         with_bias ? bias.data() : nullptr, n);
-          for (std::int64_t r = 0; r < rows; ++r) {
-            m->norm_grad_w(x.data() + r * n, g.data() + r * n, stats.data() + r * kNormStatsFloats,
-                           1, one_sum.data(), with_bias ? one_bias.data() : nullptr, n);
-          }
-          EXPECT_EQ(sum, one_sum) << m->isa << " n=" << n << " rows=" << rows;
-          EXPECT_EQ(bias, one_bias) << m->isa << " n=" << n << " rows=" << rows;
-          EXPECT_NE(sum, start) << m->isa;  // the rows were added
-        }
-      }
     }
   }
 }
