@@ -9,6 +9,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/scratch.h"
 #include "meshflow/kernels/vectorize.h"
 
 namespace meshflow {
@@ -146,7 +147,7 @@ void sum_rows(const T* x, std::int64_t rows, std::int64_t cols, T* out) {
     });
     return;
   }
-  std::vector<T> partial(static_cast<std::size_t>(blocks * cols));
+  ScratchVector<T> partial(static_cast<std::size_t>(blocks * cols));
   parallel_for(blocks, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t b = begin; b < end; ++b) {
       const std::int64_t first = part_begin(rows, static_cast<int>(blocks), static_cast<int>(b), 1);

@@ -10,6 +10,7 @@
 
 #include "meshflow/kernels/accumulate.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/scratch.h"
 #include "meshflow/kernels/vector_math.h"
 #include "meshflow/kernels/vectorize.h"
 
@@ -57,7 +58,7 @@ void grad_w_range(const float* g, const float* x, const float* stats, float* sum
 }
 
 // out = partial row 0 + partial row 1 + ..., in order.
-void add_partials(const std::vector<float>& partial, std::int64_t parts, std::int64_t d,
+void add_partials(const ScratchVector<float>& partial, std::int64_t parts, std::int64_t d,
                   float* out) {
   std::copy(partial.begin(), partial.begin() + d, out);
   for (std::int64_t p = 1; p < parts; ++p) add_to(out, partial.data() + p * d, d);
@@ -67,8 +68,8 @@ void add_partials(const std::vector<float>& partial, std::int64_t parts, std::in
 // into its own partial row, the blocks split over the device's threads.
 void grad_w_blocks(const float* g, const float* x, const float* stats, float* gw, float* gb,
                    std::int64_t rows, std::int64_t d, std::int64_t blocks) {
-  std::vector<float> pw(static_cast<std::size_t>(blocks * d), 0.0f);
-  std::vector<float> pb(gb ? pw.size() : 0, 0.0f);
+  ScratchVector<float> pw(static_cast<std::size_t>(blocks * d), 0.0f);
+  ScratchVector<float> pb(gb ? pw.size() : 0, 0.0f);
   parallel_for(blocks, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t b = begin; b < end; ++b) {
       const auto n = static_cast<int>(blocks), k = static_cast<int>(b);
@@ -111,7 +112,7 @@ void layer_norm_grad_w_rows(const float* g, const float* x, const float* stats, 
   }
   // Each part sums its rows into its own row of `partial`; the parts are added in order.
   const int parts = parallel_parts(rows, row_grain(d));
-  std::vector<float> partial(static_cast<std::size_t>(parts * d), 0.0f);
+  ScratchVector<float> partial(static_cast<std::size_t>(parts * d), 0.0f);
   parallel_parts_for(rows, parts, [&](int part, std::int64_t first, std::int64_t last) {
     grad_w_range(g, x, stats, partial.data() + part * d, nullptr, first, last, d);
   });

@@ -1,0 +1,36 @@
+// Scratch arrays for the kernels' partial results (a block of rows' partial sums): a std::vector
+// whose storage starts on a cache line. malloc returns 16-byte alignment, and a 64 KiB block
+// 16 bytes past a page boundary, so a row of partial sums read and written a 64-byte register at
+// a time split two lines on every access. Layer norm's scale and bias gradients over the bench
+// GPT's [2048, 512] on two threads, each row adding into its block's partial rows: 105-113 us
+// with malloc's partial rows, 80-82 us with these (interleaved rep by rep in one process).
+#pragma once
+
+#include <cstddef>
+#include <new>
+#include <vector>
+
+namespace meshflow {
+
+inline constexpr std::size_t kCacheLineBytes = 64;
+
+// Storage aligned to a cache line, for std::vector.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  explicit CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{kCacheLineBytes}));
+  }
+  void deallocate(T* p, std::size_t n) {
+    ::operator delete (p, n * sizeof(T), std::align_val_t{kCacheLineBytes});
+  }
+  bool operator==(const CacheLineAllocator&) const = default;
+};
+
+template <class T>
+using ScratchVector = std::vector<T, CacheLineAllocator<T>>;
+
+}  // namespace meshflow
