@@ -107,16 +107,15 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
   // order (the sum 0 + g1 + g2 ... would give), while the chunk is in cache. Rows split over the
   // device's threads, each row's tokens added by the thread that owns it.
   //
-  // Measured on the bench GPT's [8192, 512] table from 2,048 tokens, two threads, the variants
-  // interleaved in one process, each rep followed by a 10 MiB memcpy (the bench's floor): one
-  // memset of each thread's whole block (bulk stores that write lines without reading them),
-  // then the copies, took 0.99-1.49x the floor, and a memset per chunk of 256 KiB, each followed
-  // by its rows, 0.85-1.39x (8-15% less, in each state of the machine; chunks of 32 KiB gained
-  // half as much, of 128 KiB to 1 MiB as much). Inside `meshflow bench kernels`, both in one
-  // process, the chunks took 247-318 us against 243-327. Each row zeroed or copied alone took
-  // 1.6-2.0x with vector stores or a memset per run of unnamed rows, and 1.3-1.8x with streaming
-  // stores; a second pass that split the columns for the repeated ids, each thread reading every
-  // token's id, 10-15% longer than adding them here.
+  // Measured on the bench GPT's [8192, 512] table from 2,048 tokens on two threads, the variants
+  // interleaved rep by rep in one `meshflow bench kernels` process, each rep followed by a
+  // 10 MiB memcpy (the floor): one memset of each thread's whole block (bulk stores that write
+  // lines without reading them), then the copies, 339-370 us; a memset per chunk of 256 KiB,
+  // each followed by its rows, 280-307 us (chunks of 64 KiB: 291-318; of 1 MiB: 298-325). In a
+  // harness likewise interleaved, each row zeroed or copied alone took 1.6-2.0x the floor with
+  // vector stores or a memset per run of unnamed rows, and 1.3-1.8x with streaming stores; a
+  // second pass that split the columns for the repeated ids, each thread reading every token's
+  // id, 10-15% longer than adding them here.
   constexpr std::size_t kZeroChunkBytes = std::size_t{256} << 10;
   const auto row_bytes = sizeof(T) * static_cast<std::size_t>(d);
   const auto chunk =
