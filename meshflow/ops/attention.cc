@@ -8,6 +8,7 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/scratch.h"
 #include "meshflow/kernels/softmax.h"
 #include "meshflow/ops/matmul.h"
 
@@ -140,8 +141,9 @@ std::vector<Tensor> run(std::span<const Op> ops, const std::vector<const Tensor*
   // The leading dims (batch and heads) split over the device's threads, each part with its own
   // block of scores.
   parallel_for(d.batch, 1, [&](std::int64_t first_batch, std::int64_t last_batch) {
-    std::vector<T> p(static_cast<std::size_t>(kBlockRows * d.sk));
-    std::vector<T> dp(ds ? static_cast<std::size_t>(kBlockRows * d.sk) : 0);
+    // On a cache line (kernels/scratch.h): 0-2% faster than malloc's alignment, rep by rep.
+    ScratchVector<T> p(static_cast<std::size_t>(kBlockRows * d.sk));
+    ScratchVector<T> dp(ds ? static_cast<std::size_t>(kBlockRows * d.sk) : 0);
     for (std::int64_t b = first_batch; b < last_batch; ++b) {
       const T* qb = q.data<T>().data() + b * d.sq * d.dk;
       const T* kb = k.data<T>().data() + b * d.sk * d.dk;
