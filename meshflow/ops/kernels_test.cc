@@ -312,43 +312,69 @@ TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
 }
 
 // The table's gradient at a size whose rows split over a team: rows no id names are zero, the
-// others the sum of their tokens' rows in token order, bit for bit as a plain loop adds them.
+// others the sum of their tokens' rows in token order, bit for bit as a plain loop adds them;
+// with ids spread evenly, and with most tokens naming a few rows at the table's start (as a
+// text's frequent tokens do), which the team splits by work rather than by rows.
 TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
   ThreadTeam team(3);
   // Rows of 160 bytes: the kernel zeroes 1,638 at a time, so each thread's block is more than
   // one chunk, and the chunks' ends are not the blocks'.
   const std::int64_t vocab = 7001, width = 40, tokens = 1500;
-  const Tensor i = ids({tokens}, vocab);
   const Tensor g = rnd({tokens, width}, 7, DType::kFloat32);
-  std::vector<float> want(static_cast<std::size_t>(vocab * width), 0.0f);
-  for (std::int64_t k = 0; k < tokens; ++k) {
-    const std::int64_t row = i.data<std::int64_t>()[static_cast<std::size_t>(k)];
-    for (std::int64_t j = 0; j < width; ++j)
-      want[static_cast<std::size_t>(row * width + j)] +=
-          g.data<float>()[static_cast<std::size_t>(k * width + j)];
-  }
-  for (bool on_team : {false, true}) {
-    {
-      // Freed buffers are handed out again: leave one of the table's size dirty, so that a row
-      // the kernel did not write shows.
-      Tensor dirty = Tensor::uninitialized(DType::kFloat32, {vocab, width});
-      std::fill(dirty.data<float>().begin(), dirty.data<float>().end(), 7.0f);
-    }
-    const UseTeam use(on_team ? &team : nullptr);
-    const Tensor got = run({.type = OpType::kEmbeddingGrad, .shape = {vocab, width}}, {&i, &g});
-    ASSERT_EQ(got.shape(), (Shape{vocab, width}));
-    std::int64_t zero_rows = 0;
-    for (std::int64_t r = 0; r < vocab; ++r) {
-      bool zero = true;
-      for (std::int64_t j = 0; j < width; ++j) {
-        const auto e = static_cast<std::size_t>(r * width + j);
-        ASSERT_EQ(got.data<float>()[e], want[e]) << "row " << r << " column " << j;
-        zero = zero && want[e] == 0.0f;
+  for (const bool skewed : {false, true}) {
+    Tensor i = ids({tokens}, vocab);
+    if (skewed) {
+      for (std::int64_t k = 0; k < tokens; ++k) {
+        std::int64_t& id = i.data<std::int64_t>()[static_cast<std::size_t>(k)];
+        if (k % 10 < 7) id %= 40;
       }
-      zero_rows += zero;
     }
-    EXPECT_GT(zero_rows, vocab / 2);  // most rows no token names
+    std::vector<float> want(static_cast<std::size_t>(vocab * width), 0.0f);
+    for (std::int64_t k = 0; k < tokens; ++k) {
+      const std::int64_t row = i.data<std::int64_t>()[static_cast<std::size_t>(k)];
+      for (std::int64_t j = 0; j < width; ++j)
+        want[static_cast<std::size_t>(row * width + j)] +=
+            g.data<float>()[static_cast<std::size_t>(k * width + j)];
+    }
+    for (const bool on_team : {false, true}) {
+      {
+        // Freed buffers are handed out again: leave one of the table's size dirty, so that a
+        // row the kernel did not write shows.
+        Tensor dirty = Tensor::uninitialized(DType::kFloat32, {vocab, width});
+        std::fill(dirty.data<float>().begin(), dirty.data<float>().end(), 7.0f);
+      }
+      const UseTeam use(on_team ? &team : nullptr);
+      const Tensor got = run({.type = OpType::kEmbeddingGrad, .shape = {vocab, width}}, {&i, &g});
+      ASSERT_EQ(got.shape(), (Shape{vocab, width}));
+      std::int64_t zero_rows = 0;
+      for (std::int64_t r = 0; r < vocab; ++r) {
+        bool zero = true;
+        for (std::int64_t j = 0; j < width; ++j) {
+          const auto e = static_cast<std::size_t>(r * width + j);
+          ASSERT_EQ(got.data<float>()[e], want[e])
+              << "row " << r << " column " << j << (skewed ? " (skewed)" : "");
+          zero = zero && want[e] == 0.0f;
+        }
+        zero_rows += zero;
+      }
+      EXPECT_GT(zero_rows, vocab / 2);  // most rows no token names
+    }
   }
+}
+
+// Rows of width 0 (a shard of no columns) and a table of no rows give empty results.
+TEST(Kernels, EmbeddingGradientOfEmptyRowsOrTables) {
+  ThreadTeam team(2);
+  const UseTeam use(&team);
+  const Tensor i = ids({6}, 5);
+  const Tensor g = rnd({6, 0}, 3, DType::kFloat32);
+  EXPECT_EQ(run({.type = OpType::kEmbeddingGrad, .shape = {5, 0}}, {&i, &g}).shape(),
+            (Shape{5, 0}));
+  const Tensor none = ids({0}, 5);
+  const Tensor g0 = rnd({0, 4}, 3, DType::kFloat32);
+  const Tensor zeros = run({.type = OpType::kEmbeddingGrad, .shape = {5, 4}}, {&none, &g0});
+  ASSERT_EQ(zeros.shape(), (Shape{5, 4}));
+  for (float v : zeros.data<float>()) EXPECT_EQ(v, 0.0f);
 }
 
 // softmax(q kᵀ / √Dk, masked above the diagonal when causal) v, one score at a time.
