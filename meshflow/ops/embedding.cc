@@ -7,7 +7,6 @@
 
 #include "meshflow/core/error.h"
 #include "meshflow/kernels/accumulate.h"
-#include "meshflow/kernels/copy_rows.h"
 #include "meshflow/kernels/parallel.h"
 
 namespace meshflow {
@@ -73,17 +72,12 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     Tensor y = Tensor::uninitialized(rows.dtype(), out);
     const T* t = rows.data<T>().data();
     T* py = y.data<T>().data();
-    // Tokens split over the device's threads; zeros where another device owns the row. Each row
-    // moves in whole registers (kernels/copy_rows.h): 46-48 us for the bench GPT's 2,048 rows
-    // of 2 KiB on two threads against 48-50 through memcpy, and prefetching the next one, two or
-    // four tokens' rows took 50-55 (interleaved rep by rep in one bench process).
-    const auto row_bytes = static_cast<std::int64_t>(sizeof(T)) * d;
+    // Tokens split over the device's threads; zeros where another device owns the row.
     parallel_for(n, row_grain(d), [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t i = first; i < last; ++i) {
         const std::int64_t r = checked(i) - first_row;
         if (r >= 0 && r < local_rows) {
-          copy_rows(reinterpret_cast<const std::byte*>(t + r * d), row_bytes,
-                    reinterpret_cast<std::byte*>(py + i * d), 1, row_bytes);
+          std::memcpy(py + i * d, t + r * d, sizeof(T) * static_cast<std::size_t>(d));
         } else {
           std::fill(py + i * d, py + (i + 1) * d, T(0));
         }
@@ -91,80 +85,39 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     });
     return y;
   }
-  // first[v]: the first token whose id is v, or -1 where no token has it; later[i]: the next
-  // token after i with i's id, or -1 (last[v] is the latest token seen with id v); count[v]: the
-  // tokens whose id is v.
-  std::vector<std::int64_t> first(static_cast<std::size_t>(vocab), -1), last(first.size(), -1);
-  std::vector<std::int64_t> later(static_cast<std::size_t>(n), -1), count(first.size(), 0);
+  // first[v]: the first token whose id is v, or -1 where no token has it.
+  std::vector<std::int64_t> first(static_cast<std::size_t>(vocab), -1);
   for (std::int64_t i = 0; i < n; ++i) {
-    const auto id = static_cast<std::size_t>(checked(i));
-    std::int64_t& f = first[id];
-    if (f < 0) {
-      f = i;
-    } else {
-      later[static_cast<std::size_t>(last[id])] = i;
-    }
-    last[id] = i;
-    ++count[id];
-  }
-  // The rows split over the device's threads by work, not by number: a row costs its zeroing
-  // and a copy or an add per token that names it. A text's frequent tokens often have
-  // neighbouring ids (a BPE vocabulary numbers its first merges first), and an equal split of
-  // the rows would leave their additions to one thread. At the bench GPT's size the split costs
-  // nothing measurable, and with 60% of the tokens on 300 ids neither split was faster (the
-  // table's zeroing dominates); more tokens per step than rows would tip it.
-  const int parts = parallel_parts(vocab, row_grain(d));
-  std::vector<std::int64_t> bounds(static_cast<std::size_t>(parts) + 1, vocab);
-  bounds[0] = 0;
-  const std::int64_t total = vocab + n;
-  std::int64_t work = 0;
-  for (std::int64_t v = 0, p = 1; v < vocab && p < parts; ++v) {
-    work += 1 + count[static_cast<std::size_t>(v)];
-    for (; p < parts && work * parts >= p * total; ++p) bounds[static_cast<std::size_t>(p)] = v + 1;
+    std::int64_t& f = first[static_cast<std::size_t>(checked(i))];
+    if (f < 0) f = i;
   }
   Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
-  // The table zeroed a chunk of rows at a time, each thread its block of rows; then a row some
-  // token names gets its first token's gradient copied, and each later token's added in token
-  // order (the sum 0 + g1 + g2 ... would give), while the chunk is in cache; each row's tokens
-  // added by the thread that owns it.
-  //
-  // Measured on the bench GPT's [8192, 512] table from 2,048 tokens on two threads, the variants
-  // interleaved rep by rep in one `meshflow bench kernels` process, each rep followed by a
-  // 10 MiB memcpy (the floor): one memset of each thread's whole block (bulk stores that write
-  // lines without reading them), then the copies, 339-370 us; a memset per chunk of 256 KiB,
-  // each followed by its rows, 280-307 us (chunks of 64 KiB: 291-318; of 1 MiB: 298-325). In a
-  // harness likewise interleaved, each row zeroed or copied alone took 1.6-2.0x the floor with
-  // vector stores or a memset per run of unnamed rows, and 1.3-1.8x with streaming stores; a
-  // second pass that split the columns for the repeated ids, each thread reading every token's
-  // id, 10-15% longer than adding them here.
-  constexpr std::size_t kZeroChunkBytes = std::size_t{256} << 10;
-  const auto row_bytes = sizeof(T) * static_cast<std::size_t>(d);
-  const auto chunk =
-      row_bytes == 0
-          ? std::max<std::int64_t>(vocab, 1)  // rows of width 0
-          : static_cast<std::int64_t>(std::max<std::size_t>(1, kZeroChunkBytes / row_bytes));
-  parallel_parts_for(parts, parts, [&](int part, std::int64_t, std::int64_t) {
-    const std::int64_t begin = bounds[static_cast<std::size_t>(part)];
-    const std::int64_t end = bounds[static_cast<std::size_t>(part) + 1];
-    for (std::int64_t c = begin; c < end; c += chunk) {
-      const std::int64_t c_end = std::min(end, c + chunk);
-      std::memset(pg + c * d, 0, row_bytes * static_cast<std::size_t>(c_end - c));
-      for (std::int64_t v = c; v < c_end; ++v) {
-        const std::int64_t f = first[static_cast<std::size_t>(v)];
-        if (f < 0) continue;
-        T* __restrict dst = pg + v * d;
-        std::memcpy(dst, g + f * d, row_bytes);
-        for (std::int64_t i = later[static_cast<std::size_t>(f)]; i >= 0;
-             i = later[static_cast<std::size_t>(i)]) {
-          const T* __restrict src = g + i * d;
-          if constexpr (std::is_same_v<T, float>) {
-            add_to(dst, src, d);
-          } else {
-            for (std::int64_t j = 0; j < d; ++j) dst[j] += src[j];
-          }
-        }
+  // The table zeroed, each thread its block of rows in one memset; then a row some token names
+  // gets its first token's gradient copied, and each later token's added in token order (the
+  // sum 0 + g1 + g2 ... would give). Rows split over the device's threads, then the columns for
+  // the additions (a repeated id adds in order alone). One memset of the block, whose bulk
+  // stores write whole lines without reading them, then copies over the named rows: 0.35 ms
+  // for the bench GPT's [8192, 512] table on one thread, against 0.66-0.70 ms when each row
+  // was either zeroed or copied (`meshflow bench kernels --cases embedding_bwd --threads 1`).
+  parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
+    std::memset(pg + begin * d, 0, sizeof(T) * static_cast<std::size_t>((end - begin) * d));
+    for (std::int64_t v = begin; v < end; ++v) {
+      const std::int64_t f = first[static_cast<std::size_t>(v)];
+      if (f >= 0) std::memcpy(pg + v * d, g + f * d, sizeof(T) * static_cast<std::size_t>(d));
+    }
+  });
+  parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t id = id_at<I>(ids, i);
+      if (first[static_cast<std::size_t>(id)] == i) continue;
+      T* __restrict dst = pg + id * d;
+      const T* __restrict src = g + i * d;
+      if constexpr (std::is_same_v<T, float>) {
+        add_to(dst + begin, src + begin, end - begin);
+      } else {
+        for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
       }
     }
   });

@@ -314,11 +314,9 @@ TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
 // The table's gradient at a size whose rows split over a team: rows no id names are zero, the
 // others the sum of their tokens' rows in token order, bit for bit as a plain loop adds them;
 // with ids spread evenly, and with most tokens naming a few rows at the table's start (as a
-// text's frequent tokens do), which the team splits by work rather than by rows.
+// text's frequent tokens do).
 TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
   ThreadTeam team(3);
-  // Rows of 160 bytes: the kernel zeroes 1,638 at a time, so each thread's block is more than
-  // one chunk, and the chunks' ends are not the blocks'.
   const std::int64_t vocab = 7001, width = 40, tokens = 1500;
   const Tensor g = rnd({tokens, width}, 7, DType::kFloat32);
   for (const bool skewed : {false, true}) {
