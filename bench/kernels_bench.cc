@@ -365,9 +365,9 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
     }
     r.extra["op"] = c.what;
     r.extra["threads"] = threads;
-    // The floor's own rate says what state the machine was in: on the reference machine it has
-    // run at about 110 GB/s in some runs and about 50 in others (what else shares its caches and
-    // memory), and a kernel's vs_floor differs between them. Compare runs of like floors.
+    // The floor's own rate says what state the machine was in: on the reference machine the
+    // same case's floor has run at about 110 GB/s in some runs and about 50 in others, and a
+    // kernel's vs_floor differs between them. Compare runs of like floors.
     if (!r.floor_s.empty())
       r.extra["floor_gbps"] = static_cast<double>(c.bytes) / median(r.floor_s) / 1e9;
     const auto t = torch.find(c.name);

@@ -360,7 +360,7 @@ TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
   }
 }
 
-// Rows of width 0 (a shard of no columns) and a table of no rows give empty results.
+// Rows of width 0 (a shard of no columns) give a table of width 0, and no tokens a zero table.
 TEST(Kernels, EmbeddingGradientOfEmptyRowsOrTables) {
   ThreadTeam team(2);
   const UseTeam use(&team);
