@@ -4,8 +4,10 @@
 // a time split two lines on every access. Layer norm's scale and bias gradients over the bench
 // GPT's [2048, 512] on two threads, each row adding into its block's partial rows: 105-113 us
 // with malloc's partial rows 16 bytes off a line, 80-82 us with these (interleaved rep by rep
-// in one process). Whole `bench kernels` runs, where malloc places the rows differently from
-// run to run, showed no difference beyond their spread: this makes the fast case certain.
+// in one process). Whole `bench kernels` runs alternated with the binary before: layer_norm_bwd
+// 112-114 us against 122-124 with the floor from cache; no difference beyond the spread in runs
+// where it was not (malloc places the rows differently from run to run; this makes the fast case
+// certain).
 #pragma once
 
 #include <cstddef>
