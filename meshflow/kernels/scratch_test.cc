@@ -9,7 +9,7 @@ namespace {
 
 template <class T>
 bool on_a_line(const ScratchVector<T>& v) {
-  return reinterpret_cast<std::uintptr_t>(v.data()) % kCacheLineBytes == 0;
+  return reinterpret_cast<std::uintptr_t>(v.data()) % kTensorAlignment == 0;
 }
 
 // Every size starts on a cache line, where malloc gives 16 bytes (so a 64 KiB block sits 16
