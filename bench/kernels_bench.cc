@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "bench/collectives_bench.h"
 #include "meshflow/core/error.h"
@@ -12,6 +13,7 @@
 #include "meshflow/kernels/float_mode.h"
 #include "meshflow/kernels/gemm.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/kernels/vector_math.h"
 #include "meshflow/ops/op.h"
 
 namespace meshflow::bench {
@@ -27,12 +29,21 @@ struct Product {
   std::int64_t m = 0, n = 0, k = 0;
 };
 
+// Bytes of an operand a memory-bound kernel reads: its first `bytes` (all of it by default).
+struct Read {
+  const Tensor* from = nullptr;
+  std::int64_t bytes = -1;
+};
+
 // One case: what it runs, and what it is measured against.
 struct Case {
   std::string name;
   std::string what;
   std::function<void()> run;
-  std::int64_t bytes = 0;         // memory-bound: the bytes it reads and writes (the floor's)
+  // Memory-bound: the operands' bytes it reads, each once, and the bytes of its results. The
+  // floor moves them (see Floor).
+  std::vector<Read> reads;
+  std::int64_t writes = 0;
   std::vector<Product> products;  // a product: the bare cblas_sgemm calls of its shapes
 };
 
@@ -130,28 +141,32 @@ std::vector<Case> cases(const Operands& operands) {
   c.push_back({.name = "gelu_fwd",
                .what = "[2048, 2048]",
                .run = [d] { call(Op{.type = OpType::kGelu}, {&d->hidden}); },
-               .bytes = 2 * hidden});
+               .reads = {{&d->hidden}},
+               .writes = hidden});
   c.push_back({.name = "gelu_bwd",
                .what = "g, x -> dx",
                .run =
                    [d] {
                      call(Op{.type = OpType::kGeluGrad}, {&d->g_hidden, &d->hidden});
                    },
-               .bytes = 3 * hidden});
+               .reads = {{&d->g_hidden}, {&d->hidden}},
+               .writes = hidden});
   c.push_back({.name = "add_fwd",
                .what = "the residual add, [8, 256, 512]",
                .run =
                    [d] {
                      call(Op{.type = OpType::kAdd}, {&d->residual, &d->other});
                    },
-               .bytes = 3 * width});
+               .reads = {{&d->residual}, {&d->other}},
+               .writes = width});
   c.push_back({.name = "add_bwd",
                .what = "the position embedding's gradient: [8, 256, 512] summed to [256, 512]",
                .run =
                    [d] {
                      call(Op{.type = OpType::kSumTo, .shape = {kSeq, kWidth}}, {&d->residual});
                    },
-               .bytes = width + width / kBatch});
+               .reads = {{&d->residual}},
+               .writes = width / kBatch});
   // As a training step runs them: the forward pass keeps the rows' statistics (graph/
   // task_graph.h's fused kernels); dx alone (zero-bubble schedules run it apart), dw and db in
   // one pass over g and x, each reading the statistics.
@@ -164,7 +179,8 @@ std::vector<Case> cases(const Operands& operands) {
                          {Op{.type = OpType::kLayerNorm}, Op{.type = OpType::kLayerNormStats}},
                          {&d->x, &d->ln_w, &d->ln_b});
                    },
-               .bytes = 2 * width + stats});
+               .reads = {{&d->x}, {&d->ln_w}, {&d->ln_b}},
+               .writes = width + stats});
   c.push_back({.name = "layer_norm_bwd",
                .what = "dx (g, x, w, stats), then dw (g, x, stats) and db (g) in one pass",
                .run =
@@ -175,14 +191,22 @@ std::vector<Case> cases(const Operands& operands) {
                                     Op{.type = OpType::kSumTo, .shape = {kWidth}}},
                                    {&d->g_width, &d->x, &d->ln_stats});
                    },
-               .bytes = 3 * width + 2 * width + 2 * stats});
+               .reads = {{&d->g_width},
+                         {&d->x},
+                         {&d->ln_w},
+                         {&d->ln_stats},
+                         {&d->g_width},
+                         {&d->x},
+                         {&d->ln_stats}},
+               .writes = width + 2 * kWidth * kF});
   c.push_back({.name = "softmax_ce_fwd",
                .what = "logits [2048, 8192] and labels -> the mean loss",
                .run =
                    [d] {
                      call(Op{.type = OpType::kSoftmaxCrossEntropy}, {&d->logits, &d->labels});
                    },
-               .bytes = logits});
+               .reads = {{&d->logits}, {&d->labels}},
+               .writes = kF});
   c.push_back({.name = "softmax_ce_bwd",
                .what = "the logits' gradient",
                .run =
@@ -190,14 +214,17 @@ std::vector<Case> cases(const Operands& operands) {
                      call(Op{.type = OpType::kSoftmaxCrossEntropyGrad},
                           {&d->logits, &d->labels, &d->scalar});
                    },
-               .bytes = 2 * logits});
+               .reads = {{&d->logits}, {&d->labels}, {&d->scalar}},
+               .writes = logits});
   c.push_back({.name = "embedding_fwd",
                .what = "ids [8, 256] into table [8192, 512]",
                .run =
                    [d] {
                      call(Op{.type = OpType::kEmbedding}, {&d->tokens, &d->table});
                    },
-               .bytes = 2 * width});
+               // A token's row of the table each (as many bytes as the result).
+               .reads = {{&d->tokens}, {&d->table, width}},
+               .writes = width});
   c.push_back({.name = "embedding_bwd",
                .what = "g's rows added into a zero [8192, 512] table",
                .run =
@@ -205,16 +232,19 @@ std::vector<Case> cases(const Operands& operands) {
                      call(Op{.type = OpType::kEmbeddingGrad, .shape = {kVocab, kWidth}},
                           {&d->tokens, &d->g_embed});
                    },
-               .bytes = static_cast<std::int64_t>(d->table.nbytes()) + width});
+               .reads = {{&d->tokens}, {&d->g_embed}},
+               .writes = static_cast<std::int64_t>(d->table.nbytes())});
   const Op to_heads{.type = OpType::kTranspose, .dims = {0, 2, 1, 3}};
   c.push_back({.name = "transpose_heads_fwd",
                .what = "[8, 256, 8, 64] -> [8, 8, 256, 64]",
                .run = [d, to_heads] { call(to_heads, {&d->heads}); },
-               .bytes = 2 * width});
+               .reads = {{&d->heads}},
+               .writes = width});
   c.push_back({.name = "transpose_heads_bwd",
                .what = "[8, 8, 256, 64] -> [8, 256, 8, 64]",
                .run = [d, to_heads] { call(to_heads, {&d->q}); },
-               .bytes = 2 * width});
+               .reads = {{&d->q}},
+               .writes = width});
   c.push_back({.name = "attention_fwd", .what = "causal, q, k, v [8, 8, 256, 64]", .run = [d] {
                  call(Op{.type = OpType::kAttention, .causal = true}, {&d->q, &d->k, &d->v});
                }});
@@ -228,6 +258,72 @@ std::vector<Case> cases(const Operands& operands) {
                }});
   return c;
 }
+
+// DESIGN's floor of a memory-bound case: the bytes it reads and writes moved by plain memcpy
+// between buffers of the same sizes, each destination byte written once from where it lives,
+// plus one read of every term a reduction adds. Here: a destination the size of the case's
+// results, filled by memcpy from the operands it reads, in order; the operands' bytes left over
+// once it is full are read (summed, as a reduction reads its terms); the destination's bytes
+// left over once the operands are spent are zeroed (a scatter's rows no token names). Each of
+// the device's threads takes its share of every piece, in one parallel loop.
+class Floor {
+ public:
+  Floor(const std::vector<Read>& reads, std::int64_t writes)
+      : to_(random({std::max<std::int64_t>(1, (writes + kF - 1) / kF)}, 31)) {
+    std::byte* to = to_.bytes();
+    std::int64_t room = writes;
+    for (const Read& r : reads) {
+      const std::int64_t n = r.bytes < 0 ? static_cast<std::int64_t>(r.from->nbytes()) : r.bytes;
+      MESHFLOW_CHECK(n % kF == 0 && n <= static_cast<std::int64_t>(r.from->nbytes()),
+                     "a floor's read of {} bytes", n);
+      const std::int64_t copied = std::min(n, room);
+      if (copied > 0) pieces_.push_back({r.from->bytes(), to, copied});
+      if (n > copied) pieces_.push_back({r.from->bytes() + copied, nullptr, n - copied});
+      to += copied;
+      room -= copied;
+      bytes_ += n;
+    }
+    if (room > 0) pieces_.push_back({nullptr, to, room});
+    bytes_ += writes;
+  }
+
+  std::int64_t bytes() const { return bytes_; }  // read and written
+
+  void run() {
+    const int parts = team_threads();
+    std::vector<float> sums(static_cast<std::size_t>(parts));
+    parallel_parts_for(parts, parts, [&](int part, std::int64_t, std::int64_t) {
+      float sum = 0;
+      for (const Piece& p : pieces_) {
+        const std::int64_t begin = part_begin(p.bytes, parts, part, kF * 16);
+        const std::int64_t n = part_begin(p.bytes, parts, part + 1, kF * 16) - begin;
+        if (n == 0) continue;
+        if (p.from == nullptr) {
+          std::memset(p.to + begin, 0, static_cast<std::size_t>(n));
+        } else if (p.to == nullptr) {
+          sum += vector_math().sum(reinterpret_cast<const float*>(p.from + begin), n / kF);
+        } else {
+          std::memcpy(p.to + begin, p.from + begin, static_cast<std::size_t>(n));
+        }
+      }
+      sums[static_cast<std::size_t>(part)] = sum;
+    });
+    float total = 0;
+    for (float s : sums) total += s;
+    sink_ = total;
+  }
+
+ private:
+  struct Piece {
+    const std::byte* from;  // null: zeroed
+    std::byte* to;          // null: read alone
+    std::int64_t bytes;
+  };
+  Tensor to_;
+  std::vector<Piece> pieces_;
+  std::int64_t bytes_ = 0;
+  volatile float sink_ = 0;  // the reads' sums, kept so that they are made
+};
 
 // PyTorch's same operators at the same shapes; prints {case: [seconds per rep]}.
 std::string pytorch_script(int threads, int reps, int warmup) {
@@ -318,15 +414,12 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
     return !o.cases.empty() && std::find(o.cases.begin(), o.cases.end(), c.name) == o.cases.end();
   });
   const std::map<std::string, std::vector<double>> torch = pytorch_times(o, threads);
-  // The floor's and the baseline's buffers, large enough for every case.
-  std::int64_t most_bytes = 0, most_floats = 0;
+  // The baseline's buffers, large enough for every product.
+  std::int64_t most_floats = 0;
   for (const Case& c : all) {
-    most_bytes = std::max(most_bytes, (c.bytes + 1) / 2);
     for (const Product& p : c.products)
       most_floats = std::max({most_floats, p.m * p.k, p.k * p.n, p.m * p.n});
   }
-  const Tensor src = random({std::max<std::int64_t>(1, most_bytes / kF)}, 31);
-  Tensor dst = random({std::max<std::int64_t>(1, most_bytes / kF)}, 32);
   const Tensor a = random({std::max<std::int64_t>(1, most_floats)}, 33);
   const Tensor b = random({std::max<std::int64_t>(1, most_floats)}, 34);
   Tensor out = random({std::max<std::int64_t>(1, most_floats)}, 35);
@@ -335,8 +428,9 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
   const UseTeam use(&team);
   const FlushDenormals flush;
   for (const Case& c : all) {
-    BenchResult r{.case_name = c.name, .backend = "host", .devices = 1, .bytes = c.bytes};
+    BenchResult r{.case_name = c.name, .backend = "host", .devices = 1};
     std::function<void()> floor;
+    std::optional<Floor> copy;
     if (!c.products.empty()) {
       r.baseline = "cblas_sgemm";
       floor = [&] {
@@ -346,14 +440,10 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
                       out.data<float>().data(), p.n);
         }
       };
-    } else if (c.bytes > 0) {
-      const std::int64_t n = c.bytes / 2;
-      floor = [&, n] {
-        parallel_for(n, kElementGrain * kF, [&](std::int64_t begin, std::int64_t end) {
-          std::memcpy(dst.bytes() + begin, src.bytes() + begin,
-                      static_cast<std::size_t>(end - begin));
-        });
-      };
+    } else if (!c.reads.empty()) {
+      copy.emplace(c.reads, c.writes);
+      r.bytes = copy->bytes();
+      floor = [&] { copy->run(); };
     }
     for (int rep = -o.warmup; rep < o.reps; ++rep) {
       const double s = time_once(c.run);
@@ -366,10 +456,10 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
     r.extra["op"] = c.what;
     r.extra["threads"] = threads;
     // The floor's own rate says what state the machine was in: on the reference machine the
-    // same case's floor has run at about 110 GB/s in some runs and about 50 in others, and a
+    // same case's floor has run at rates up to 2x apart from one run to the next, and a
     // kernel's vs_floor differs between them. Compare runs of like floors.
     if (!r.floor_s.empty())
-      r.extra["floor_gbps"] = static_cast<double>(c.bytes) / median(r.floor_s) / 1e9;
+      r.extra["floor_gbps"] = static_cast<double>(r.bytes) / median(r.floor_s) / 1e9;
     const auto t = torch.find(c.name);
     if (t != torch.end() && !t->second.empty()) {
       r.extra["pytorch_s"] = median(t->second);

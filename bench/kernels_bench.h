@@ -10,8 +10,9 @@
 //   gelu, add (the residual), layer_norm, softmax_ce (the loss over [2048, 8192] logits),
 //   embedding, transpose_heads ([8, 256, 8, 64] -> [8, 8, 256, 64])
 //     fwd and bwd (layer_norm_bwd: dx, dw and db; add_bwd: the position embedding's sum over
-//     the batch). Floor: memcpy of as many bytes as the kernel reads and writes (a copy of n
-//     bytes reads n and writes n), interleaved.
+//     the batch). Floor: the bytes the kernel reads and writes moved between buffers of its
+//     sizes (memcpy from its operands into a destination the size of its results, the operands'
+//     bytes left over read once, the destination's left over zeroed), interleaved.
 //   attention                causal, [8, 8, 256, 64] q, k, v; bwd: dq, dk and dv.
 //     Baseline PyTorch's eager attention.
 // Every case also reports pytorch_s (PyTorch's same operator on the same threads; null where
