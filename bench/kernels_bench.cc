@@ -8,12 +8,12 @@
 #include <optional>
 
 #include "bench/collectives_bench.h"
+#include "bench/floor.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/kernels/float_mode.h"
 #include "meshflow/kernels/gemm.h"
 #include "meshflow/kernels/parallel.h"
-#include "meshflow/kernels/vector_math.h"
 #include "meshflow/ops/op.h"
 
 namespace meshflow::bench {
@@ -29,20 +29,14 @@ struct Product {
   std::int64_t m = 0, n = 0, k = 0;
 };
 
-// Bytes of an operand a memory-bound kernel reads: its first `bytes` (all of it by default).
-struct Read {
-  const Tensor* from = nullptr;
-  std::int64_t bytes = -1;
-};
-
 // One case: what it runs, and what it is measured against.
 struct Case {
   std::string name;
   std::string what;
   std::function<void()> run;
-  // Memory-bound: the operands' bytes it reads, each once, and the bytes of its results. The
-  // floor moves them (see Floor).
-  std::vector<Read> reads;
+  // Memory-bound: the operands' bytes it reads, each once, and the bytes of its results, which
+  // its floor moves (bench/floor.h).
+  std::vector<FloorRead> reads;
   std::int64_t writes = 0;
   std::vector<Product> products;  // a product: the bare cblas_sgemm calls of its shapes
 };
@@ -259,72 +253,6 @@ std::vector<Case> cases(const Operands& operands) {
   return c;
 }
 
-// DESIGN's floor of a memory-bound case: the bytes it reads and writes moved by plain memcpy
-// between buffers of the same sizes, each destination byte written once from where it lives,
-// plus one read of every term a reduction adds. Here: a destination the size of the case's
-// results, filled by memcpy from the operands it reads, in order; the operands' bytes left over
-// once it is full are read (summed, as a reduction reads its terms); the destination's bytes
-// left over once the operands are spent are zeroed (a scatter's rows no token names). Each of
-// the device's threads takes its share of every piece, in one parallel loop.
-class Floor {
- public:
-  Floor(const std::vector<Read>& reads, std::int64_t writes)
-      : to_(random({std::max<std::int64_t>(1, (writes + kF - 1) / kF)}, 31)) {
-    std::byte* to = to_.bytes();
-    std::int64_t room = writes;
-    for (const Read& r : reads) {
-      const std::int64_t n = r.bytes < 0 ? static_cast<std::int64_t>(r.from->nbytes()) : r.bytes;
-      MESHFLOW_CHECK(n % kF == 0 && n <= static_cast<std::int64_t>(r.from->nbytes()),
-                     "a floor's read of {} bytes", n);
-      const std::int64_t copied = std::min(n, room);
-      if (copied > 0) pieces_.push_back({r.from->bytes(), to, copied});
-      if (n > copied) pieces_.push_back({r.from->bytes() + copied, nullptr, n - copied});
-      to += copied;
-      room -= copied;
-      bytes_ += n;
-    }
-    if (room > 0) pieces_.push_back({nullptr, to, room});
-    bytes_ += writes;
-  }
-
-  std::int64_t bytes() const { return bytes_; }  // read and written
-
-  void run() {
-    const int parts = team_threads();
-    std::vector<float> sums(static_cast<std::size_t>(parts));
-    parallel_parts_for(parts, parts, [&](int part, std::int64_t, std::int64_t) {
-      float sum = 0;
-      for (const Piece& p : pieces_) {
-        const std::int64_t begin = part_begin(p.bytes, parts, part, kF * 16);
-        const std::int64_t n = part_begin(p.bytes, parts, part + 1, kF * 16) - begin;
-        if (n == 0) continue;
-        if (p.from == nullptr) {
-          std::memset(p.to + begin, 0, static_cast<std::size_t>(n));
-        } else if (p.to == nullptr) {
-          sum += vector_math().sum(reinterpret_cast<const float*>(p.from + begin), n / kF);
-        } else {
-          std::memcpy(p.to + begin, p.from + begin, static_cast<std::size_t>(n));
-        }
-      }
-      sums[static_cast<std::size_t>(part)] = sum;
-    });
-    float total = 0;
-    for (float s : sums) total += s;
-    sink_ = total;
-  }
-
- private:
-  struct Piece {
-    const std::byte* from;  // null: zeroed
-    std::byte* to;          // null: read alone
-    std::int64_t bytes;
-  };
-  Tensor to_;
-  std::vector<Piece> pieces_;
-  std::int64_t bytes_ = 0;
-  volatile float sink_ = 0;  // the reads' sums, kept so that they are made
-};
-
 // PyTorch's same operators at the same shapes; prints {case: [seconds per rep]}.
 std::string pytorch_script(int threads, int reps, int warmup) {
   return fmt::format(
@@ -430,7 +358,7 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
   for (const Case& c : all) {
     BenchResult r{.case_name = c.name, .backend = "host", .devices = 1};
     std::function<void()> floor;
-    std::optional<Floor> copy;
+    std::optional<MemoryFloor> copy;
     if (!c.products.empty()) {
       r.baseline = "cblas_sgemm";
       floor = [&] {
