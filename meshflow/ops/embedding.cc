@@ -1,6 +1,7 @@
 #include "meshflow/ops/embedding.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -47,6 +48,11 @@ TensorSpec infer_embedding(const Op& op, const std::vector<TensorSpec>& in) {
 
 namespace {
 
+// The embedding gradient's table is zeroed this many bytes at a time, and a row's later tokens
+// are added with the row split over threads where there are more than kInlineAdds (see run).
+constexpr std::int64_t kZeroBlockBytes = std::int64_t{64} << 10;
+constexpr std::int64_t kInlineAdds = 8;
+
 template <typename I>
 std::int64_t id_at(const Tensor& ids, std::int64_t i) {
   return static_cast<std::int64_t>(ids.data<I>()[static_cast<std::size_t>(i)]);
@@ -85,42 +91,92 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     });
     return y;
   }
-  // first[v]: the first token whose id is v, or -1 where no token has it.
-  std::vector<std::int64_t> first(static_cast<std::size_t>(vocab), -1);
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::int64_t& f = first[static_cast<std::size_t>(checked(i))];
-    if (f < 0) f = i;
+  for (std::int64_t i = 0; i < n; ++i) checked(i);  // the first id out of range fails
+  // first[v]: the first token whose id is v, or -1 where no token has it; next[i]: the next
+  // token after i with i's id, or -1. One allocation (a vector per call of each freed and
+  // mapped afresh pages: glibc trims the heap's top).
+  std::vector<std::int64_t> links(static_cast<std::size_t>(vocab + n), -1);
+  std::int64_t* first = links.data();
+  std::int64_t* next = first + vocab;
+  for (std::int64_t i = n - 1; i >= 0; --i) {
+    std::int64_t& f = first[id_at<I>(ids, i)];
+    next[i] = f;
+    f = i;
   }
   Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
-  // The table zeroed, each thread its block of rows in one memset; then a row some token names
-  // gets its first token's gradient copied, and each later token's added in token order (the
-  // sum 0 + g1 + g2 ... would give). Rows split over the device's threads, then the columns for
-  // the additions (a repeated id adds in order alone). One memset of the block, whose bulk
-  // stores write whole lines without reading them, then copies over the named rows: 0.35 ms
-  // for the bench GPT's [8192, 512] table on one thread, against 0.66-0.70 ms when each row
-  // was either zeroed or copied (`meshflow bench kernels --cases embedding_bwd --threads 1`).
-  parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
-    std::memset(pg + begin * d, 0, sizeof(T) * static_cast<std::size_t>((end - begin) * d));
-    for (std::int64_t v = begin; v < end; ++v) {
-      const std::int64_t f = first[static_cast<std::size_t>(v)];
-      if (f >= 0) std::memcpy(pg + v * d, g + f * d, sizeof(T) * static_cast<std::size_t>(d));
-    }
-  });
-  parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t id = id_at<I>(ids, i);
-      if (first[static_cast<std::size_t>(id)] == i) continue;
-      T* __restrict dst = pg + id * d;
-      const T* __restrict src = g + i * d;
+  const auto row_bytes = sizeof(T) * static_cast<std::size_t>(d);
+  // Adds the gradients of the tokens after i (row v's first) to row v's columns [begin, end).
+  const auto add_later = [&](std::int64_t v, std::int64_t i, std::int64_t begin, std::int64_t end) {
+    T* __restrict dst = pg + v * d + begin;
+    for (i = next[i]; i >= 0; i = next[i]) {
+      const T* __restrict src = g + i * d + begin;
       if constexpr (std::is_same_v<T, float>) {
-        add_to(dst + begin, src + begin, end - begin);
+        add_to(dst, src, end - begin);
       } else {
-        for (std::int64_t j = begin; j < end; ++j) dst[j] += src[j];
+        for (std::int64_t j = 0; j < end - begin; ++j) dst[j] += src[j];
+      }
+    }
+  };
+  // Returns how many tokens after i have i's id, counting to kInlineAdds + 1 at most.
+  const auto later_tokens = [&](std::int64_t i) {
+    std::int64_t k = 0;
+    for (i = next[i]; i >= 0 && k <= kInlineAdds; i = next[i]) ++k;
+    return k;
+  };
+  std::atomic<bool> frequent = false;  // some row has more than kInlineAdds later tokens
+  // Each thread its rows of the table, kZeroBlockBytes at a time: the block zeroed by one memset
+  // (whose bulk stores write whole lines without reading them: a memset or a copy per row took
+  // twice as long), then, while the block is in cache, each row some token names gets its first
+  // token's gradient copied over and each later token's added in token order (the sum
+  // 0 + g1 + g2 ... would give), the next named row's first gradient prefetched meanwhile.
+  // `meshflow bench kernels` (the bench GPT's [8192, 512] table on two threads): the zeroing,
+  // the copies and the additions took 40-80 us each as three passes over the whole table, whose
+  // lines had left the cache by the next pass; this took 155-168 us against their 199-214,
+  // both kernels alternated as cases in one process.
+  const auto block = std::max<std::int64_t>(
+      1, kZeroBlockBytes / static_cast<std::int64_t>(std::max<std::size_t>(1, row_bytes)));
+  parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
+    const auto next_named = [&](std::int64_t v) {
+      while (v < end && first[v] < 0) ++v;
+      return v;
+    };
+    const auto prefetch = [&](std::int64_t v) {
+      if (v == end) return;
+      const auto* src = reinterpret_cast<const char*>(g + first[v] * d);
+      // A line at a time (kTensorAlignment is one).
+      for (std::size_t b = 0; b < row_bytes; b += kTensorAlignment) __builtin_prefetch(src + b);
+    };
+    std::int64_t v = next_named(begin);
+    prefetch(v);
+    for (std::int64_t b0 = begin; b0 < end; b0 += block) {
+      const std::int64_t b1 = std::min(end, b0 + block);
+      std::memset(pg + b0 * d, 0, row_bytes * static_cast<std::size_t>(b1 - b0));
+      while (v < b1) {
+        const std::int64_t after = next_named(v + 1);
+        prefetch(after);
+        const std::int64_t i = first[v];
+        std::memcpy(pg + v * d, g + i * d, row_bytes);
+        if (later_tokens(i) > kInlineAdds) {
+          first[v] = -2 - i;  // marks the row for the second pass
+          frequent = true;
+        } else {
+          add_later(v, i, 0, d);
+        }
+        v = after;
       }
     }
   });
+  // A frequent token's row, its later tokens' gradients added with the columns split over the
+  // threads: rows split would leave most of a skewed batch's additions to one thread.
+  if (frequent) {
+    parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t v = 0; v < vocab; ++v) {
+        if (first[v] <= -2) add_later(v, -2 - first[v], begin, end);
+      }
+    });
+  }
   return grad;
 }
 
