@@ -35,7 +35,6 @@ struct Avx2 {
         _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23))),
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
   }
-  static Reg recip_estimate(Reg a) { return _mm256_rcp_ps(a); }
   // Lanes below t become 0 (NaN stays).
   static Reg flush_below(Reg a, float t) {
     return _mm256_andnot_ps(_mm256_cmp_ps(a, _mm256_set1_ps(t), _CMP_LT_OQ), a);

@@ -31,7 +31,6 @@ struct Avx512 {
   }
   // Returns p 2^n for integral n.
   static Reg scale2(Reg p, Reg n) { return _mm512_scalef_ps(p, n); }
-  static Reg recip_estimate(Reg a) { return _mm512_rcp14_ps(a); }
   // Lanes below t become 0 (NaN stays).
   static Reg flush_below(Reg a, float t) {
     const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(t), _CMP_LT_OQ);

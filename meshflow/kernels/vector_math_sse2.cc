@@ -32,7 +32,6 @@ struct Sse2 {
     return _mm_mul_ps(_mm_mul_ps(p, _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k1, bias), 23))),
                       _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k2, bias), 23)));
   }
-  static Reg recip_estimate(Reg a) { return _mm_rcp_ps(a); }
   // Lanes below t become 0 (NaN stays).
   static Reg flush_below(Reg a, float t) {
     return _mm_andnot_ps(_mm_cmplt_ps(a, _mm_set1_ps(t)), a);
