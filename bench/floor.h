@@ -20,7 +20,7 @@ struct FloorRead {
 // A destination the size of the kernel's results, filled by memcpy from the operands it reads,
 // in order; the operands' bytes left over once it is full are read (summed, as a reduction reads
 // its terms); the destination's bytes left over once the operands are spent are zeroed (a
-// scatter's rows no index names). Each of the calling thread's team (kernels/parallel.h) takes
+// scatter's rows no index names). Each thread of the caller's team (kernels/parallel.h) takes
 // its share of every piece, in one parallel loop. Owns the destination; reads the operands,
 // which must outlive it.
 class MemoryFloor {

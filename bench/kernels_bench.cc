@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <optional>
 
@@ -358,7 +357,7 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
   for (const Case& c : all) {
     BenchResult r{.case_name = c.name, .backend = "host", .devices = 1};
     std::function<void()> floor;
-    std::optional<MemoryFloor> copy;
+    std::optional<MemoryFloor> memory_floor;
     if (!c.products.empty()) {
       r.baseline = "cblas_sgemm";
       floor = [&] {
@@ -369,9 +368,9 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
         }
       };
     } else if (!c.reads.empty()) {
-      copy.emplace(c.reads, c.writes);
-      r.bytes = copy->bytes();
-      floor = [&] { copy->run(); };
+      memory_floor.emplace(c.reads, c.writes);
+      r.bytes = memory_floor->bytes();
+      floor = [&] { memory_floor->run(); };
     }
     for (int rep = -o.warmup; rep < o.reps; ++rep) {
       const double s = time_once(c.run);
