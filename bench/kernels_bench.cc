@@ -253,7 +253,7 @@ std::vector<Case> cases(const Operands& operands) {
 }
 
 // PyTorch's same operators at the same shapes; prints {case: [seconds per rep]}.
-std::string pytorch_script(int threads, int reps, int warmup) {
+std::string pytorch_script(int threads, int reps, int warmup, double warmup_s) {
   return fmt::format(
       R"(import json, math, sys, time, torch
 torch.set_num_threads({threads}); torch.manual_seed(0)
@@ -264,7 +264,9 @@ def r(*shape): return torch.randn(*shape)
 res = {{}}
 def case(name, f):
     if wanted and name not in wanted: return
-    for _ in range({warmup}): f()
+    start, done = time.perf_counter(), 0
+    while done < {warmup} or time.perf_counter() - start < {warmup_s}:
+        f(); done += 1
     times = []
     for _ in range({reps}):
         t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
@@ -308,8 +310,8 @@ case("attention_bwd", lambda: torch.autograd.grad(out, qs, go, retain_graph=True
 print(json.dumps(res))
 )",
       fmt::arg("threads", threads), fmt::arg("reps", reps), fmt::arg("warmup", warmup),
-      fmt::arg("b", kBatch), fmt::arg("s", kSeq), fmt::arg("d", kWidth), fmt::arg("h", kHeads),
-      fmt::arg("v", kVocab));
+      fmt::arg("warmup_s", warmup_s), fmt::arg("b", kBatch), fmt::arg("s", kSeq),
+      fmt::arg("d", kWidth), fmt::arg("h", kHeads), fmt::arg("v", kVocab));
 }
 
 // Returns PyTorch's times per case, or nothing when torch does not import.
@@ -317,7 +319,7 @@ std::map<std::string, std::vector<double>> pytorch_times(const KernelsBenchOptio
                                                          int threads) {
   if (!o.pytorch) return {};
   std::vector<std::string> words{"/usr/bin/python3", "-c",
-                                 pytorch_script(threads, o.reps, o.warmup)};
+                                 pytorch_script(threads, o.reps, o.warmup, o.warmup_s)};
   words.insert(words.end(), o.cases.begin(), o.cases.end());
   const std::optional<nlohmann::json> j =
       run_command(words, {fmt::format("OMP_NUM_THREADS={}", threads)}).json();
@@ -372,10 +374,12 @@ BenchReport run_kernels_bench(const KernelsBenchOptions& o) {
       r.bytes = memory_floor->bytes();
       floor = [&] { memory_floor->run(); };
     }
-    for (int rep = -o.warmup; rep < o.reps; ++rep) {
+    double warm = 0;
+    for (int rep = 0; rep < o.warmup || warm < o.warmup_s; ++rep)
+      warm += time_once(c.run) + (floor ? time_once(floor) : 0);
+    for (int rep = 0; rep < o.reps; ++rep) {
       const double s = time_once(c.run);
       const double f = floor ? time_once(floor) : 0;
-      if (rep < 0) continue;
       r.case_s.push_back(s);
       if (!floor) continue;
       (c.products.empty() ? r.floor_s : r.baseline_s).push_back(f);
