@@ -32,7 +32,8 @@ struct KernelsBenchOptions {
   int reps = 7;
   // Untimed repetitions first: at least `warmup`, and as many more as fit in warmup_s seconds
   // (the case with its floor; PyTorch's operator alone). A memory-bound case's first
-  // milliseconds ran up to 1.5x its later reps (embedding_fwd: 70-150 us, then 45-50).
+  // milliseconds ran slower than its later reps (embedding_fwd: 70-150 us for 2-5 ms, then
+  // 45-50).
   int warmup = 2;
   double warmup_s = 0.05;
   bool pytorch = true;             // time PyTorch's operators when torch imports
