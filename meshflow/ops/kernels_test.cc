@@ -314,10 +314,10 @@ TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
 // The table's gradient at a size whose rows split over a team: rows no id names are zero, the
 // others the sum of their tokens' rows in token order, bit for bit as a plain loop adds them;
 // with ids spread evenly, and with most tokens naming a few rows at the table's start (as a
-// text's frequent tokens do).
+// text's frequent tokens do, whose additions split the columns: rows 100 wide split in two).
 TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
   ThreadTeam team(3);
-  const std::int64_t vocab = 7001, width = 40, tokens = 1500;
+  const std::int64_t vocab = 7001, width = 100, tokens = 1500;
   const Tensor g = rnd({tokens, width}, 7, DType::kFloat32);
   for (const bool skewed : {false, true}) {
     Tensor i = ids({tokens}, vocab);
