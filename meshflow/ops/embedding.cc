@@ -53,17 +53,13 @@ namespace {
 constexpr std::int64_t kZeroBlockBytes = std::int64_t{64} << 10;
 constexpr std::int64_t kInlineAdds = 8;
 
-template <typename I>
-std::int64_t id_at(const Tensor& ids, std::int64_t i) {
-  return static_cast<std::int64_t>(ids.data<I>()[static_cast<std::size_t>(i)]);
-}
-
 template <typename T, typename I>
 Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t vocab,
            std::int64_t first_row) {
   const std::int64_t d = rows.shape().back(), n = ids.numel();
+  const I* id_of = ids.data<I>().data();  // once: data() checks the dtype on every call
   auto checked = [&](std::int64_t i) {
-    const std::int64_t id = id_at<I>(ids, i);
+    const auto id = static_cast<std::int64_t>(id_of[i]);
     if (id < 0 || id >= vocab) {
       fail(ErrorKind::kInvalidArgument, "{}: id {} is out of range for a table of {} rows",
            to_string(op.type), id, vocab);
@@ -100,7 +96,7 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
   std::int64_t* first = links.data();
   std::int64_t* next = first + vocab;
   for (std::int64_t i = n - 1; i >= 0; --i) {
-    std::int64_t& f = first[id_at<I>(ids, i)];
+    std::int64_t& f = first[id_of[i]];
     next[i] = f;
     f = i;
   }
