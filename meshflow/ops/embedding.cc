@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -87,25 +88,29 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     });
     return y;
   }
-  for (std::int64_t i = 0; i < n; ++i) checked(i);  // the first id out of range fails
-  // first[v]: the first token whose id is v, or -1 where no token has it; next[i]: the next
-  // token after i with i's id, or -1. One allocation: with a vector each for these and for a
-  // scan's last token of each id, glibc trimmed the heap's top as they were freed, and every
-  // call faulted their pages in afresh (about 40 us of the bench GPT's gradient).
-  std::vector<std::int64_t> links(static_cast<std::size_t>(vocab + n), -1);
-  std::int64_t* first = links.data();
-  std::int64_t* next = first + vocab;
-  for (std::int64_t i = n - 1; i >= 0; --i) {
-    std::int64_t& f = first[id_of[i]];
-    next[i] = f;
-    f = i;
-  }
   Tensor grad = Tensor::uninitialized(rows.dtype(), {vocab, d});
   const T* g = rows.data<T>().data();
   T* pg = grad.data<T>().data();
   const auto row_bytes = sizeof(T) * static_cast<std::size_t>(d);
+  // The table's rows split over the device's threads, each part linking its own rows' tokens:
+  // first[v], the first token whose id is v, or -1 where no token has it (each part its rows'
+  // entries); and in part p's own array next[i], the next token after i with i's id, or -1 (for
+  // the tokens of p's rows). With one thread linking every token, the other read next[] at
+  // random from lines the first had written, each read a miss to the other core. The bench
+  // GPT's gradient on two threads, both kernels alternated in one process: 121-130 us against
+  // 131-144 where the floor ran from cache (85-88 us), 4-6 us slower (171-194 against 166-190)
+  // where it did not, where each part's scan of every id costs more than it saves.
+  // One allocation: with a vector each for these and for a scan's last token of each id, glibc
+  // trimmed the heap's top as they were freed, and every call faulted their pages in afresh
+  // (about 40 us).
+  const int parts = parallel_parts(vocab, row_grain(d));
+  const auto links =
+      std::make_unique_for_overwrite<std::int64_t[]>(static_cast<std::size_t>(vocab + parts * n));
+  std::int64_t* first = links.get();
+  const auto next_of = [&](int part) { return first + vocab + part * n; };
   // Adds the gradients of the tokens after i (row v's first) to row v's columns [begin, end).
-  const auto add_later = [&](std::int64_t v, std::int64_t i, std::int64_t begin, std::int64_t end) {
+  const auto add_later = [&](const std::int64_t* next, std::int64_t v, std::int64_t i,
+                             std::int64_t begin, std::int64_t end) {
     T* __restrict dst = pg + v * d + begin;
     for (i = next[i]; i >= 0; i = next[i]) {
       const T* __restrict src = g + i * d + begin;
@@ -117,24 +122,41 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
     }
   };
   // Returns how many tokens after i have i's id, counting to kInlineAdds + 1 at most.
-  const auto later_tokens = [&](std::int64_t i) {
+  const auto later_tokens = [&](const std::int64_t* next, std::int64_t i) {
     std::int64_t k = 0;
     for (i = next[i]; i >= 0 && k <= kInlineAdds; i = next[i]) ++k;
     return k;
   };
-  std::atomic<bool> frequent = false;  // some row has more than kInlineAdds later tokens
-  // Each thread its rows of the table, kZeroBlockBytes at a time: the block zeroed by one memset
+  std::atomic<bool> bad_ids = false;  // some part saw an id out of range
+  // Each part's rows with more than kInlineAdds later tokens, for the second pass.
+  std::vector<std::vector<std::int64_t>> frequent(static_cast<std::size_t>(parts));
+  // Each part its rows of the table, kZeroBlockBytes at a time: the block zeroed by one memset
   // (whose bulk stores write whole lines without reading them: a memset or a copy per row took
   // twice as long), then, while the block is in cache, each row some token names gets its first
   // token's gradient copied over and each later token's added in token order (the sum
-  // 0 + g1 + g2 ... would give), the next named row's first gradient prefetched meanwhile.
-  // `meshflow bench kernels` (the bench GPT's [8192, 512] table on two threads): the zeroing,
-  // the copies and the additions took 40-80 us each as three passes over the whole table, whose
-  // lines had left the cache by the next pass; this took 155-168 us against their 199-214,
-  // both kernels alternated as cases in one process.
+  // 0 + g1 + g2 ... would give), the next named row's first gradient and link prefetched
+  // meanwhile. `meshflow bench kernels` (the bench GPT's [8192, 512] table on two threads): the
+  // zeroing, the copies and the additions took 40-80 us each as three passes over the whole
+  // table, whose lines had left the cache by the next pass; this took 155-168 us against their
+  // 199-214, both kernels alternated as cases in one process.
   const auto block = std::max<std::int64_t>(
       1, kZeroBlockBytes / static_cast<std::int64_t>(std::max<std::size_t>(1, row_bytes)));
-  parallel_for(vocab, row_grain(d), [&](std::int64_t begin, std::int64_t end) {
+  parallel_parts_for(vocab, parts, [&](int part, std::int64_t begin, std::int64_t end) {
+    std::int64_t* next = next_of(part);
+    std::fill(first + begin, first + end, -1);
+    // Every token is linked, another part's (or an id out of range) through a slot of its own
+    // (`other`), without a branch: half the tokens are another part's, at random, and a branch
+    // mispredicted on them. An id out of range is named after the parts, by the check below.
+    std::int64_t other = -1;
+    bool out_of_range = false;
+    for (std::int64_t i = n - 1; i >= 0; --i) {
+      const auto v = static_cast<std::int64_t>(id_of[i]);
+      std::int64_t* slot = v >= begin && v < end ? first + v : &other;
+      next[i] = *slot;
+      *slot = i;
+      out_of_range |= v < 0 || v >= vocab;
+    }
+    if (out_of_range) bad_ids = true;
     const auto next_named = [&](std::int64_t v) {
       while (v < end && first[v] < 0) ++v;
       return v;
@@ -144,6 +166,7 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
       const auto* src = reinterpret_cast<const char*>(g + first[v] * d);
       // A line at a time (kTensorAlignment is one).
       for (std::size_t b = 0; b < row_bytes; b += kTensorAlignment) __builtin_prefetch(src + b);
+      __builtin_prefetch(next + first[v]);
     };
     std::int64_t v = next_named(begin);
     prefetch(v);
@@ -155,22 +178,25 @@ Tensor run(const Op& op, const Tensor& ids, const Tensor& rows, std::int64_t voc
         prefetch(after);
         const std::int64_t i = first[v];
         std::memcpy(pg + v * d, g + i * d, row_bytes);
-        if (later_tokens(i) > kInlineAdds) {
-          first[v] = -2 - i;  // marks the row for the second pass
-          frequent = true;
+        if (later_tokens(next, i) > kInlineAdds) {
+          frequent[static_cast<std::size_t>(part)].push_back(v);
         } else {
-          add_later(v, i, 0, d);
+          add_later(next, v, i, 0, d);
         }
         v = after;
       }
     }
   });
+  if (bad_ids) {
+    for (std::int64_t i = 0; i < n; ++i) checked(i);  // the first id out of range fails
+  }
   // A frequent token's row, its later tokens' gradients added with the columns split over the
   // threads: rows split would leave most of a skewed batch's additions to one thread.
-  if (frequent) {
+  if (std::any_of(frequent.begin(), frequent.end(), [](const auto& f) { return !f.empty(); })) {
     parallel_for(d, column_grain(n), [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t v = 0; v < vocab; ++v) {
-        if (first[v] <= -2) add_later(v, -2 - first[v], begin, end);
+      for (int p = 0; p < parts; ++p) {
+        for (const std::int64_t v : frequent[static_cast<std::size_t>(p)])
+          add_later(next_of(p), v, first[v], begin, end);
       }
     });
   }

@@ -324,7 +324,7 @@ TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
     if (skewed) {
       for (std::int64_t k = 0; k < tokens; ++k) {
         std::int64_t& id = i.data<std::int64_t>()[static_cast<std::size_t>(k)];
-        if (k % 10 < 7) id %= 40;
+        if (k % 10 < 7) id = id % 40 * 175;  // 40 frequent ids, spread over every part
       }
     }
     std::vector<float> want(static_cast<std::size_t>(vocab * width), 0.0f);
@@ -337,9 +337,12 @@ TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
     for (const bool on_team : {false, true}) {
       {
         // Freed buffers are handed out again: leave one of the table's size dirty, so that a
-        // row the kernel did not write shows.
+        // row the kernel did not write shows, and one of its links' (a first token per row,
+        // then a next token per token for each of the team's 3 parts) ending every chain, so
+        // that a part reading links another part wrote leaves out later tokens.
         Tensor dirty = Tensor::uninitialized(DType::kFloat32, {vocab, width});
         std::fill(dirty.data<float>().begin(), dirty.data<float>().end(), 7.0f);
+        const std::vector<std::int64_t> dirty_links(vocab + 3 * tokens, -1);
       }
       const UseTeam use(on_team ? &team : nullptr);
       const Tensor got = run({.type = OpType::kEmbeddingGrad, .shape = {vocab, width}}, {&i, &g});
@@ -778,6 +781,20 @@ TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
               run({.type = OpType::kEmbedding}, {&bad_ids, &a});
             }),
             "embedding: id 4 is out of range for a table of 3 rows");
+  // The gradient's ids are linked by each thread of a team, for its own rows: the error still
+  // names the first id out of range, alone or on a team.
+  Tensor grad_ids(DType::kInt64, {4});
+  std::copy_n(std::vector<std::int64_t>{3, 900, 1000, -1}.begin(), 4,
+              grad_ids.data<std::int64_t>().begin());
+  const Tensor g_rows = rnd({4, 512}, 6);
+  ThreadTeam team(2);
+  for (ThreadTeam* t : {static_cast<ThreadTeam*>(nullptr), &team}) {
+    const UseTeam use(t);
+    EXPECT_EQ(message([&] {
+                run({.type = OpType::kEmbeddingGrad, .shape = {1000, 512}}, {&grad_ids, &g_rows});
+              }),
+              "embedding_grad: id 1000 is out of range for a table of 1000 rows");
+  }
   EXPECT_EQ(message([&] {
               run({.type = OpType::kEmbedding}, {&a, &a});
             }),
