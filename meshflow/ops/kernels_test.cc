@@ -12,44 +12,18 @@
 #include "meshflow/core/random.h"
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/gradient.h"
+#include "meshflow/ops/kernels_testing.h"
 #include "meshflow/ops/op.h"
 
 namespace meshflow {
 namespace {
 
-Tensor rnd(const Shape& s, std::uint64_t seed, DType dtype = DType::kFloat64) {
-  return random_tensor(dtype, s, seed);
-}
-
-double at(const Tensor& t, std::int64_t i) {
-  return t.dtype() == DType::kFloat64 ? t.data<double>()[static_cast<std::size_t>(i)]
-                                      : t.data<float>()[static_cast<std::size_t>(i)];
-}
-
-void expect_near(const Tensor& got, const std::vector<double>& want, double tol,
-                 const std::string& what) {
-  ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
-  for (std::size_t i = 0; i < want.size(); ++i)
-    ASSERT_NEAR(at(got, static_cast<std::int64_t>(i)), want[i], tol * (1 + std::abs(want[i])))
-        << what << " element " << i;
-}
-
-Tensor run(const Op& op, const std::vector<const Tensor*>& in) { return compute(op, in); }
-
-// Random ids in [0, vocab), repeats included.
-Tensor ids(const Shape& shape, std::int64_t vocab, DType dtype = DType::kInt64) {
-  Tensor t = random_tensor(dtype, shape, 21);
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const auto k = static_cast<std::size_t>(i);
-    if (dtype == DType::kInt64) {
-      t.data<std::int64_t>()[k] = ((t.data<std::int64_t>()[k] % vocab) + vocab) % vocab;
-    } else {
-      t.data<std::int32_t>()[k] =
-          static_cast<std::int32_t>(((t.data<std::int32_t>()[k] % vocab) + vocab) % vocab);
-    }
-  }
-  return t;
-}
+using testing::at;
+using testing::expect_near;
+using testing::ids;
+using testing::message;
+using testing::rnd;
+using testing::run;
 
 // A kernel's work is the product of its labels' extents, read from the local shapes: a matrix
 // product's multiply-adds, an elementwise operator's elements, a reduction's inputs.
@@ -287,95 +261,6 @@ TEST(Kernels, LayerNormMatchesItsFormulaWithTheBiasedVariance) {
   const Tensor xf = rnd({2, 4}, 4, DType::kFloat32), wf = rnd({4}, 5, DType::kFloat32);
   const Tensor bf = rnd({4}, 6, DType::kFloat32);
   EXPECT_EQ(run({.type = OpType::kLayerNorm}, {&xf, &wf, &bf}).dtype(), DType::kFloat32);
-}
-
-TEST(Kernels, EmbeddingGathersTableRowsAndItsGradientAddsThemBack) {
-  for (DType id_type : {DType::kInt32, DType::kInt64}) {
-    const Tensor i = ids({2, 5}, 6, id_type), table = rnd({6, 3}, 1);
-    const Tensor y = run({.type = OpType::kEmbedding}, {&i, &table});
-    ASSERT_EQ(y.shape(), (Shape{2, 5, 3}));
-    const Tensor g = rnd({2, 5, 3}, 2);
-    const Tensor gt = run({.type = OpType::kEmbeddingGrad, .shape = {6, 3}}, {&i, &g});
-    std::vector<double> want_y, want_g(18, 0.0);
-    for (std::int64_t k = 0; k < 10; ++k) {
-      const std::int64_t row = id_type == DType::kInt64
-                                   ? i.data<std::int64_t>()[static_cast<std::size_t>(k)]
-                                   : i.data<std::int32_t>()[static_cast<std::size_t>(k)];
-      for (std::int64_t j = 0; j < 3; ++j) {
-        want_y.push_back(at(table, row * 3 + j));
-        want_g[static_cast<std::size_t>(row * 3 + j)] += at(g, k * 3 + j);
-      }
-    }
-    expect_near(y, want_y, 0, "embedding");
-    expect_near(gt, want_g, 1e-15, "embedding_grad");
-  }
-}
-
-// The table's gradient at a size whose rows split over a team: rows no id names are zero, the
-// others the sum of their tokens' rows in token order, bit for bit as a plain loop adds them;
-// with ids spread evenly, and with most tokens naming a few rows at the table's start (as a
-// text's frequent tokens do, whose additions split the columns: rows 100 wide split in two).
-TEST(Kernels, EmbeddingGradientOnATeamAddsEachIdsRowsInTokenOrder) {
-  ThreadTeam team(3);
-  const std::int64_t vocab = 7001, width = 100, tokens = 1500;
-  const Tensor g = rnd({tokens, width}, 7, DType::kFloat32);
-  for (const bool skewed : {false, true}) {
-    Tensor i = ids({tokens}, vocab);
-    if (skewed) {
-      for (std::int64_t k = 0; k < tokens; ++k) {
-        std::int64_t& id = i.data<std::int64_t>()[static_cast<std::size_t>(k)];
-        if (k % 10 < 7) id = id % 40 * 175;  // 40 frequent ids, spread over every part
-      }
-    }
-    std::vector<float> want(static_cast<std::size_t>(vocab * width), 0.0f);
-    for (std::int64_t k = 0; k < tokens; ++k) {
-      const std::int64_t row = i.data<std::int64_t>()[static_cast<std::size_t>(k)];
-      for (std::int64_t j = 0; j < width; ++j)
-        want[static_cast<std::size_t>(row * width + j)] +=
-            g.data<float>()[static_cast<std::size_t>(k * width + j)];
-    }
-    for (const bool on_team : {false, true}) {
-      {
-        // Freed buffers are handed out again: leave one of the table's size dirty, so that a
-        // row the kernel did not write shows, and one of its links' (a first token per row,
-        // then a next token per token for each of the team's 3 parts) ending every chain, so
-        // that a part reading links another part wrote leaves out later tokens.
-        Tensor dirty = Tensor::uninitialized(DType::kFloat32, {vocab, width});
-        std::fill(dirty.data<float>().begin(), dirty.data<float>().end(), 7.0f);
-        const std::vector<std::int64_t> dirty_links(vocab + 3 * tokens, -1);
-      }
-      const UseTeam use(on_team ? &team : nullptr);
-      const Tensor got = run({.type = OpType::kEmbeddingGrad, .shape = {vocab, width}}, {&i, &g});
-      ASSERT_EQ(got.shape(), (Shape{vocab, width}));
-      std::int64_t zero_rows = 0;
-      for (std::int64_t r = 0; r < vocab; ++r) {
-        bool zero = true;
-        for (std::int64_t j = 0; j < width; ++j) {
-          const auto e = static_cast<std::size_t>(r * width + j);
-          ASSERT_EQ(got.data<float>()[e], want[e])
-              << "row " << r << " column " << j << (skewed ? " (skewed)" : "");
-          zero = zero && want[e] == 0.0f;
-        }
-        zero_rows += zero;
-      }
-      EXPECT_GT(zero_rows, vocab / 2);  // most rows no token names
-    }
-  }
-}
-
-// Rows of width 0 (a shard of no columns) give a table of width 0, and no tokens a zero table.
-TEST(Kernels, EmbeddingGradientOfEmptyRowsOrTables) {
-  ThreadTeam team(2);
-  const UseTeam use(&team);
-  const Tensor i = ids({6}, 5);
-  const Tensor g = rnd({6, 0}, 3, DType::kFloat32);
-  EXPECT_EQ(run({.type = OpType::kEmbeddingGrad, .shape = {5, 0}}, {&i, &g}).shape(),
-            (Shape{5, 0}));
-  const Tensor none = ids({0}, 5);
-  const Tensor g0 = rnd({0, 4}, 3, DType::kFloat32);
-  const Tensor zeros = run({.type = OpType::kEmbeddingGrad, .shape = {5, 4}}, {&none, &g0});
-  ASSERT_EQ(zeros.shape(), (Shape{5, 4}));
-  for (float v : zeros.data<float>()) EXPECT_EQ(v, 0.0f);
 }
 
 // softmax(q kᵀ / √Dk, masked above the diagonal when causal) v, one score at a time.
@@ -748,14 +633,6 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
 TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
   const Tensor a = rnd({3, 4}, 1), b = rnd({5, 2}, 2);
   Tensor i(DType::kInt32, {3, 4});
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_EQ(message([&] {
               run({.type = OpType::kMatmul}, {&a, &b});
             }),
@@ -781,20 +658,6 @@ TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
               run({.type = OpType::kEmbedding}, {&bad_ids, &a});
             }),
             "embedding: id 4 is out of range for a table of 3 rows");
-  // The gradient's ids are linked by each thread of a team, for its own rows: the error still
-  // names the first id out of range, alone or on a team.
-  Tensor grad_ids(DType::kInt64, {4});
-  std::copy_n(std::vector<std::int64_t>{3, 900, 1000, -1}.begin(), 4,
-              grad_ids.data<std::int64_t>().begin());
-  const Tensor g_rows = rnd({4, 512}, 6);
-  ThreadTeam team(2);
-  for (ThreadTeam* t : {static_cast<ThreadTeam*>(nullptr), &team}) {
-    const UseTeam use(t);
-    EXPECT_EQ(message([&] {
-                run({.type = OpType::kEmbeddingGrad, .shape = {1000, 512}}, {&grad_ids, &g_rows});
-              }),
-              "embedding_grad: id 1000 is out of range for a table of 1000 rows");
-  }
   EXPECT_EQ(message([&] {
               run({.type = OpType::kEmbedding}, {&a, &a});
             }),

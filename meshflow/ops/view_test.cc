@@ -14,6 +14,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/kernels/parallel.h"
+#include "meshflow/ops/kernels_testing.h"
 
 namespace meshflow {
 namespace {
@@ -130,14 +131,7 @@ TEST(ReshapeKeepsShards, ExactlyWhenEveryDeviceHoldsTheSameFlatRange) {
   EXPECT_FALSE(reshape_keeps_shards(L("4", "S(0)", {24}), L("4", "R", {4, 6})));
 }
 
-std::string message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::message;
 
 TEST(ViewKernels, BadViewsAreOneClearErrorNamingTheOperator) {
   const Tensor x = random_tensor(DType::kFloat32, {3, 4}, 1);
