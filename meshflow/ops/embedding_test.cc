@@ -8,14 +8,15 @@
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/kernels_testing.h"
 #include "meshflow/ops/op.h"
+#include "tests/error_of.h"
 
 namespace meshflow {
 namespace {
 
 using testing::at;
+using testing::error_of;
 using testing::expect_near;
 using testing::ids;
-using testing::message;
 using testing::rnd;
 using testing::run;
 
@@ -118,7 +119,7 @@ TEST(Kernels, EmbeddingGradientNamesTheFirstIdOutOfRange) {
   ThreadTeam team(2);
   for (ThreadTeam* t : {static_cast<ThreadTeam*>(nullptr), &team}) {
     const UseTeam use(t);
-    EXPECT_EQ(message([&] {
+    EXPECT_EQ(error_of([&] {
                 run({.type = OpType::kEmbeddingGrad, .shape = {1000, 512}}, {&grad_ids, &g_rows});
               }),
               "embedding_grad: id 1000 is out of range for a table of 1000 rows");

@@ -14,14 +14,15 @@
 #include "meshflow/ops/gradient.h"
 #include "meshflow/ops/kernels_testing.h"
 #include "meshflow/ops/op.h"
+#include "tests/error_of.h"
 
 namespace meshflow {
 namespace {
 
 using testing::at;
+using testing::error_of;
 using testing::expect_near;
 using testing::ids;
-using testing::message;
 using testing::rnd;
 using testing::run;
 
@@ -633,36 +634,36 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
 TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {
   const Tensor a = rnd({3, 4}, 1), b = rnd({5, 2}, 2);
   Tensor i(DType::kInt32, {3, 4});
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               run({.type = OpType::kMatmul}, {&a, &b});
             }),
             "matmul: operand shapes 3x4, 5x2 do not fit a[..., m, k] @ b[k, n]");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               run({.type = OpType::kAdd}, {&a, &b});
             }),
             "add: shapes 3x4 and 5x2 do not broadcast (dim 0: 3 vs 5)");
-  EXPECT_EQ(message([&] { run({.type = OpType::kRelu}, {&i}); }),
+  EXPECT_EQ(error_of([&] { run({.type = OpType::kRelu}, {&i}); }),
             "relu: operand 0 is int32; relu takes float32 or float64");
-  EXPECT_EQ(message([&] { run({.type = OpType::kSum, .dims = {2}}, {&a}); }),
+  EXPECT_EQ(error_of([&] { run({.type = OpType::kSum, .dims = {2}}, {&a}); }),
             "sum: dim 2 is out of range for a 2-d operand");
-  EXPECT_EQ(message([&] { run({.type = OpType::kAdd}, {&a}); }), "add takes 2 operands, got 1");
+  EXPECT_EQ(error_of([&] { run({.type = OpType::kAdd}, {&a}); }), "add takes 2 operands, got 1");
   const Tensor w = rnd({3}, 3);
   const Tensor q = rnd({2, 3, 4}, 4), kk = rnd({2, 5, 3}, 5);
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               run({.type = OpType::kAttention}, {&q, &kk, &kk});
             }),
             "attention: q 2x3x4, k 2x5x3, v 2x5x3 disagree in Dk (the last dim of q and k)");
   Tensor bad_ids(DType::kInt64, {2});
   bad_ids.data<std::int64_t>()[1] = 4;
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               run({.type = OpType::kEmbedding}, {&bad_ids, &a});
             }),
             "embedding: id 4 is out of range for a table of 3 rows");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               run({.type = OpType::kEmbedding}, {&a, &a});
             }),
             "embedding: ids are float64; they must be int32 or int64");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               run({.type = OpType::kLayerNorm}, {&a, &w, &w});
             }),
             "layer_norm: operand 1 is 3 but x 3x4 needs 4");

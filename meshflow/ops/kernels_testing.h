@@ -1,16 +1,15 @@
-// Helpers shared by ops/'s kernel tests (kernels_test.cc, embedding_test.cc, view_test.cc):
-// seeded operands, running one operator, comparing against a reference, an error's message.
+// Helpers shared by ops/'s kernel tests (kernels_test.cc, embedding_test.cc):
+// seeded operands, running one operator, comparing against a reference (an error's message:
+// tests/error_of.h).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/ops/op.h"
 
@@ -49,16 +48,6 @@ inline Tensor ids(const Shape& shape, std::int64_t vocab, DType dtype = DType::k
     }
   }
   return t;
-}
-
-// The message of the Error fn throws, or "no error".
-inline std::string message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 }  // namespace meshflow::testing

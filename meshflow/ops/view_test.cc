@@ -14,7 +14,7 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/random.h"
 #include "meshflow/kernels/parallel.h"
-#include "meshflow/ops/kernels_testing.h"
+#include "tests/error_of.h"
 
 namespace meshflow {
 namespace {
@@ -131,29 +131,29 @@ TEST(ReshapeKeepsShards, ExactlyWhenEveryDeviceHoldsTheSameFlatRange) {
   EXPECT_FALSE(reshape_keeps_shards(L("4", "S(0)", {24}), L("4", "R", {4, 6})));
 }
 
-using testing::message;
+using testing::error_of;
 
 TEST(ViewKernels, BadViewsAreOneClearErrorNamingTheOperator) {
   const Tensor x = random_tensor(DType::kFloat32, {3, 4}, 1);
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               compute({.type = OpType::kReshape, .shape = {5, 2}}, {&x});
             }),
             "reshape: cannot reshape 3x4 (12 elements) into 5x2 (10)");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               compute({.type = OpType::kReshape, .shape = {5, -1}}, {&x});
             }),
             "reshape: cannot reshape 3x4 (12 elements) into 5x-1");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               compute({.type = OpType::kReshape, .shape = {-1, -1}}, {&x});
             }),
             "reshape: shape -1x-1 has -1 (extents are >= 0, with at most one -1)");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               compute({.type = OpType::kTranspose, .dims = {0, 0}}, {&x});
             }),
             "transpose: dims [0,0] are not a permutation of the 2 dims of the operand");
-  EXPECT_EQ(message([&] { compute({.type = OpType::kTranspose, .dims = {0}}, {&x}); }),
+  EXPECT_EQ(error_of([&] { compute({.type = OpType::kTranspose, .dims = {0}}, {&x}); }),
             "transpose: dims [0] are not a permutation of the 2 dims of the operand");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(error_of([&] {
               compute({.type = OpType::kTranspose, .dims = {0, 2}}, {&x});
             }),
             "transpose: dims [0,2] are not a permutation of the 2 dims of the operand");
