@@ -3,14 +3,14 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(meshflow_components core mesh comm plan kernels ops graph runtime dtensor train auto)
+set(meshflow_components core mesh comm plan data kernels ops graph runtime dtensor train auto)
 foreach(c ${meshflow_components})
   set_target_properties(meshflow_${c} PROPERTIES EXPORT_NAME ${c})
   add_library(meshflow::${c} ALIAS meshflow_${c})
 endforeach()
 
 install(TARGETS meshflow RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(TARGETS meshflow_core meshflow_mesh meshflow_comm meshflow_plan meshflow_runtime
+install(TARGETS meshflow_core meshflow_mesh meshflow_comm meshflow_plan meshflow_data meshflow_runtime
                 meshflow_kernels meshflow_ops meshflow_graph meshflow_dtensor meshflow_train
                 meshflow_auto meshflow_library
         EXPORT meshflowTargets

@@ -159,7 +159,24 @@ std::uint32_t read_le(std::string_view bytes, std::size_t at, std::size_t width)
 
 }  // namespace
 
-NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::int64_t file_size) {
+namespace {
+
+// Returns the element bytes of a plain little-endian numeric descr ('<u2', '|u1', '<f8'), 0 for
+// any other.
+std::size_t descr_item_bytes(std::string_view descr) {
+  if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|')) return 0;
+  if (descr[1] != 'u' && descr[1] != 'i' && descr[1] != 'f') return 0;
+  const std::string_view digits = descr.substr(2);
+  if (digits != "1" && digits != "2" && digits != "4" && digits != "8") return 0;
+  return static_cast<std::size_t>(digits[0] - '0');
+}
+
+// Returns the raw header at the start of `bytes`; `item_bytes(descr, shape)` gives a descr's
+// element bytes, or throws naming the file when it takes no such descr or the array is larger
+// than meshflow reads.
+template <typename ItemBytes>
+NpyRawHeader parse_raw_header(std::string_view bytes, std::string_view name,
+                              std::int64_t file_size, ItemBytes item_bytes) {
   if (bytes.size() < 10 || bytes.substr(0, 6) != kMagic) {
     fail(ErrorKind::kIo, "{}: not a .npy file (bad magic)", name);
   }
@@ -187,29 +204,25 @@ NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::i
   if (h.fortran_order) {
     fail(ErrorKind::kIo, "{}: Fortran-order arrays are not supported (save with C order)", name);
   }
-  const DType dtype = dtype_from_descr(h.descr, name);
-  std::int64_t count = 0;
-  try {
-    count = checked_numel(h.shape, dtype, "array of shape");
-  } catch (const Error& e) {
-    fail(ErrorKind::kIo, "{}: {}", name, e.what());
-  }
-  const std::int64_t expected = count * static_cast<std::int64_t>(size_of(dtype));
+  const std::size_t item = item_bytes(h.descr, h.shape);
+  std::int64_t count = 1;
+  for (std::int64_t d : h.shape) count *= d;
+  const std::int64_t expected = count * static_cast<std::int64_t>(item);
   const std::int64_t actual = file_size - data_start;
   if (actual < expected) {
-    fail(ErrorKind::kIo, "{}: truncated data: shape {} of {} needs {} bytes, file has {}", name,
-         to_string(h.shape), to_string(dtype), expected, actual);
+    fail(ErrorKind::kIo, "{}: truncated data: shape {} of '{}' needs {} bytes, file has {}", name,
+         to_string(h.shape), h.descr, expected, actual);
   }
   if (actual > expected) {
-    fail(ErrorKind::kIo, "{}: {} unexpected bytes after the data of shape {} of {}", name,
-         actual - expected, to_string(h.shape), to_string(dtype));
+    fail(ErrorKind::kIo, "{}: {} unexpected bytes after the data of shape {} of '{}'", name,
+         actual - expected, to_string(h.shape), h.descr);
   }
-  return NpyHeader{dtype, h.shape, data_start};
+  return NpyRawHeader{h.descr, item, h.shape, data_start};
 }
 
-NpyHeader read_npy_header(const File& file) {
+// Returns the first bytes of `file`: its whole header where it has one.
+std::string header_bytes(const File& file) {
   const std::int64_t size = file.size();
-  const std::string name = file.path().string();
   // The fixed prefix says how long the header is; read exactly that much.
   std::string prefix(static_cast<std::size_t>(std::min<std::int64_t>(size, 12)), '\0');
   file.read_at(0, std::as_writable_bytes(std::span<char>(prefix.data(), prefix.size())));
@@ -224,7 +237,52 @@ NpyHeader read_npy_header(const File& file) {
   }
   std::string header(static_cast<std::size_t>(header_end), '\0');
   file.read_at(0, std::as_writable_bytes(std::span<char>(header.data(), header.size())));
-  return parse_npy_header(header, name, size);
+  return header;
+}
+
+}  // namespace
+
+NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::int64_t file_size) {
+  DType dtype = DType::kFloat32;
+  const NpyRawHeader raw =
+      parse_raw_header(bytes, name, file_size, [&](const std::string& d, const Shape& shape) {
+        dtype = dtype_from_descr(d, name);
+        try {
+          checked_numel(shape, dtype, "array of shape");
+        } catch (const Error& e) {
+          fail(ErrorKind::kIo, "{}: {}", name, e.what());
+        }
+        return size_of(dtype);
+      });
+  return NpyHeader{dtype, raw.shape, raw.data_offset};
+}
+
+NpyRawHeader read_npy_raw_header(const File& file, std::span<const std::string_view> accepted) {
+  const std::string name = file.path().string();
+  return parse_raw_header(header_bytes(file), name, file.size(), [&](const std::string& d,
+                                                                      const Shape& shape) {
+    for (std::string_view a : accepted) {
+      const std::size_t item = descr_item_bytes(d);
+      if (d != a || item == 0) continue;
+      std::int64_t bytes = static_cast<std::int64_t>(item);
+      for (std::int64_t n : shape) {
+        if (n != 0 && bytes > kMaxTensorBytes / n)
+          fail(ErrorKind::kIo, "{}: array of shape {} is larger than meshflow reads", name,
+               to_string(shape));
+        bytes *= n;
+      }
+      return item;
+    }
+    if (!d.empty() && d[0] == '>') {
+      fail(ErrorKind::kIo, "{}: big-endian arrays are not supported (descr '{}')", name, d);
+    }
+    fail(ErrorKind::kIo, "{}: unsupported dtype descr '{}' (expected {})", name, d,
+         fmt::join(accepted, ", "));
+  });
+}
+
+NpyHeader read_npy_header(const File& file) {
+  return parse_npy_header(header_bytes(file), file.path().string(), file.size());
 }
 
 Tensor parse_npy(std::string_view bytes, std::string_view name) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -33,6 +34,20 @@ NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::i
 
 // Returns the header of the open .npy `file`, checked as parse_npy_header does.
 NpyHeader read_npy_header(const File& file);
+
+// A .npy header of an element type meshflow's DType may lack: its descr as written ('<u2'),
+// the element's bytes, the shape and where the data starts.
+struct NpyRawHeader {
+  std::string descr;
+  std::size_t item_bytes = 0;
+  Shape shape;
+  std::int64_t data_offset = 0;
+  bool operator==(const NpyRawHeader&) const = default;
+};
+
+// Returns the header of the open .npy `file`, checked as read_npy_header does, taking any
+// little-endian element type whose descr is in `accepted` (e.g. {"<u2", "<i4", "<i8"}).
+NpyRawHeader read_npy_raw_header(const File& file, std::span<const std::string_view> accepted);
 
 // Returns the header bytes (magic, version, length, padded dict) of an array of `dtype` and
 // `shape`; the data that follows starts 64-byte aligned. `alignment` (a multiple of 64): the whole

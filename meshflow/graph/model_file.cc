@@ -75,6 +75,14 @@ struct Reader {
     }
     if (!f.value().is_object()) f.reject("must be a file or folder path or an initialiser object");
     Source s;
+    if (auto d = f.find("data")) {
+      only_keys(f, {"data", "shift"}, "a data input");
+      s.kind = Source::Kind::kData;
+      s.data = d->as_string();
+      if (s.data.empty()) d->reject("must name \"window\" or a sample array");
+      if (auto k = f.find("shift")) s.shift = k->as_int(0, std::int64_t{1} << 40);
+      return s;
+    }
     if (auto n = f.find("normal")) {
       only_keys(f, {"normal", "seed"}, "an initialiser");
       s.kind = Source::Kind::kNormal;
@@ -117,6 +125,13 @@ struct Reader {
     if (input.has_value() == weight.has_value())
       t.reject("must have exactly one of \"input\" and \"weight\"");
     Source src = source_of(input ? *input : *weight);
+    if (src.kind == Source::Kind::kData) {
+      if (!input) weight->reject("is a data input: a weight is initialised, not read from data");
+      if (data_ == nullptr)
+        input->reject("reads data, but the model has no \"data\" object");
+      if (auto b = t.find("batch"))
+        b->reject("cannot be set on a data input (its rows are the batch)");
+    }
     const DeviceMesh& m = mesh(t.member("mesh"));
     std::vector<Placement> ps = placements_of(t.member("placements"));
     const ValueId id = input ? add_input(model.pcg, name, spec, m, ps, std::move(src))
@@ -190,8 +205,20 @@ struct Reader {
     add_compute(model.pcg, name, op, std::move(inputs), std::move(m), std::move(ps));
   }
 
+  const nlohmann::json* data_ = nullptr;
+
   void read(const JsonField& top) {
-    only_keys(top, {"meshes", "tensors", "nodes", "loss", "outputs", "train"}, "a model");
+    only_keys(top, {"meshes", "tensors", "nodes", "loss", "outputs", "train", "data", "generate"},
+              "a model");
+    if (auto d = top.find("data")) {
+      if (!d->value().is_object()) d->reject("must be an object with \"train\" (and \"val\", \"order\", \"seed\")");
+      model.data = d->value();
+      data_ = &model.data;
+    }
+    if (auto g = top.find("generate")) {
+      if (!g->value().is_object()) g->reject("must be an object {\"tokens\": ..., \"logits\": ...}");
+      model.generate = g->value();
+    }
     if (auto t = top.find("train")) {
       if (!t->value().is_object()) t->reject("must be an object of training options");
       model.train = t->value();
@@ -232,6 +259,7 @@ Model parse_model(std::string_view text, const std::filesystem::path& base,
   }
   verify(r.model.pcg, Stage::kBuilt);
   r.model.source = std::string(source);
+  r.model.base = base;
   return std::move(r.model);
 }
 

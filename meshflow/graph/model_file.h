@@ -19,6 +19,12 @@ struct Model {
   // The optional "train" object: defaults for `train`'s options (read and checked by
   // train/optimizer.h's train_defaults_from_json); null when the file has none.
   nlohmann::json train;
+  // The optional "data" object (datasets, read by train/data_feed.h); null when the file has
+  // none. `base` is the folder its paths are relative to.
+  nlohmann::json data;
+  std::filesystem::path base;
+  // The optional "generate" object (DESIGN "Generation"): kept as written.
+  nlohmann::json generate;
   std::string source;  // the file's name, for messages about its contents
 };
 

@@ -49,12 +49,15 @@ struct ParallelOp {
 // mesh (DESIGN.md's Philox rule, graph/source.h).
 struct Source {
   // kProvided: filled by the caller after the sources load (a resumed run's checkpoint,
-  // train/checkpoint.h); loading leaves it empty.
-  enum class Kind { kNpy, kFolder, kNormal, kUniform, kZeros, kFill, kProvided };
+  // train/checkpoint.h); loading leaves it empty. kData: a data input ("input": {"data": NAME}),
+  // whose batch the trainer feeds each step (train/data_feed.h); loading leaves it empty too.
+  enum class Kind { kNpy, kFolder, kNormal, kUniform, kZeros, kFill, kProvided, kData };
   Kind kind = Kind::kZeros;
   std::filesystem::path path;  // kNpy, kFolder
   double a = 0, b = 0;         // normal: (std, -); uniform: (lo, hi); fill: (value, -)
   std::uint64_t seed = 0;
+  std::string data;         // kData: "window" or a sample array's name
+  std::int64_t shift = 0;   // kData: a window's shift
   static Source normal(double std, std::uint64_t seed) {
     return {.kind = Kind::kNormal, .a = std, .seed = seed};
   }

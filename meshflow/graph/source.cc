@@ -90,6 +90,8 @@ void check_source(const Node& node, const Layout& layout) {
       case Source::Kind::kFolder:
         folder_layout_checked(node, layout);
         break;
+      case Source::Kind::kData:
+        break;
       default:
         if (!is_floating(node.spec.dtype)) {
           fail(ErrorKind::kInvalidArgument,
@@ -108,6 +110,7 @@ Tensor load_shard(const Node& node, const Layout& layout, DeviceId device) {
   const Box box = shard_box(layout, device);
   switch (node.source.kind) {
     case Source::Kind::kProvided:
+    case Source::Kind::kData:
       return Tensor();
     case Source::Kind::kNpy:
       return slice(read_npy(node.source.path), box);
@@ -133,6 +136,8 @@ Tensor load_global(const Node& node) {
   MESHFLOW_CHECK(node.source.kind != Source::Kind::kProvided, "\"{}\" is provided by its caller",
                  node.name);
   switch (node.source.kind) {
+    case Source::Kind::kData:
+      return Tensor();
     case Source::Kind::kNpy:
       return read_npy(node.source.path);
     case Source::Kind::kFolder: {
@@ -169,6 +174,8 @@ Tensor load_micro_batch(const Node& node, const Layout& layout, DeviceId device,
   Box box = shard_box(layout, device);
   box.offset[0] += static_cast<std::int64_t>(m) * layout.shape[0];
   switch (node.source.kind) {
+    case Source::Kind::kData:
+      return Tensor();
     case Source::Kind::kNpy:
       return slice(read_npy(node.source.path), box);
     case Source::Kind::kFolder:

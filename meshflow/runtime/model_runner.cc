@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <mutex>
 
 #include "meshflow/core/clock.h"
@@ -189,6 +190,11 @@ struct Session {
     for (int step = loop->first_step; step < loop->first_step + loop->steps; ++step) {
       TaskTimes times;
       const double start = steady_seconds();
+      double waited = 0;
+      if (loop->feed) {
+        loop->feed(step, world, values, micro_inputs);
+        waited = steady_seconds() - start;
+      }
       if (mine) {
         TaskRunOptions o = loop->options ? loop->options(step) : TaskRunOptions{};
         o.step = step;
@@ -219,18 +225,33 @@ struct Session {
                            .op = ReduceOp::kSum});
         if (idle[1] > 0) times.bubble = idle[0] / idle[1];
       }
-      // Every device's flag, reduced: also the step's end on every device.
-      std::int32_t flag = loop->stop_flag ? loop->stop_flag(values, leader) : 0;
-      all_reduce(world, {.send = reinterpret_cast<const std::byte*>(&flag),
-                         .recv = reinterpret_cast<std::byte*>(&flag),
-                         .count = 1,
-                         .dtype = DType::kInt32,
+      // Every device's flag and data wait, reduced by max: also the step's end on every device.
+      // The squared gradient norm rides along from the devices that hold it (-1 elsewhere).
+      double norm_sq = -1;
+      if (prepared->grad_norm && mine) {
+        const Tensor& t = values[static_cast<std::size_t>(*prepared->grad_norm)];
+        if (t.numel() == 1) {
+          norm_sq = scalar_of(t);
+          if (!std::isfinite(norm_sq)) norm_sq = INFINITY;
+        }
+      }
+      std::array<double, 3> flag_wait{
+          static_cast<double>(loop->stop_flag ? loop->stop_flag(values, leader) : 0), waited,
+          norm_sq};
+      all_reduce(world, {.send = reinterpret_cast<const std::byte*>(flag_wait.data()),
+                         .recv = reinterpret_cast<std::byte*>(flag_wait.data()),
+                         .count = 3,
+                         .dtype = DType::kFloat64,
                          .op = ReduceOp::kMax});
+      const auto flag = static_cast<std::int32_t>(flag_wait[0]);
+      if (loop->feed) times.data_wait_s = flag_wait[1];
+      if (flag_wait[2] >= 0) times.grad_norm = std::sqrt(flag_wait[2]);
       const double seconds = steady_seconds() - start;
       if (leader && loop->on_step) loop->on_step(step, seconds, times, values);
       ended = {.step = step, .stop_flag = flag};
       if (flag != 0) break;
       if (loop->after_step) loop->after_step(step, world, values);
+      if (loop->eval_at && loop->eval_at(step)) evaluate(step, world, mine, values, micro_inputs);
     }
     ended.measured = highest_peak(world, memory.result());
     if (prepared->stages) ended.pipeline = stage_devices(world, pipeline, most);
@@ -245,6 +266,25 @@ struct Session {
       std::vector<TraceEvent> all = gather_events(world, events);
       if (leader) write_file_atomic(*options->trace, trace_json(g, all));
     }
+  }
+
+  // Runs the loop's evaluation after `step` on this device; the leader reports the mean loss.
+  void evaluate(int step, Communicator& world, const DeviceTasks* mine,
+                std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs) {
+    const bool leader = world.device() == prepared->leader;
+    double total = 0;
+    for (int b = 0; b < loop->eval_batches; ++b) {
+      if (loop->eval_feed) loop->eval_feed(b, world, values, micro_inputs);
+      if (!mine) continue;
+      run_forward(prepared->tasks, *mine, world, values, micro_inputs, prepared->micro_batches,
+                  {.step = step});
+      if (leader) total += scalar_of(values[static_cast<std::size_t>(*prepared->loss)]);
+      // What the forward tasks made is dropped: the next step makes it again.
+      for (const Task& t : mine->tasks)
+        if (t.phase == Phase::kForward) values[static_cast<std::size_t>(t.out)] = Tensor();
+    }
+    if (leader && loop->on_eval && loop->eval_batches > 0)
+      loop->on_eval(step, total / loop->eval_batches);
   }
 
   void save(Communicator& world, const fs::path& dir, const std::vector<Tensor>& values) {

@@ -118,6 +118,20 @@ struct StepLoop {
   // Called on every device of the launch after each step that ran to its end (stop flag 0),
   // with that device's values (a checkpoint's save); may communicate over `world`.
   std::function<void(int step, Communicator& world, const std::vector<Tensor>& values)> after_step;
+  // Called on every device before each step: puts that step's data inputs in place (in
+  // `values`, or per micro-batch in `micro_inputs`). The time it takes is the device's data
+  // wait; the longest over the devices is the step's TaskTimes::data_wait_s.
+  using Feed = std::function<void(int index, Communicator& world, std::vector<Tensor>& values,
+                                  std::vector<std::vector<Tensor>>& micro_inputs)>;
+  Feed feed;
+  // Evaluation: after each step k (and its after_step) where eval_at(k), every device runs
+  // `eval_batches` forward passes (runtime/task_runtime.h's run_forward), each after
+  // eval_feed(b, ...) put val batch b's inputs in place, and the leader calls on_eval with the
+  // mean of their losses.
+  std::function<bool(int step)> eval_at;
+  int eval_batches = 0;
+  Feed eval_feed;
+  std::function<void(int step, double loss)> on_eval;
   std::function<TaskRunOptions(int step)> options;
   std::function<int(const std::vector<Tensor>& values, bool leader)> stop_flag;
   std::function<void(int step, double seconds, const TaskTimes& times,

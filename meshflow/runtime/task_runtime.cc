@@ -317,6 +317,60 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
   run_tasks(graph, tasks, world, values, options);
 }
 
+void run_forward(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
+                 std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
+                 int micro_batches, TaskRunOptions options) {
+  std::vector<int> all, per_micro_batch, once;
+  std::vector<Phase> made_in(values.size(), Phase::kUpdate);
+  for (std::size_t t = 0; t < tasks.tasks.size(); ++t) {
+    const Task& task = tasks.tasks[t];
+    made_in[static_cast<std::size_t>(task.out)] = task.phase;
+    if (task.phase != Phase::kForward) continue;
+    all.push_back(static_cast<int>(t));
+    (task.once_per_step ? once : per_micro_batch).push_back(static_cast<int>(t));
+  }
+  options.accumulate = false;
+  if (micro_batches == 1) {
+    options.part = TaskPart::kAll;
+    options.only = &all;
+    run_tasks(graph, tasks, world, values, options);
+    return;
+  }
+  // The forward values accumulated over micro-batches, summed here (no kernel adds in place:
+  // accumulate is off).
+  std::vector<ValueId> summed;
+  for (ValueId v : tasks.accumulated)
+    if (made_in[static_cast<std::size_t>(v)] == Phase::kForward) summed.push_back(v);
+  std::vector<Tensor> sums(summed.size());
+  for (int m = 0; m < micro_batches; ++m) {
+    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+      if (!micro_inputs[v].empty())
+        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    options.part = TaskPart::kMicroBatch;
+    options.only = &per_micro_batch;
+    run_tasks(graph, tasks, world, values, options);
+    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+      if (!micro_inputs[v].empty())
+        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    for (std::size_t i = 0; i < summed.size(); ++i) {
+      Tensor& made = values[static_cast<std::size_t>(summed[i])];
+      if (m == 0) {
+        sums[i] = std::exchange(made, Tensor());
+      } else {
+        add_into(sums[i], made);
+        made = Tensor();
+      }
+    }
+  }
+  for (std::size_t i = 0; i < summed.size(); ++i) {
+    scale_in_place(sums[i], 1.0 / micro_batches);
+    values[static_cast<std::size_t>(summed[i])] = std::exchange(sums[i], Tensor());
+  }
+  options.part = TaskPart::kOncePerStep;
+  options.only = &once;
+  run_tasks(graph, tasks, world, values, options);
+}
+
 std::string_view to_string(TraceKind kind) {
   switch (kind) {
     case TraceKind::kCompute:

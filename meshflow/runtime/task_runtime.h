@@ -54,6 +54,12 @@ struct TaskTimes {
   // part of its window from its first forward group's start to its last backward group's end,
   // the mean over those devices (set by the model runner for the reporting device).
   std::optional<double> bubble;
+  // The longest any device of the step waited for its data inputs (set by the model runner
+  // where the loop feeds data).
+  std::optional<double> data_wait_s;
+  // The step's global gradient norm before clipping (set by the model runner where the step
+  // computes one; infinite where it is not finite).
+  std::optional<double> grad_norm;
 };
 
 // A move between pipeline stages (runtime/pipeline.h), run as point-to-point transfers matched
@@ -109,6 +115,15 @@ void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& w
 void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
               std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
               int micro_batches, TaskRunOptions options);
+
+// Runs the forward tasks of one step (an evaluation: no gradient, no update, nothing that
+// outlives the step changed), micro-batch by micro-batch as run_step does, the forward values
+// accumulated over micro-batches (the loss) averaged. The values it made stay in `values` for
+// the caller to read and drop. Every device runs its forward tasks in task order, so moves
+// between stages match without a pipeline schedule.
+void run_forward(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
+                 std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
+                 int micro_batches, TaskRunOptions options);
 
 // Returns the Chrome / Perfetto trace JSON of `events`: a process per device with two tracks,
 // "tasks" (every task, an overlapped loop's products nested in it) and "transfers" (the loops'

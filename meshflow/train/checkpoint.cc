@@ -102,7 +102,7 @@ std::string shape_text(const TensorSpec& s) {
 
 void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                      int step, const nlohmann::json& optimizer,
-                     const std::vector<SavedTensor>& tensors) {
+                     const std::vector<SavedTensor>& tensors, const nlohmann::json& data) {
   const fs::path staged = options.dir / fmt::format(".step-{}.partial", step);
   const fs::path target = options.dir / fmt::format("step-{}", step);
   const DeviceId me = world.device();
@@ -168,8 +168,8 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
         }
       }
       for (const SavedTensor& t : tensors) sync_directory(staged / t.name);
-      const nlohmann::json doc = {
-          {"step", step}, {"optimizer", optimizer}, {"tensors", out_tensors}};
+      nlohmann::json doc = {{"step", step}, {"optimizer", optimizer}, {"tensors", out_tensors}};
+      if (!data.is_null()) doc["data"] = data;
       write_durable(staged / "checkpoint.json", doc.dump(2) + "\n");
       sync_directory(staged);
       publish(staged, target);
@@ -371,6 +371,7 @@ Checkpoint read_checkpoint(const fs::path& path) {
     const nlohmann::json doc = nlohmann::json::parse(read_file(file));
     c.step = doc.at("step").get<int>();
     c.optimizer = doc.at("optimizer");
+    if (doc.contains("data")) c.data = doc.at("data");
     for (const auto& [name, t] : doc.at("tensors").items()) {
       CheckpointTensor ct{.layout = layout_from_json(t.at("layout"), file.string())};
       for (const auto& [f, sha] : t.at("files").items()) {

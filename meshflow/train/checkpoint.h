@@ -47,6 +47,9 @@ struct Checkpoint {
   int step = 0;
   std::filesystem::path path;  // DIR/step-<k>
   nlohmann::json optimizer;    // train/optimizer.h's to_json(Optimizer)
+  // A model with data: {"rows": rows consumed, "order", "seed", "units"} (train/data_feed.h);
+  // null otherwise.
+  nlohmann::json data;
   std::map<std::string, CheckpointTensor> tensors;
 };
 
@@ -64,7 +67,8 @@ struct SavedTensor {
 // the oldest beyond keep_last deleted). Throws Error(kIo) naming a file that cannot be written.
 void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                      int step, const nlohmann::json& optimizer,
-                     const std::vector<SavedTensor>& tensors);
+                     const std::vector<SavedTensor>& tensors,
+                     const nlohmann::json& data = nullptr);
 
 // A tensor a resumed run loads: its name in the checkpoint and its layout in the model.
 struct LoadTarget {

@@ -10,6 +10,7 @@
 #include "meshflow/graph/reference.h"
 #include "meshflow/mesh/folder_io.h"
 #include "meshflow/train/checkpoint.h"
+#include "meshflow/train/metrics.h"
 #include "meshflow/train/reference_optimizer.h"
 
 namespace meshflow {
@@ -21,12 +22,33 @@ namespace fs = std::filesystem;
 // Why a step stops training; the loop reduces every device's by max.
 enum StopFlag : int { kGoOn = 0, kNonfiniteNorm = 1, kNonfiniteLoss = 2 };
 
+// What the one-device check needs of a run with data: its data, where its rows start, and the
+// evaluations it ran.
+struct CheckData {
+  const ModelData* data = nullptr;
+  DataPosition start;
+  const std::vector<EvalReport>* evals = nullptr;
+};
+
+// Returns the reference's mean loss over `batches` val batches at its current weights.
+double reference_val_loss(ReferenceModel& ref, const Model& model, const ModelData& data,
+                          int batches) {
+  double total = 0;
+  for (int b = 1; b <= batches; ++b) {
+    for (auto& [name, t] : global_batch(data, {}, b, /*val=*/true))
+      ref.values[static_cast<std::size_t>(find_value(model.pcg, name))] = std::move(t);
+    reference_forward(ref);
+    total += scalar_of(ref.values[static_cast<std::size_t>(*model.pcg.loss)]);
+  }
+  return total / batches;
+}
+
 CheckReport check_against_one_device(const Model& model, const TrainOptions& options,
                                      const PreparedModel& p,
                                      const std::vector<std::vector<Tensor>>& grads,
                                      const std::vector<std::vector<Tensor>>& weights,
                                      const std::vector<StepReport>& steps,
-                                     const Checkpoint* resumed) {
+                                     const Checkpoint* resumed, const CheckData& data) {
   CheckReport c;
   // A resumed run's reference starts from the same checkpoint: its weights, and its optimizer
   // state in float64.
@@ -58,7 +80,12 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
   std::map<std::string, Tensor*> ref_weights;
   for (const auto& [name, v] : p.weights)
     ref_weights[name] = &ref.values[static_cast<std::size_t>(find_value(model.pcg, name))];
+  std::size_t next_eval = 0;
   for (std::size_t s = 0; s < steps.size(); ++s) {
+    if (data.data) {
+      for (auto& [name, t] : global_batch(*data.data, data.start, steps[s].step, /*val=*/false))
+        ref.values[static_cast<std::size_t>(find_value(model.pcg, name))] = std::move(t);
+    }
     reference_forward(ref);
     const double loss = scalar_of(ref.values[static_cast<std::size_t>(*model.pcg.loss)]);
     c.max_loss_diff = std::max(c.max_loss_diff, std::abs(loss - steps[s].loss));
@@ -71,6 +98,13 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
       c.max_weight_diff =
           std::max(c.max_weight_diff,
                    max_abs_difference(weights[s][i], *ref_weights.at(p.weights[i].first)));
+    }
+    while (data.evals && next_eval < data.evals->size() &&
+           (*data.evals)[next_eval].step == steps[s].step) {
+      const double val = reference_val_loss(ref, model, *data.data, options.eval_batches);
+      c.max_val_loss_diff = std::max(c.max_val_loss_diff.value_or(0.0),
+                                     std::abs(val - (*data.evals)[next_eval].val_loss));
+      ++next_eval;
     }
   }
   return c;
@@ -113,6 +147,43 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
     }
   }
   const int first_step = resumed ? resumed->step + 1 : 1;
+  const int last_step = first_step + options.steps - 1;
+  // The model's data (checked before any step), where its rows start, and its feeder.
+  std::optional<ModelData> data;
+  DataPosition position;
+  std::optional<DataFeeder> feeder;
+  std::optional<MetricsLog> metrics;
+  try {
+    data = read_model_data(model);
+    if (options.eval_every > 0 && (!data || !data->spec.val)) {
+      fail(ErrorKind::kInvalidArgument,
+           "--eval-every {}: the model has no val split to evaluate on (\"data\": {{\"val\": "
+           "...}})",
+           options.eval_every);
+    }
+    if (data && resumed)
+      position = resumed_position(*data, resumed->data, resumed->step, resumed->path.string());
+    if (p && data) feeder.emplace(*data, *p, position, last_step);
+    if (options.log_dir && reports(options.run)) metrics.emplace(*options.log_dir);
+  } catch (const Error& e) {
+    if (options.run.backend != Backend::kMpi) throw;
+    error = e.what();
+    p.reset();
+    feeder.reset();
+  }
+  // The global batch's rows B and, for windows, tokens per row S (samples/s and tokens/s).
+  std::int64_t batch_rows = 0, row_tokens = 0;
+  if (data) {
+    batch_rows = data->batch;
+    if (data->windows()) row_tokens = data->inputs[0].shape[1];
+  } else {
+    for (const Node& n : model.pcg.nodes) {
+      if (n.kind == NodeKind::kInput && !n.spec.shape.empty() && n.batch) {
+        batch_rows = n.spec.shape[0];
+        break;
+      }
+    }
+  }
   TrainReport report;
   // Per step, the fetched gradients and weights (check only).
   std::vector<std::vector<Tensor>> grads, weights;
@@ -151,7 +222,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
       const NodeKind k = p->pcg.nodes[static_cast<std::size_t>(v)].kind;
       if (k == NodeKind::kWeight || k == NodeKind::kState) saved.push_back(v);
     }
-    const int last = first_step + options.steps - 1;
+    const int last = last_step;
     loop.after_step = [&, saved, last](int step, Communicator& world,
                                        const std::vector<Tensor>& values) {
       const int every = options.checkpoint->every;
@@ -164,7 +235,8 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
             {n.name, *n.layout, held ? &values[static_cast<std::size_t>(v)] : nullptr});
       }
       save_checkpoint(world, p->leader, *options.checkpoint, step, to_json(options.optimizer),
-                      tensors);
+                      tensors,
+                      data ? data_position_json(*data, position, step) : nlohmann::json());
     };
   }
   loop.options = [&](int step) {
@@ -185,12 +257,39 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
         return kNonfiniteNorm;
       return kGoOn;
     };
+    if (feeder) {
+      loop.feed = feeder->feed();
+      if (options.eval_every > 0) {
+        loop.eval_at = [&](int step) {
+          return step % options.eval_every == 0 || step == last_step;
+        };
+        loop.eval_batches = options.eval_batches;
+        loop.eval_feed = feeder->eval_feed();
+        loop.on_eval = [&](int step, double loss) {
+          report.evals.push_back({.step = step, .val_loss = loss});
+          if (metrics) {
+            metrics->append({{"step", step},
+                             {"val_loss", std::isfinite(loss) ? nlohmann::json(loss)
+                                                              : nlohmann::json()}});
+            metrics->write_plot();
+          }
+          if (options.on_eval) options.on_eval(report.evals.back());
+        };
+      }
+    }
     loop.on_step = [&](int step, double seconds, const TaskTimes& times,
                        const std::vector<Tensor>& values) {
       StepReport r{.step = step,
                    .loss = scalar_of(at(values, *p->loss)),
                    .seconds = seconds,
-                   .times = times};
+                   .times = times,
+                   .lr = learning_rate(options.optimizer, step),
+                   .grad_norm = times.grad_norm,
+                   .samples_per_s = seconds > 0 ? static_cast<double>(batch_rows) / seconds : 0};
+      if (row_tokens > 0 && seconds > 0)
+        r.tokens_per_s = static_cast<double>(batch_rows * row_tokens) / seconds;
+      if (!report.evals.empty()) r.last_val_loss = report.evals.back().val_loss;
+      if (metrics) metrics->append(to_json(r));
       report.steps.push_back(r);
       if (options.check) {
         grads.emplace_back();
@@ -202,6 +301,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
     };
   }
   const LoopEnd end = run_loop(p ? &*p : nullptr, error, options.run, loop);
+  if (metrics) metrics->write_plot();
   report.reporter = reports(options.run);
   report.measured = end.measured;
   report.pipeline = end.pipeline;
@@ -215,28 +315,48 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
         ErrorScope::kEveryDevice);
   }
   if (options.check && report.reporter) {
-    report.check = check_against_one_device(model, options, *p, grads, weights, report.steps,
-                                            resumed ? &*resumed : nullptr);
+    report.check = check_against_one_device(
+        model, options, *p, grads, weights, report.steps, resumed ? &*resumed : nullptr,
+        {.data = data ? &*data : nullptr, .start = position, .evals = &report.evals});
   }
   return report;
 }
 
+nlohmann::json to_json(const StepReport& s) {
+  auto number = [](std::optional<double> v) {
+    return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json();
+  };
+  return {{"step", s.step},
+          {"loss", number(s.loss)},
+          {"seconds", s.seconds},
+          {"bubble", number(s.times.bubble)},
+          {"lr", s.lr},
+          {"grad_norm", number(s.grad_norm)},
+          {"data_wait_s", number(s.times.data_wait_s)},
+          {"samples_per_s", s.samples_per_s},
+          {"tokens_per_s", number(s.tokens_per_s)}};
+}
+
 nlohmann::json to_json(const TrainReport& report) {
   nlohmann::json steps = nlohmann::json::array();
-  for (const StepReport& s : report.steps) {
-    steps.push_back(
-        {{"step", s.step},
-         {"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nlohmann::json()},
-         {"seconds", s.seconds},
-         {"bubble", s.times.bubble ? nlohmann::json(*s.times.bubble) : nlohmann::json()}});
+  for (const StepReport& s : report.steps) steps.push_back(to_json(s));
+  nlohmann::json evals = nlohmann::json::array();
+  for (const EvalReport& e : report.evals) {
+    evals.push_back({{"step", e.step},
+                     {"val_loss", std::isfinite(e.val_loss) ? nlohmann::json(e.val_loss)
+                                                            : nlohmann::json()}});
   }
   nlohmann::json check = nullptr;
   if (report.check) {
     check = {{"max_loss_diff", report.check->max_loss_diff},
              {"max_weight_diff", report.check->max_weight_diff},
-             {"max_grad_diff", report.check->max_grad_diff}};
+             {"max_grad_diff", report.check->max_grad_diff},
+             {"max_val_loss_diff", report.check->max_val_loss_diff
+                                       ? nlohmann::json(*report.check->max_val_loss_diff)
+                                       : nlohmann::json()}};
   }
   return {{"steps", steps},
+          {"evals", evals},
           {"check", check},
           {"measured_peak_bytes", report.measured.peak},
           {"measured_memory", to_json(report.measured.at_peak)}};

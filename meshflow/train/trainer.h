@@ -13,6 +13,7 @@
 #include "meshflow/graph/model_file.h"
 #include "meshflow/runtime/model_runner.h"
 #include "meshflow/train/checkpoint.h"
+#include "meshflow/train/data_feed.h"
 #include "meshflow/train/optimizer.h"
 #include "meshflow/train/schedule.h"
 
@@ -23,10 +24,23 @@ struct StepReport {
   double loss = 0;     // the loss of the forward pass before this step's update (may be nan)
   double seconds = 0;  // the step's wall time on the reporting device (all devices done)
   TaskTimes times;     // the reporting device's kernels and moves in this step
+  double lr = 0;       // the step's learning rate
+  // The global gradient norm before clipping; nullopt where the step computes none.
+  std::optional<double> grad_norm;
+  double samples_per_s = 0;                // B over the step's time
+  std::optional<double> tokens_per_s;      // B·S over it, for window inputs
+  std::optional<double> last_val_loss;     // the newest evaluation's, when one ran
+};
+
+// One evaluation: the mean loss over the val batches after step `step`.
+struct EvalReport {
+  int step = 0;
+  double val_loss = 0;
 };
 
 struct CheckReport {
   double max_loss_diff = 0, max_weight_diff = 0, max_grad_diff = 0;
+  std::optional<double> max_val_loss_diff;  // when evaluations ran
 };
 
 struct TrainOptions {
@@ -56,12 +70,21 @@ struct TrainOptions {
   // the one it was saved with (train/checkpoint.h's saved_optimizer_options gives its options
   // as defaults).
   std::optional<std::filesystem::path> resume;
+  // Evaluation (a model with a val split): after every step whose number is a multiple of
+  // eval_every (0: never) and after the last step, the mean loss over eval_batches val batches.
+  int eval_every = 0;
+  int eval_batches = 20;
+  // Where metrics.jsonl and loss.svg go (train/metrics.h); unset: nowhere.
+  std::optional<std::filesystem::path> log_dir;
   // Called on the reporting device after each step.
   std::function<void(const StepReport&)> progress;
+  // Called on the reporting device after each evaluation.
+  std::function<void(const EvalReport&)> on_eval;
 };
 
 struct TrainReport {
   std::vector<StepReport> steps;
+  std::vector<EvalReport> evals;
   // The runtime's count of the tensors it held: the highest device's peak over the steps and
   // what they were then (graph/memory.h; communication scratch and BLAS workspace excluded).
   DeviceMemory measured;
@@ -79,10 +102,14 @@ std::function<std::vector<std::vector<ScheduledGroup>>(int, int)> schedule_of(Sc
 // step's update, with nothing saved or traced.
 TrainReport train_model(const Model& model, const TrainOptions& options);
 
-// Returns {"steps": [{"step", "loss" (null when not finite), "seconds"}...], "check": {max_*_diff}
-// or null, "measured_peak_bytes", "measured_memory": {"weights", "gradients", "optimizer_state",
-// "activations", "gathered"}}: what `meshflow train --json` prints and the Python module's
-// Model.train returns.
+// Returns {"steps": [{"step", "loss" (null when not finite), "seconds", "bubble", "lr",
+// "grad_norm", "data_wait_s", "samples_per_s", "tokens_per_s"}...], "evals": [{"step",
+// "val_loss"}], "check": {max_*_diff} or null, "measured_peak_bytes", "measured_memory":
+// {"weights", "gradients", "optimizer_state", "activations", "gathered"}}: what `meshflow train
+// --json` prints and the Python module's Model.train returns.
 nlohmann::json to_json(const TrainReport& report);
+
+// Returns one step's object of train --json's "steps" (and of metrics.jsonl).
+nlohmann::json to_json(const StepReport& step);
 
 }  // namespace meshflow

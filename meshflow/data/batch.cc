@@ -1,0 +1,47 @@
+// Boxes of batches: positions from the order, bytes from the maps.
+#include "meshflow/data/batch.h"
+
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+namespace {
+
+std::int64_t window_of(const std::vector<DataInput>& inputs) {
+  return inputs[0].shape.size() == 2 ? inputs[0].shape[1] : 1;
+}
+
+}  // namespace
+
+RowOrder train_order(const DataSpec& spec, const std::vector<DataInput>& inputs) {
+  return {.order = spec.order,
+          .seed = spec.seed,
+          .units = units_of(spec.train, inputs),
+          .starts = random_starts_of(spec.train, inputs),
+          .window = spec.train.is_stream() ? window_of(inputs) : 1};
+}
+
+RowOrder eval_order(const Split& val, const std::vector<DataInput>& inputs) {
+  return {.order = DataOrder::kSequential,
+          .units = units_of(val, inputs),
+          .starts = random_starts_of(val, inputs),
+          .window = val.is_stream() ? window_of(inputs) : 1};
+}
+
+Tensor read_box(const SplitReader& reader, const RowOrder& order, ShuffleCache& cache,
+                const DataInput& in, std::int64_t first_row, const Box& box) {
+  MESHFLOW_CHECK(box.extent.size() == in.shape.size());
+  Tensor out = Tensor::uninitialized(in.dtype, box.extent);
+  if (out.numel() == 0) return out;
+  const std::vector<std::int64_t> positions =
+      row_positions(order, first_row + box.offset[0], box.extent[0], cache);
+  if (reader.is_stream()) {
+    reader.read_windows(positions, in.shift + box.offset[1], out);
+  } else {
+    reader.read_samples(in.name, positions,
+                        std::vector<std::int64_t>(box.offset.begin() + 1, box.offset.end()), out);
+  }
+  return out;
+}
+
+}  // namespace meshflow

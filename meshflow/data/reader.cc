@@ -1,0 +1,187 @@
+// Memory maps and the box copies out of them.
+#include "meshflow/data/reader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "meshflow/core/box.h"
+#include "meshflow/core/error.h"
+
+namespace meshflow {
+
+MappedFile MappedFile::open(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(ErrorKind::kIo, "{}: cannot open: {}", path.string(), std::strerror(errno));
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(ErrorKind::kIo, "{}: cannot read its size: {}", path.string(), std::strerror(err));
+  }
+  void* p = nullptr;
+  if (size > 0) {
+    p = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail(ErrorKind::kIo, "{}: cannot map: {}", path.string(), std::strerror(err));
+    }
+  }
+  ::close(fd);
+  return MappedFile(static_cast<const std::byte*>(p), size);
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), static_cast<std::size_t>(size_));
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), static_cast<std::size_t>(size_));
+}
+
+SplitReader::SplitReader(const Split& split) : split_(&split) {
+  std::int64_t first = 0;
+  for (const StreamFile& f : split.stream) {
+    stream_.push_back({MappedFile::open(f.path), first});
+    first += f.tokens;
+  }
+  for (const auto& [name, a] : split.arrays) arrays_.emplace_back(name, MappedFile::open(a.path));
+}
+
+namespace {
+
+// Converts `count` tokens of `item_bytes` at `src` into `dst`; returns the index of the first
+// that does not fit Out, or count.
+template <typename Out>
+std::int64_t convert_tokens(const std::byte* src, int item_bytes, std::int64_t count, Out* dst) {
+  switch (item_bytes) {
+    case 2: {
+      std::uint16_t v[1];
+      for (std::int64_t i = 0; i < count; ++i) {
+        std::memcpy(v, src + 2 * i, 2);
+        dst[i] = static_cast<Out>(v[0]);
+      }
+      return count;
+    }
+    case 4: {
+      if constexpr (sizeof(Out) == 4) {
+        std::memcpy(dst, src, static_cast<std::size_t>(count) * 4);
+      } else {
+        for (std::int64_t i = 0; i < count; ++i) {
+          std::int32_t v;
+          std::memcpy(&v, src + 4 * i, 4);
+          dst[i] = v;
+        }
+      }
+      return count;
+    }
+    default: {
+      if constexpr (sizeof(Out) == 8) {
+        std::memcpy(dst, src, static_cast<std::size_t>(count) * 8);
+      } else {
+        for (std::int64_t i = 0; i < count; ++i) {
+          std::int64_t v;
+          std::memcpy(&v, src + 8 * i, 8);
+          if (v < std::numeric_limits<Out>::min() || v > std::numeric_limits<Out>::max())
+            return i;
+          dst[i] = static_cast<Out>(v);
+        }
+      }
+      return count;
+    }
+  }
+}
+
+}  // namespace
+
+void SplitReader::read_windows(std::span<const std::int64_t> starts, std::int64_t offset,
+                               Tensor& out) const {
+  MESHFLOW_CHECK(out.shape().size() == 2 && static_cast<std::size_t>(out.shape()[0]) == starts.size());
+  const std::int64_t cols = out.shape()[1];
+  auto fill = [&](auto zero) {
+    using Out = decltype(zero);
+    Out* dst = out.data<Out>().data();
+    for (std::size_t r = 0; r < starts.size(); ++r, dst += cols) {
+      std::int64_t token = starts[r] + offset;
+      std::int64_t done = 0;
+      // The file holding `token`: the last whose first token is at or before it.
+      auto it = std::upper_bound(stream_.begin(), stream_.end(), token,
+                                 [](std::int64_t t, const Mapped& m) { return t < m.first_token; });
+      MESHFLOW_CHECK(it != stream_.begin());
+      --it;
+      while (done < cols) {
+        const StreamFile& f = split_->stream[static_cast<std::size_t>(it - stream_.begin())];
+        const std::int64_t at = token - it->first_token;
+        const std::int64_t n = std::min(cols - done, f.tokens - at);
+        MESHFLOW_CHECK(n > 0, "window at token {} runs past the stream", token);
+        const std::byte* src = it->file.data() + f.offset + at * f.item_bytes;
+        const std::int64_t ok = convert_tokens(src, f.item_bytes, n, dst + done);
+        if (ok < n) {
+          fail(ErrorKind::kInvalidArgument, "{}: token {} ({}) does not fit {}", f.path.string(),
+               at + ok, [&] {
+                 std::int64_t v;
+                 std::memcpy(&v, src + 8 * ok, 8);
+                 return v;
+               }(),
+               to_string(out.dtype()));
+        }
+        done += n;
+        token += n;
+        ++it;
+      }
+    }
+  };
+  if (out.dtype() == DType::kInt32) {
+    fill(std::int32_t{});
+  } else {
+    MESHFLOW_CHECK(out.dtype() == DType::kInt64);
+    fill(std::int64_t{});
+  }
+}
+
+void SplitReader::read_samples(const std::string& name, std::span<const std::int64_t> samples,
+                               const std::vector<std::int64_t>& trailing_offset,
+                               Tensor& out) const {
+  const SampleArray& a = split_->arrays.at(name);
+  const MappedFile* file = nullptr;
+  for (const auto& [n, f] : arrays_)
+    if (n == name) file = &f;
+  MESHFLOW_CHECK(file != nullptr && a.dtype == out.dtype());
+  const Shape sample(a.shape.begin() + 1, a.shape.end());
+  const Shape out_sample(out.shape().begin() + 1, out.shape().end());
+  std::int64_t sample_elems = 1;
+  for (std::int64_t d : sample) sample_elems *= d;
+  std::int64_t out_elems = 1;
+  for (std::int64_t d : out_sample) out_elems *= d;
+  const std::size_t elem = size_of(a.dtype);
+  const std::vector<std::int64_t> zero(out_sample.size(), 0);
+  for (std::size_t r = 0; r < samples.size(); ++r) {
+    const std::byte* src = file->data() + a.offset +
+                           samples[r] * sample_elems * static_cast<std::int64_t>(elem);
+    std::byte* dst = out.bytes() + static_cast<std::int64_t>(r) * out_elems *
+                                       static_cast<std::int64_t>(elem);
+    if (out_sample == sample) {
+      std::memcpy(dst, src, static_cast<std::size_t>(out_elems) * elem);
+    } else {
+      copy_box(ConstBuffer{src, &sample, elem}, trailing_offset,
+               MutableBuffer{dst, &out_sample, elem}, zero, out_sample);
+    }
+  }
+}
+
+}  // namespace meshflow

@@ -1,0 +1,63 @@
+// Reading a split's rows through memory maps: each device copies only the rows and columns of
+// its own shard box, so no process holds a whole split and memory does not grow with the data.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/tensor.h"
+#include "meshflow/data/dataset.h"
+
+namespace meshflow {
+
+// A file mapped read-only into memory; unmapped on destruction.
+class MappedFile {
+ public:
+  // Returns `path` mapped whole; throws Error(kIo) naming it.
+  static MappedFile open(const std::filesystem::path& path);
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+  const std::byte* data() const { return data_; }
+  std::int64_t size() const { return size_; }
+
+ private:
+  MappedFile(const std::byte* data, std::int64_t size) : data_(data), size_(size) {}
+  const std::byte* data_ = nullptr;
+  std::int64_t size_ = 0;
+};
+
+// A split's files, mapped: what a device reads its boxes from.
+class SplitReader {
+ public:
+  explicit SplitReader(const Split& split);
+  bool is_stream() const { return split_->is_stream(); }
+
+  // Fills `out` ([rows, cols] of int32 or int64) with, for row i, the tokens
+  // [starts[i] + offset, starts[i] + offset + cols) of the stream (offset: a shift plus the
+  // box's first column; windows may cross file boundaries). Throws Error(kInvalidArgument)
+  // naming the file and position of an int64 token that does not fit an int32 `out`.
+  void read_windows(std::span<const std::int64_t> starts, std::int64_t offset, Tensor& out) const;
+
+  // Fills `out` ([rows, ...] of the array's dtype) with, for row i, the box of sample
+  // samples[i] of array `name` that starts at `trailing_offset` (one entry per trailing dim) and
+  // spans out's trailing extents.
+  void read_samples(const std::string& name, std::span<const std::int64_t> samples,
+                    const std::vector<std::int64_t>& trailing_offset, Tensor& out) const;
+
+ private:
+  struct Mapped {
+    MappedFile file;
+    std::int64_t first_token = 0;  // streams: the stream's index of the file's first token
+  };
+  const Split* split_;
+  std::vector<Mapped> stream_;
+  std::vector<std::pair<std::string, MappedFile>> arrays_;
+};
+
+}  // namespace meshflow
