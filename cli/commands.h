@@ -28,5 +28,6 @@ void add_explain(CLI::App& app);
 void add_checkpoint(CLI::App& app);
 void add_autoshard(CLI::App& app);
 void add_calibrate(CLI::App& app);
+void add_data(CLI::App& app);
 
 }  // namespace meshflow::cli

@@ -210,10 +210,14 @@ void print_progress(const StepReport& r, int first, int last, double elapsed_s) 
   const int done = r.step - first + 1, total = last - first + 1;
   const int filled = total > 0 ? done * kWidth / total : kWidth;
   const bool tty = ::isatty(STDERR_FILENO);
-  fmt::print(stderr, "{}step {}/{} [{}{}] loss {:.6g}  {:.2f} steps/s{}", tty ? "\r" : "", r.step,
-             last, std::string(static_cast<std::size_t>(filled), '#'),
-             std::string(static_cast<std::size_t>(kWidth - filled), ' '), r.loss,
-             elapsed_s > 0 ? done / elapsed_s : 0.0, tty && r.step < last ? "" : "\n");
+  const std::string rate = r.tokens_per_s ? fmt::format("  {:.0f} tokens/s", *r.tokens_per_s)
+                                          : fmt::format("  {:.0f} samples/s", r.samples_per_s);
+  const std::string val =
+      r.last_val_loss ? fmt::format("  val loss {:.6g}", *r.last_val_loss) : std::string();
+  fmt::print(stderr, "{}step {}/{} [{}{}] loss {:.6g}{}  {:.2f} steps/s{}{}", tty ? "\r" : "",
+             r.step, last, std::string(static_cast<std::size_t>(filled), '#'),
+             std::string(static_cast<std::size_t>(kWidth - filled), ' '), r.loss, val,
+             elapsed_s > 0 ? done / elapsed_s : 0.0, rate, tty && r.step < last ? "" : "\n");
   std::fflush(stderr);
 }
 
@@ -263,7 +267,8 @@ void add_run(CLI::App& app) {
     auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
     const Model model = load(args->model, options.backend);
-    const RunReport r = run_model(model, options);
+    every_device(options.backend, [&] { return read_model_data(model); });
+    const RunReport r = run_model_on_data(model, options);
     if (!r.reporter) return;
     if (args->json) {
       nlohmann::json outputs = nlohmann::json::object();
@@ -297,6 +302,8 @@ void add_train(CLI::App& app) {
     bool autoshard = false;
     std::string mesh;
     std::optional<std::int64_t> memory_limit;
+    int eval_every = 0, eval_batches = 20;
+    std::string log_dir;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -333,6 +340,16 @@ void add_train(CLI::App& app) {
                   "resume from DIR/step-<k>, or the newest complete checkpoint in DIR, onto this "
                   "model's layouts; steps go on from k+1 and the saved optimizer options are the "
                   "defaults");
+  cmd->add_option("--eval-every", args->eval_every,
+                  "after every step whose number is a multiple of K and after the last, the "
+                  "mean loss over --eval-batches batches of the val split (forward only)")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--eval-batches", args->eval_batches, "val batches each evaluation reads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--log-dir", args->log_dir,
+                  "append one JSON line per step and per evaluation to DIR/metrics.jsonl and "
+                  "plot train and val loss in DIR/loss.svg");
   cmd->add_flag("--auto", args->autoshard,
                 "train what `meshflow autoshard` chooses for the model (placements, ZeRO level, "
                 "micro-batches; each option given here stays fixed)");
@@ -375,7 +392,14 @@ void add_train(CLI::App& app) {
         .schedule = parse_schedule(args->schedule),
         .zero = every_device(options.backend, [&] { return zero_of(args->zero, model); }),
         .allow_nonfinite = args->allow_nonfinite,
-        .check = args->check};
+        .check = args->check,
+        .eval_every = args->eval_every,
+        .eval_batches = args->eval_batches};
+    if (!args->log_dir.empty()) o.log_dir = args->log_dir;
+    o.on_eval = [](const EvalReport& e) {
+      fmt::print(stderr, "eval at step {}: val loss {:.6g}\n", e.step, e.val_loss);
+      std::fflush(stderr);
+    };
     if (!args->checkpoint.empty()) {
       o.checkpoint = CheckpointOptions{.dir = output_target(args->checkpoint),
                                        .every = args->checkpoint_every,

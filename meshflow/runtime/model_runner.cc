@@ -441,11 +441,13 @@ double scalar_of(const Tensor& t) {
   return v;
 }
 
-RunReport run_model(const Model& model, const ModelRunOptions& options) {
+RunReport run_model(const Model& model, const ModelRunOptions& options,
+                    const std::function<StepLoop::Feed(const PreparedModel&)>& feed_of) {
   std::string error;
   std::optional<PreparedModel> p = try_prepare(model, Mode::kRun, options, error);
   RunReport report;
   StepLoop loop;
+  if (p && feed_of) loop.feed = feed_of(*p);
   if (p) {
     loop.on_step = [&](int, double, const TaskTimes&, const std::vector<Tensor>& values) {
       for (const auto& [name, v] : p->scalars)

@@ -57,8 +57,6 @@ struct RunReport {
   bool reporter = false;  // true on the process that prints (always under threads)
 };
 
-// Runs the forward pass once.
-RunReport run_model(const Model& model, const ModelRunOptions& options);
 
 // A compiled model ready to launch: its graph with the values the leader reports fetched to it
 // (to a one-device mesh of the leader, Replicate), and its task graph.
@@ -138,6 +136,11 @@ struct StepLoop {
                      const std::vector<Tensor>& values)>
       on_step;
 };
+
+// Runs the forward pass once. `feed_of` (when set) gives the feed that puts the data inputs
+// of step 1 in place, for the prepared model.
+RunReport run_model(const Model& model, const ModelRunOptions& options,
+                    const std::function<StepLoop::Feed(const PreparedModel&)>& feed_of = nullptr);
 
 // How a loop ended: the last step run and its reduced stop flag (0: every step ran), and the
 // device whose tensors peaked highest over the steps, with what they were then (the runtime's

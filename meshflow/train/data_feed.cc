@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include "meshflow/core/error.h"
+#include "meshflow/core/file.h"
+#include "meshflow/core/npy.h"
+#include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
 
 namespace meshflow {
@@ -191,6 +194,36 @@ StepLoop::Feed DataFeeder::eval_feed() {
     place(read(world.device(), *data_->eval, *val_, static_cast<std::int64_t>(b) * data_->batch),
           values, micro_inputs, targets_);
   };
+}
+
+void write_batches(const ModelData& data, bool val, int first, int last,
+                   const std::filesystem::path& out) {
+  if (val && !data.spec.val)
+    fail(ErrorKind::kInvalidArgument, "--split val: the model's data has no val split");
+  const std::filesystem::path target = output_target(out);
+  const std::filesystem::path staged = stage_folder(target);
+  try {
+    for (int t = first; t <= last; ++t) {
+      const std::filesystem::path dir = staged / fmt::format("step-{}", t);
+      std::filesystem::create_directories(dir);
+      for (const auto& [name, batch] : global_batch(data, {}, t, val))
+        write_npy(dir / (name + ".npy"), batch);
+    }
+    commit_folder(staged, target);
+  } catch (...) {
+    discard(staged);
+    throw;
+  }
+}
+
+RunReport run_model_on_data(const Model& model, const ModelRunOptions& options) {
+  const std::optional<ModelData> data = read_model_data(model);
+  if (!data) return run_model(model, options);
+  std::optional<DataFeeder> feeder;
+  return run_model(model, options, [&](const PreparedModel& p) {
+    feeder.emplace(*data, p, DataPosition{}, /*last_step=*/1);
+    return feeder->feed();
+  });
 }
 
 }  // namespace meshflow

@@ -107,4 +107,13 @@ class DataFeeder {
   std::map<DeviceId, std::unique_ptr<Device>> devices_;
 };
 
+// Writes the global batches of steps first … last (`val`: eval batches first − 1 … last − 1) as
+// `out`/step-<t>/<input>.npy, the folder appearing whole or not at all: `meshflow data batches`.
+void write_batches(const ModelData& data, bool val, int first, int last,
+                   const std::filesystem::path& out);
+
+// Runs `model`'s forward pass once (runtime/model_runner.h's run_model), its data inputs
+// holding step 1's batch when it has data.
+RunReport run_model_on_data(const Model& model, const ModelRunOptions& options);
+
 }  // namespace meshflow

@@ -13,6 +13,15 @@ The model: a token embedding plus a learned position embedding, BLOCKS pre-norm 
 multi-head self-attention, then a GELU MLP, each added back into the residual stream), a final
 layer norm, an LM head and the softmax cross-entropy of the next token.
 
+--data DIR writes the model files over a prepared token stream instead (DIR/train.npy and
+DIR/val.npy, as `meshflow data prepare` writes them; --vocab must cover its ids): the tokens and
+next tokens are [B, S] windows of it (next with shift 1, reshaped to [-1] before the loss), and a
+"generate" object names the token input and the logits. Without --data the script also writes a
+dataset of its own (data/train.npy and data/val.npy: a seeded first-order Markov source over the
+vocabulary, so the loss can fall well below ln V) and gpt_<layout>_data.json files that read it.
+--init gpt2 initialises as GPT-2 and nanoGPT do: every weight normal with std 0.02, biases zero,
+norm scales one (a first loss near ln V).
+
 The layouts, on --devices (4) devices unless named:
   one       1 device, every tensor whole
   dp        data parallel: the batch split, every weight replicated
@@ -30,6 +39,7 @@ The layouts, on --devices (4) devices unless named:
 """
 import argparse
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -44,6 +54,12 @@ parser.add_argument("--dim", type=int, default=16, help="the width, a multiple o
 parser.add_argument("--heads", type=int, default=4)
 parser.add_argument("--blocks", type=int, default=2)
 parser.add_argument("--devices", type=int, default=4, help="devices of the 1-d meshes")
+parser.add_argument("--data", type=pathlib.Path,
+                    help="a folder holding train.npy and val.npy: write model files that read it")
+parser.add_argument("--init", choices=["default", "gpt2"], default="default",
+                    help="gpt2: weights normal(0.02), biases zero, norm scales one")
+parser.add_argument("--order", choices=["shuffled", "sequential", "random"], default="shuffled",
+                    help="with data: the order batches read it in")
 args = parser.parse_args()
 for name in ("batch", "seq", "vocab", "dim", "heads", "blocks", "devices"):
     if getattr(args, name) < 1:
@@ -83,7 +99,8 @@ def layouts():
     }
 
 
-def model(layout):
+def model(layout, data=None):
+    """The model of `layout`; with `data` (the "data" object), its tokens read windows of it."""
     p = layout
     tensors, nodes = {}, []
     seed = iter(range(1, 1000))
@@ -92,9 +109,14 @@ def model(layout):
     # The mesh everything is placed on now: "m", or the stage of the block being written.
     at = {"mesh": "m" if "mesh" in p else "s0"}
 
-    def weight(name, shape, kind, init):
-        tensors[name] = {"shape": shape, "weight": {**init, "seed": next(seed)},
-                         "mesh": at["mesh"], "placements": p[kind]}
+    def weight(name, shape, kind, init, role="weight"):
+        s = next(seed)
+        if args.init == "gpt2":
+            init = {"zeros": True} if role == "bias" else (
+                {"uniform": [1.0, 1.0]} if role == "scale" else {"normal": 0.02})
+        spec = dict(init) if "zeros" in init else {**init, "seed": s}
+        tensors[name] = {"shape": shape, "weight": spec, "mesh": at["mesh"],
+                         "placements": p[kind]}
         return name
 
     def node(name, op, inputs, **attrs):
@@ -115,8 +137,8 @@ def model(layout):
         return pinned(name, op, inputs, "residual")
 
     def layer_norm(name, x):
-        w = weight(f"{name}_w", [DIM], "vec", {"uniform": [0.9, 1.1]})
-        b = weight(f"{name}_b", [DIM], "vec", {"normal": 0.02})
+        w = weight(f"{name}_w", [DIM], "vec", {"uniform": [0.9, 1.1]}, "scale")
+        b = weight(f"{name}_b", [DIM], "vec", {"normal": 0.02}, "bias")
         n = residual(name, "layer_norm", [x, w, b])
         if "gather" not in p:
             return n
@@ -126,11 +148,19 @@ def model(layout):
                     placements=p["gather"])
 
     dh = DIM // HEADS
-    tensors["tokens"] = {"shape": [BATCH, SEQ], "dtype": "int64", "input": "tokens.npy",
-                         "mesh": at["mesh"], "placements": p["data"]}
     last = "m" if "mesh" in p else f"s{len(stages) - 1}"
-    tensors["next"] = {"shape": [BATCH * SEQ], "dtype": "int64", "input": "next_tokens.npy",
-                       "mesh": last, "placements": p["data"]}
+    if data is None:
+        tensors["tokens"] = {"shape": [BATCH, SEQ], "dtype": "int64", "input": "tokens.npy",
+                             "mesh": at["mesh"], "placements": p["data"]}
+        tensors["next"] = {"shape": [BATCH * SEQ], "dtype": "int64", "input": "next_tokens.npy",
+                           "mesh": last, "placements": p["data"]}
+    else:
+        tensors["tokens"] = {"shape": [BATCH, SEQ], "dtype": "int64",
+                             "input": {"data": "window"}, "mesh": at["mesh"],
+                             "placements": p["data"]}
+        tensors["next"] = {"shape": [BATCH, SEQ], "dtype": "int64",
+                           "input": {"data": "window", "shift": 1}, "mesh": last,
+                           "placements": p["data"]}
     tok = weight("tok", [VOCAB, DIM], "embed", {"normal": 0.5})
     pos = weight("pos", [SEQ, DIM], "vec", {"normal": 0.1})
     node("e", "embedding", ["tokens", tok])
@@ -164,25 +194,74 @@ def model(layout):
     head = weight("head", [DIM, VOCAB], "head", {"normal": 0.3})
     pinned("logits", "linear", [n, head], "logits")
     node("flat", "reshape", ["logits"], shape=[-1, VOCAB])
-    node("loss", "softmax_cross_entropy", ["flat", "next"])
+    labels = "next"
+    if data is not None:
+        labels = node("next_flat", "reshape", ["next"], shape=[-1])
+    node("loss", "softmax_cross_entropy", ["flat", labels])
     meshes = {"m": p["mesh"]} if "mesh" in p else {f"s{k}": m for k, m in enumerate(stages)}
-    return {"meshes": meshes, "tensors": tensors, "nodes": nodes, "loss": "loss",
-            "outputs": ["loss"]}
+    out = {"meshes": meshes, "tensors": tensors, "nodes": nodes, "loss": "loss",
+           "outputs": ["loss"]}
+    if data is not None:
+        out = {"data": data, **out, "generate": {"tokens": "tokens", "logits": "logits"}}
+    return out
 
 
 def write_json(path, m):
     """One tensor or node per line, so a diff of two layouts reads line by line."""
-    lines = ["{", f'  "meshes": {json.dumps(m["meshes"])},', '  "tensors": {']
+    lines = ["{"]
+    if "data" in m:
+        lines.append(f'  "data": {json.dumps(m["data"])},')
+    lines += [f'  "meshes": {json.dumps(m["meshes"])},', '  "tensors": {']
     items = [f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in m["tensors"].items()]
     lines += [",\n".join(items), "  },", '  "nodes": [']
     lines += [",\n".join(f"    {json.dumps(n)}" for n in m["nodes"]), "  ],"]
-    lines += [f'  "loss": {json.dumps(m["loss"])},', f'  "outputs": {json.dumps(m["outputs"])}', "}"]
+    lines += [f'  "loss": {json.dumps(m["loss"])},', f'  "outputs": {json.dumps(m["outputs"])}']
+    if "generate" in m:
+        lines[-1] += ","
+        lines.append(f'  "generate": {json.dumps(m["generate"])}')
+    lines.append("}")
     path.write_text("\n".join(lines) + "\n")
 
 
+def relative(path):
+    """`path` as the model files in `here` name it."""
+    return os.path.relpath(path.resolve(), here.resolve())
+
+
+def markov_stream(rng, tokens):
+    """A first-order Markov chain over the vocabulary: each token's successor drawn from a sparse
+    (Dirichlet 0.1) row of a seeded transition matrix, so the next token is learnable."""
+    table = rng.dirichlet(np.full(VOCAB, 0.1), size=VOCAB)
+    cum = np.cumsum(table, axis=1)
+    u = rng.random(tokens)
+    out = np.empty(tokens, dtype=np.uint16)
+    t = 0
+    for i in range(tokens):
+        t = min(int(np.searchsorted(cum[t], u[i], side="right")), VOCAB - 1)
+        out[i] = t
+    return out
+
+
 here.mkdir(parents=True, exist_ok=True)
-rng = np.random.default_rng(2026)
-np.save(here / "tokens.npy", rng.integers(0, VOCAB, size=(BATCH, SEQ)).astype(np.int64))
-np.save(here / "next_tokens.npy", rng.integers(0, VOCAB, size=BATCH * SEQ).astype(np.int64))
-for name, layout in layouts().items():
-    write_json(here / f"gpt_{name}.json", model(layout))
+if args.data is not None:
+    for split in ("train", "val"):
+        if not (args.data / f"{split}.npy").exists():
+            parser.error(f"--data {args.data}: {split}.npy is missing")
+    data = {"train": relative(args.data / "train.npy"), "val": relative(args.data / "val.npy"),
+            "order": args.order, "seed": 0}
+    for name, layout in layouts().items():
+        write_json(here / f"gpt_{name}.json", model(layout, data))
+else:
+    rng = np.random.default_rng(2026)
+    np.save(here / "tokens.npy", rng.integers(0, VOCAB, size=(BATCH, SEQ)).astype(np.int64))
+    np.save(here / "next_tokens.npy", rng.integers(0, VOCAB, size=BATCH * SEQ).astype(np.int64))
+    for name, layout in layouts().items():
+        write_json(here / f"gpt_{name}.json", model(layout))
+    # The example dataset: 200,000 train and 20,000 val tokens of one Markov source.
+    (here / "data").mkdir(exist_ok=True)
+    stream = markov_stream(np.random.default_rng(58), 220_000)
+    np.save(here / "data" / "train.npy", stream[:200_000])
+    np.save(here / "data" / "val.npy", stream[200_000:])
+    data = {"train": "data/train.npy", "val": "data/val.npy", "order": args.order, "seed": 0}
+    for name, layout in layouts().items():
+        write_json(here / f"gpt_{name}_data.json", model(layout, data))
