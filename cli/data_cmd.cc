@@ -40,8 +40,7 @@ void add_data(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = group->add_subcommand(
       "batches", "Write the global batch train feeds at each step as DIR/step-<t>/<input>.npy");
-  cmd->add_option("model", args->model, "the model file (JSON) with a \"data\" object")
-      ->required();
+  cmd->add_option("model", args->model, "the model file (JSON) with a \"data\" object")->required();
   cmd->add_option("--split", args->split, "train, or val (step t: eval batch t - 1)")
       ->capture_default_str()
       ->check(CLI::IsMember({"train", "val"}));
@@ -56,8 +55,7 @@ void add_data(CLI::App& app) {
            args->model);
     }
     write_batches(*data, args->split == "val", first, last, args->out);
-    fmt::print("wrote steps {} to {} of the {} split in {}\n", first, last, args->split,
-               args->out);
+    fmt::print("wrote steps {} to {} of the {} split in {}\n", first, last, args->split, args->out);
   });
 }
 

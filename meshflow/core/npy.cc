@@ -175,8 +175,8 @@ std::size_t descr_item_bytes(std::string_view descr) {
 // element bytes, or throws naming the file when it takes no such descr or the array is larger
 // than meshflow reads.
 template <typename ItemBytes>
-NpyRawHeader parse_raw_header(std::string_view bytes, std::string_view name,
-                              std::int64_t file_size, ItemBytes item_bytes) {
+NpyRawHeader parse_raw_header(std::string_view bytes, std::string_view name, std::int64_t file_size,
+                              ItemBytes item_bytes) {
   if (bytes.size() < 10 || bytes.substr(0, 6) != kMagic) {
     fail(ErrorKind::kIo, "{}: not a .npy file (bad magic)", name);
   }
@@ -259,26 +259,26 @@ NpyHeader parse_npy_header(std::string_view bytes, std::string_view name, std::i
 
 NpyRawHeader read_npy_raw_header(const File& file, std::span<const std::string_view> accepted) {
   const std::string name = file.path().string();
-  return parse_raw_header(header_bytes(file), name, file.size(), [&](const std::string& d,
-                                                                      const Shape& shape) {
-    for (std::string_view a : accepted) {
-      const std::size_t item = descr_item_bytes(d);
-      if (d != a || item == 0) continue;
-      std::int64_t bytes = static_cast<std::int64_t>(item);
-      for (std::int64_t n : shape) {
-        if (n != 0 && bytes > kMaxTensorBytes / n)
-          fail(ErrorKind::kIo, "{}: array of shape {} is larger than meshflow reads", name,
-               to_string(shape));
-        bytes *= n;
-      }
-      return item;
-    }
-    if (!d.empty() && d[0] == '>') {
-      fail(ErrorKind::kIo, "{}: big-endian arrays are not supported (descr '{}')", name, d);
-    }
-    fail(ErrorKind::kIo, "{}: unsupported dtype descr '{}' (expected {})", name, d,
-         fmt::join(accepted, ", "));
-  });
+  return parse_raw_header(
+      header_bytes(file), name, file.size(), [&](const std::string& d, const Shape& shape) {
+        for (std::string_view a : accepted) {
+          const std::size_t item = descr_item_bytes(d);
+          if (d != a || item == 0) continue;
+          std::int64_t bytes = static_cast<std::int64_t>(item);
+          for (std::int64_t n : shape) {
+            if (n != 0 && bytes > kMaxTensorBytes / n)
+              fail(ErrorKind::kIo, "{}: array of shape {} is larger than meshflow reads", name,
+                   to_string(shape));
+            bytes *= n;
+          }
+          return item;
+        }
+        if (!d.empty() && d[0] == '>') {
+          fail(ErrorKind::kIo, "{}: big-endian arrays are not supported (descr '{}')", name, d);
+        }
+        fail(ErrorKind::kIo, "{}: unsupported dtype descr '{}' (expected {})", name, d,
+             fmt::join(accepted, ", "));
+      });
 }
 
 NpyHeader read_npy_header(const File& file) {

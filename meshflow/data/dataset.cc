@@ -28,8 +28,9 @@ StreamFile read_bin(const File& file) {
   const std::string name = file.path().string();
   const std::int64_t size = file.size();
   if (size < kBinHeaderBytes) {
-    fail(ErrorKind::kIo, "{}: not a .npy file nor an llm.c .bin shard ({} bytes, a .bin header is {})",
-         name, size, kBinHeaderBytes);
+    fail(ErrorKind::kIo,
+         "{}: not a .npy file nor an llm.c .bin shard ({} bytes, a .bin header is {})", name, size,
+         kBinHeaderBytes);
   }
   std::array<std::int32_t, 3> head{};
   file.read_at(0, std::as_writable_bytes(std::span(head)));
@@ -43,8 +44,9 @@ StreamFile read_bin(const File& file) {
   }
   const std::int64_t count = head[2];
   if (count < 0 || kBinHeaderBytes + 2 * count != size) {
-    fail(ErrorKind::kIo, "{}: llm.c .bin header counts {} tokens but the file holds {} bytes of tokens",
-         name, count, size - kBinHeaderBytes);
+    fail(ErrorKind::kIo,
+         "{}: llm.c .bin header counts {} tokens but the file holds {} bytes of tokens", name,
+         count, size - kBinHeaderBytes);
   }
   return {.path = file.path(), .offset = kBinHeaderBytes, .tokens = count, .item_bytes = 2};
 }
@@ -94,7 +96,8 @@ Split read_split(const JsonField& f, const fs::path& base) {
         }
         if (n < 0) first = name;
         n = h.shape[0];
-        s.arrays[name] = {.path = path, .dtype = h.dtype, .shape = h.shape, .offset = h.data_offset};
+        s.arrays[name] = {
+            .path = path, .dtype = h.dtype, .shape = h.shape, .offset = h.data_offset};
       }
       return s;
     }
@@ -142,7 +145,8 @@ std::vector<StreamFile> read_stream_files(const std::vector<fs::path>& paths) {
 }
 
 DataSpec parse_data_spec(const JsonField& f, const fs::path& base) {
-  if (!f.value().is_object()) f.reject("must be an object with \"train\" (and \"val\", \"order\", \"seed\")");
+  if (!f.value().is_object())
+    f.reject("must be an object with \"train\" (and \"val\", \"order\", \"seed\")");
   for (const auto& [key, value] : f.value().items()) {
     if (key != "train" && key != "val" && key != "order" && key != "seed") {
       f.reject(fmt::format("has unknown field \"{}\" (allowed: train, val, order, seed)", key));
@@ -186,8 +190,7 @@ std::int64_t units_of(const Split& split, const std::vector<DataInput>& inputs) 
 }
 
 std::int64_t random_starts_of(const Split& split, const std::vector<DataInput>& inputs) {
-  return std::max<std::int64_t>(
-      0, split.size() - window_of(inputs) - largest_shift(inputs) + 1);
+  return std::max<std::int64_t>(0, split.size() - window_of(inputs) - largest_shift(inputs) + 1);
 }
 
 void check_data_inputs(const DataSpec& spec, const std::vector<DataInput>& inputs,
@@ -212,8 +215,8 @@ void check_data_inputs(const DataSpec& spec, const std::vector<DataInput>& input
         bad(fmt::format("reads \"{}\", but the data is a token stream (read it as \"window\")",
                         in.name));
       if (in.shape.size() != 2 || (in.dtype != DType::kInt32 && in.dtype != DType::kInt64))
-        bad(fmt::format("a window input is [B, S] of int32 or int64, not {}{}",
-                        to_string(in.dtype), to_string(in.shape)));
+        bad(fmt::format("a window input is [B, S] of int32 or int64, not {}{}", to_string(in.dtype),
+                        to_string(in.shape)));
       if (in.shape != inputs[0].shape)
         bad(fmt::format("window inputs share one [B, S]: \"{}\" is {}, this one {}",
                         inputs[0].tensor, to_string(inputs[0].shape), to_string(in.shape)));
@@ -236,8 +239,8 @@ void check_data_inputs(const DataSpec& spec, const std::vector<DataInput>& input
         const Shape want(in.shape.begin() + 1, in.shape.end());
         if (trailing != want || a->second.dtype != in.dtype) {
           bad(fmt::format("\"{}\" holds samples of {}{} but the input's are {}{}",
-                          a->second.path.string(), to_string(a->second.dtype),
-                          to_string(trailing), to_string(in.dtype), to_string(want)));
+                          a->second.path.string(), to_string(a->second.dtype), to_string(trailing),
+                          to_string(in.dtype), to_string(want)));
         }
       }
     }

@@ -84,9 +84,9 @@ std::vector<std::int64_t> row_positions(const RowOrder& order, std::int64_t firs
         break;
       }
       case DataOrder::kRandom:
-        out[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(
-            draw(order.seed, 0xFFFFFFFFu, static_cast<std::uint64_t>(j)) %
-            static_cast<std::uint64_t>(order.starts));
+        out[static_cast<std::size_t>(i)] =
+            static_cast<std::int64_t>(draw(order.seed, 0xFFFFFFFFu, static_cast<std::uint64_t>(j)) %
+                                      static_cast<std::uint64_t>(order.starts));
         continue;
     }
     out[static_cast<std::size_t>(i)] = unit * order.window;

@@ -97,8 +97,7 @@ std::int64_t convert_tokens(const std::byte* src, int item_bytes, std::int64_t c
         for (std::int64_t i = 0; i < count; ++i) {
           std::int64_t v;
           std::memcpy(&v, src + 8 * i, 8);
-          if (v < std::numeric_limits<Out>::min() || v > std::numeric_limits<Out>::max())
-            return i;
+          if (v < std::numeric_limits<Out>::min() || v > std::numeric_limits<Out>::max()) return i;
           dst[i] = static_cast<Out>(v);
         }
       }
@@ -111,7 +110,8 @@ std::int64_t convert_tokens(const std::byte* src, int item_bytes, std::int64_t c
 
 void SplitReader::read_windows(std::span<const std::int64_t> starts, std::int64_t offset,
                                Tensor& out) const {
-  MESHFLOW_CHECK(out.shape().size() == 2 && static_cast<std::size_t>(out.shape()[0]) == starts.size());
+  MESHFLOW_CHECK(out.shape().size() == 2 &&
+                 static_cast<std::size_t>(out.shape()[0]) == starts.size());
   const std::int64_t cols = out.shape()[1];
   auto fill = [&](auto zero) {
     using Out = decltype(zero);
@@ -132,13 +132,15 @@ void SplitReader::read_windows(std::span<const std::int64_t> starts, std::int64_
         const std::byte* src = it->file.data() + f.offset + at * f.item_bytes;
         const std::int64_t ok = convert_tokens(src, f.item_bytes, n, dst + done);
         if (ok < n) {
-          fail(ErrorKind::kInvalidArgument, "{}: token {} ({}) does not fit {}", f.path.string(),
-               at + ok, [&] {
-                 std::int64_t v;
-                 std::memcpy(&v, src + 8 * ok, 8);
-                 return v;
-               }(),
-               to_string(out.dtype()));
+          fail(
+              ErrorKind::kInvalidArgument, "{}: token {} ({}) does not fit {}", f.path.string(),
+              at + ok,
+              [&] {
+                std::int64_t v;
+                std::memcpy(&v, src + 8 * ok, 8);
+                return v;
+              }(),
+              to_string(out.dtype()));
         }
         done += n;
         token += n;
@@ -171,10 +173,10 @@ void SplitReader::read_samples(const std::string& name, std::span<const std::int
   const std::size_t elem = size_of(a.dtype);
   const std::vector<std::int64_t> zero(out_sample.size(), 0);
   for (std::size_t r = 0; r < samples.size(); ++r) {
-    const std::byte* src = file->data() + a.offset +
-                           samples[r] * sample_elems * static_cast<std::int64_t>(elem);
-    std::byte* dst = out.bytes() + static_cast<std::int64_t>(r) * out_elems *
-                                       static_cast<std::int64_t>(elem);
+    const std::byte* src =
+        file->data() + a.offset + samples[r] * sample_elems * static_cast<std::int64_t>(elem);
+    std::byte* dst =
+        out.bytes() + static_cast<std::int64_t>(r) * out_elems * static_cast<std::int64_t>(elem);
     if (out_sample == sample) {
       std::memcpy(dst, src, static_cast<std::size_t>(out_elems) * elem);
     } else {

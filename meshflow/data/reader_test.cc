@@ -5,9 +5,9 @@
 
 #include <fstream>
 
+#include "../../tests/error_of.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/data/batch.h"
-#include "../../tests/error_of.h"
 
 namespace meshflow {
 namespace {
@@ -83,8 +83,9 @@ TEST_F(DataFiles, Int64TokensThatDoNotFitInt32AreNamed) {
   const nlohmann::json j = {{"train", "big.npy"}};
   const DataSpec spec = parse_data_spec(JsonField(j, "m.json"), dir_);
   Tensor out = Tensor::uninitialized(DType::kInt32, {1, 3});
-  EXPECT_NE(error_of([&] { SplitReader(spec.train).read_windows(std::vector<std::int64_t>{0}, 0, out); })
-                .find("big.npy: token 1 (1099511627776) does not fit int32"),
+  EXPECT_NE(error_of([&] {
+              SplitReader(spec.train).read_windows(std::vector<std::int64_t>{0}, 0, out);
+            }).find("big.npy: token 1 (1099511627776) does not fit int32"),
             std::string::npos);
 }
 
@@ -97,7 +98,8 @@ TEST_F(DataFiles, BrokenStreamsAreOneLineNamingTheFile) {
     const nlohmann::json j = {{"train", file}};
     return error_of([&] { parse_data_spec(JsonField(j, "m.json"), dir_); });
   };
-  EXPECT_NE(err("magic.bin").find("magic 123, expected 20240520"), std::string::npos) << err("magic.bin");
+  EXPECT_NE(err("magic.bin").find("magic 123, expected 20240520"), std::string::npos)
+      << err("magic.bin");
   EXPECT_NE(err("count.bin").find("counts 5 tokens but the file holds 4 bytes"), std::string::npos)
       << err("count.bin");
   EXPECT_NE(err("float.npy").find("unsupported dtype descr '<f4' (expected <u2, <i4, <i8)"),
@@ -114,8 +116,9 @@ TEST_F(DataFiles, SampleBoxesReadTheirTrailingColumns) {
   Tensor y = Tensor::uninitialized(DType::kInt64, {5});
   write_npy(dir_ / "y.npy", y);
   const nlohmann::json bad = {{"train", {{"x", "x.npy"}, {"y", "y.npy"}}}};
-  EXPECT_NE(error_of([&] { parse_data_spec(JsonField(bad, "m.json"), dir_); })
-                .find("sample arrays of different N"),
+  EXPECT_NE(error_of([&] {
+              parse_data_spec(JsonField(bad, "m.json"), dir_);
+            }).find("sample arrays of different N"),
             std::string::npos);
   const nlohmann::json j = {{"train", {{"x", "x.npy"}}}, {"order", "sequential"}};
   const DataSpec spec = parse_data_spec(JsonField(j, "m.json"), dir_);
@@ -123,8 +126,8 @@ TEST_F(DataFiles, SampleBoxesReadTheirTrailingColumns) {
   ShuffleCache cache;
   const SplitReader reader(spec.train);
   // Rows 1..2 of the batch of global rows 4..7 (units 4, 5, 0, 1), columns 1..2 of dim 1.
-  const Tensor got = read_box(reader, train_order(spec, {in}), cache, in, 4,
-                              Box{{1, 1, 0}, {2, 2, 4}});
+  const Tensor got =
+      read_box(reader, train_order(spec, {in}), cache, in, 4, Box{{1, 1, 0}, {2, 2, 4}});
   for (std::int64_t r = 0; r < 2; ++r)
     for (std::int64_t c = 0; c < 2; ++c)
       for (std::int64_t k = 0; k < 4; ++k) {
@@ -133,8 +136,9 @@ TEST_F(DataFiles, SampleBoxesReadTheirTrailingColumns) {
                   x.data<float>()[static_cast<std::size_t>(sample * 12 + (1 + c) * 4 + k)]);
       }
   const nlohmann::json rnd = {{"train", {{"x", "x.npy"}}}, {"order", "random"}};
-  EXPECT_NE(error_of([&] { parse_data_spec(JsonField(rnd, "m.json"), dir_); })
-                .find("\"random\" applies to token streams only"),
+  EXPECT_NE(error_of([&] {
+              parse_data_spec(JsonField(rnd, "m.json"), dir_);
+            }).find("\"random\" applies to token streams only"),
             std::string::npos);
 }
 

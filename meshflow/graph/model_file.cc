@@ -127,8 +127,7 @@ struct Reader {
     Source src = source_of(input ? *input : *weight);
     if (src.kind == Source::Kind::kData) {
       if (!input) weight->reject("is a data input: a weight is initialised, not read from data");
-      if (data_ == nullptr)
-        input->reject("reads data, but the model has no \"data\" object");
+      if (data_ == nullptr) input->reject("reads data, but the model has no \"data\" object");
       if (auto b = t.find("batch"))
         b->reject("cannot be set on a data input (its rows are the batch)");
     }
@@ -211,12 +210,14 @@ struct Reader {
     only_keys(top, {"meshes", "tensors", "nodes", "loss", "outputs", "train", "data", "generate"},
               "a model");
     if (auto d = top.find("data")) {
-      if (!d->value().is_object()) d->reject("must be an object with \"train\" (and \"val\", \"order\", \"seed\")");
+      if (!d->value().is_object())
+        d->reject("must be an object with \"train\" (and \"val\", \"order\", \"seed\")");
       model.data = d->value();
       data_ = &model.data;
     }
     if (auto g = top.find("generate")) {
-      if (!g->value().is_object()) g->reject("must be an object {\"tokens\": ..., \"logits\": ...}");
+      if (!g->value().is_object())
+        g->reject("must be an object {\"tokens\": ..., \"logits\": ...}");
       model.generate = g->value();
     }
     if (auto t = top.find("train")) {

@@ -56,8 +56,8 @@ struct Source {
   std::filesystem::path path;  // kNpy, kFolder
   double a = 0, b = 0;         // normal: (std, -); uniform: (lo, hi); fill: (value, -)
   std::uint64_t seed = 0;
-  std::string data;         // kData: "window" or a sample array's name
-  std::int64_t shift = 0;   // kData: a window's shift
+  std::string data;        // kData: "window" or a sample array's name
+  std::int64_t shift = 0;  // kData: a window's shift
   static Source normal(double std, std::uint64_t seed) {
     return {.kind = Kind::kNormal, .a = std, .seed = seed};
   }

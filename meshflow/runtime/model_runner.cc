@@ -191,27 +191,39 @@ struct Session {
       TaskTimes times;
       const double start = steady_seconds();
       double waited = 0;
-      if (loop->feed) {
-        loop->feed(step, world, values, micro_inputs);
-        waited = steady_seconds() - start;
-      }
-      if (mine) {
-        TaskRunOptions o = loop->options ? loop->options(step) : TaskRunOptions{};
-        o.step = step;
-        o.trace = options->trace ? &events : nullptr;
-        o.times = &times;
-        o.memory = &memory;
-        if (pipeline) {
-          PipelineStepStats stats;
-          run_pipeline_step(g, *pipeline, world, values, micro_inputs, prepared->micro_batches, o,
-                            &stats);
-          most.peak_sets = std::max(most.peak_sets, stats.peak_sets);
-          most.peak_set_bytes = std::max(most.peak_set_bytes, stats.peak_set_bytes);
-          most.window_s = stats.window_s;
-          most.busy_s = stats.busy_s;
-        } else {
-          run_step(g, *mine, world, values, micro_inputs, prepared->micro_batches, o);
+      // Bad input met in a step (a token id outside the embedding's table) names the step and
+      // the device that met it.
+      try {
+        if (loop->feed) {
+          loop->feed(step, world, values, micro_inputs);
+          waited = steady_seconds() - start;
         }
+        if (mine) {
+          TaskRunOptions o = loop->options ? loop->options(step) : TaskRunOptions{};
+          o.step = step;
+          o.trace = options->trace ? &events : nullptr;
+          o.times = &times;
+          o.memory = &memory;
+          if (pipeline) {
+            PipelineStepStats stats;
+            run_pipeline_step(g, *pipeline, world, values, micro_inputs, prepared->micro_batches, o,
+                              &stats);
+            most.peak_sets = std::max(most.peak_sets, stats.peak_sets);
+            most.peak_set_bytes = std::max(most.peak_set_bytes, stats.peak_set_bytes);
+            most.window_s = stats.window_s;
+            most.busy_s = stats.busy_s;
+          } else {
+            run_step(g, *mine, world, values, micro_inputs, prepared->micro_batches, o);
+          }
+        }
+      } catch (const Error& e) {
+        if (e.scope() != ErrorScope::kThisDevice ||
+            (e.kind() != ErrorKind::kInvalidArgument && e.kind() != ErrorKind::kShapeMismatch))
+          throw;
+        // Under mpi the launch names the device of a failing process itself.
+        const std::string device =
+            options->backend == Backend::kMpi ? "" : fmt::format("device {}: ", me);
+        throw Error(e.kind(), fmt::format("{}step {}: {}", device, step, e.what()), e.scope());
       }
       if (prepared->stages) {
         // The step's bubble: the mean idle fraction over the stages' devices.
@@ -269,8 +281,8 @@ struct Session {
   }
 
   // Runs the loop's evaluation after `step` on this device; the leader reports the mean loss.
-  void evaluate(int step, Communicator& world, const DeviceTasks* mine,
-                std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs) {
+  void evaluate(int step, Communicator& world, const DeviceTasks* mine, std::vector<Tensor>& values,
+                std::vector<std::vector<Tensor>>& micro_inputs) {
     const bool leader = world.device() == prepared->leader;
     double total = 0;
     for (int b = 0; b < loop->eval_batches; ++b) {

@@ -57,7 +57,6 @@ struct RunReport {
   bool reporter = false;  // true on the process that prints (always under threads)
 };
 
-
 // A compiled model ready to launch: its graph with the values the leader reports fetched to it
 // (to a one-device mesh of the leader, Replicate), and its task graph.
 struct PreparedModel {

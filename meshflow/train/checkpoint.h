@@ -67,8 +67,7 @@ struct SavedTensor {
 // the oldest beyond keep_last deleted). Throws Error(kIo) naming a file that cannot be written.
 void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                      int step, const nlohmann::json& optimizer,
-                     const std::vector<SavedTensor>& tensors,
-                     const nlohmann::json& data = nullptr);
+                     const std::vector<SavedTensor>& tensors, const nlohmann::json& data = nullptr);
 
 // A tensor a resumed run loads: its name in the checkpoint and its layout in the model.
 struct LoadTarget {

@@ -26,8 +26,8 @@ std::optional<ModelData> read_model_data(const Model& model) {
   const nlohmann::json top = {{"data", model.data}};
   ModelData d;
   try {
-    d.spec = parse_data_spec(JsonField(top, model.source, ErrorKind::kInvalidArgument).member("data"),
-                             model.base);
+    d.spec = parse_data_spec(
+        JsonField(top, model.source, ErrorKind::kInvalidArgument).member("data"), model.base);
   } catch (const Error& e) {
     if (std::string_view(e.what()).starts_with(model.source)) throw;
     fail(e.kind(), "{}: {}", model.source, e.what());
@@ -57,8 +57,7 @@ DataPosition resumed_position(const ModelData& data, const nlohmann::json& saved
                               const std::string& checkpoint) {
   if (!saved.is_object() || !saved.contains("rows")) {
     fail(ErrorKind::kInvalidArgument,
-         "{}: the checkpoint has no data position (saved by a model without \"data\")",
-         checkpoint);
+         "{}: the checkpoint has no data position (saved by a model without \"data\")", checkpoint);
   }
   auto differ = [&](std::string_view field, const std::string& was, const std::string& is) {
     fail(ErrorKind::kInvalidArgument,
@@ -88,8 +87,8 @@ std::map<std::string, Tensor> global_batch(const ModelData& data, const DataPosi
   const SplitReader reader(split);
   ShuffleCache cache;
   const RowOrder& order = val ? *data.eval : data.train;
-  const std::int64_t first = val ? static_cast<std::int64_t>(t - 1) * data.batch
-                                 : start.first_row(t, data.batch);
+  const std::int64_t first =
+      val ? static_cast<std::int64_t>(t - 1) * data.batch : start.first_row(t, data.batch);
   std::map<std::string, Tensor> out;
   for (const DataInput& in : data.inputs)
     out[in.tensor] = read_box(reader, order, cache, in, first, full_box(in.shape));

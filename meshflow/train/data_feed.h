@@ -56,8 +56,8 @@ DataPosition resumed_position(const ModelData& data, const nlohmann::json& saved
 
 // Returns the whole batch of step t (`val`: eval batch t − 1) by input tensor name: what
 // `data batches` writes and the one-device check feeds.
-std::map<std::string, Tensor> global_batch(const ModelData& data, const DataPosition& start,
-                                           int t, bool val);
+std::map<std::string, Tensor> global_batch(const ModelData& data, const DataPosition& start, int t,
+                                           bool val);
 
 // Feeds a launch's devices (one per process under mpi, all of them under threads): the maps and
 // the shuffled order's permutation are shared by the devices of a process.
@@ -84,9 +84,9 @@ class DataFeeder {
     int micro_batches = 1;
   };
   struct Batch {
-    std::vector<Tensor> whole;                  // per target (one micro-batch)
-    std::vector<std::vector<Tensor>> micro;     // per target, per micro-batch
-    std::vector<bool> held;                     // per target: this device holds a shard
+    std::vector<Tensor> whole;               // per target (one micro-batch)
+    std::vector<std::vector<Tensor>> micro;  // per target, per micro-batch
+    std::vector<bool> held;                  // per target: this device holds a shard
   };
   struct Device;
   Device& device(DeviceId id);

@@ -77,7 +77,8 @@ std::string loss_svg(const LossCurve& train, const LossCurve& val) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
       "{1}\" font-family=\"sans-serif\" font-size=\"13\">\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{2}\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">Loss against step{3}</text>\n",
+      "<text x=\"{2}\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">Loss against "
+      "step{3}</text>\n",
       f.width, f.height, f.width / 2, log_y ? " (log scale)" : "");
   // Grid, ticks and labels.
   for (double v : ticks(first, last, 8)) {
@@ -121,8 +122,8 @@ std::string loss_svg(const LossCurve& train, const LossCurve& val) {
                          py(loss), color);
     }
     s += fmt::format(
-        "<polyline id=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", id,
-        color, points);
+        "<polyline id=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+        id, color, points);
   };
   curve(train, "#1f77b4", "train", false);
   curve(val, "#d62728", "val", true);
@@ -150,9 +151,7 @@ MetricsLog::MetricsLog(fs::path dir) : dir_(std::move(dir)) {
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
       const int step = j["step"].get<int>();
-      auto number = [](const nlohmann::json& v) {
-        return v.is_number() ? v.get<double>() : NAN;
-      };
+      auto number = [](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : NAN; };
       if (j.contains("loss")) train_.emplace_back(step, number(j["loss"]));
       if (j.contains("val_loss")) val_.emplace_back(step, number(j["val_loss"]));
     }
@@ -170,6 +169,8 @@ void MetricsLog::append(const nlohmann::json& line) {
   if (line.contains("val_loss")) val_.emplace_back(step, number(line["val_loss"]));
 }
 
-void MetricsLog::write_plot() const { write_file_atomic(dir_ / "loss.svg", loss_svg(train_, val_)); }
+void MetricsLog::write_plot() const {
+  write_file_atomic(dir_ / "loss.svg", loss_svg(train_, val_));
+}
 
 }  // namespace meshflow

@@ -235,8 +235,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
             {n.name, *n.layout, held ? &values[static_cast<std::size_t>(v)] : nullptr});
       }
       save_checkpoint(world, p->leader, *options.checkpoint, step, to_json(options.optimizer),
-                      tensors,
-                      data ? data_position_json(*data, position, step) : nlohmann::json());
+                      tensors, data ? data_position_json(*data, position, step) : nlohmann::json());
     };
   }
   loop.options = [&](int step) {
@@ -268,9 +267,9 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
         loop.on_eval = [&](int step, double loss) {
           report.evals.push_back({.step = step, .val_loss = loss});
           if (metrics) {
-            metrics->append({{"step", step},
-                             {"val_loss", std::isfinite(loss) ? nlohmann::json(loss)
-                                                              : nlohmann::json()}});
+            metrics->append(
+                {{"step", step},
+                 {"val_loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json()}});
             metrics->write_plot();
           }
           if (options.on_eval) options.on_eval(report.evals.back());
@@ -342,9 +341,9 @@ nlohmann::json to_json(const TrainReport& report) {
   for (const StepReport& s : report.steps) steps.push_back(to_json(s));
   nlohmann::json evals = nlohmann::json::array();
   for (const EvalReport& e : report.evals) {
-    evals.push_back({{"step", e.step},
-                     {"val_loss", std::isfinite(e.val_loss) ? nlohmann::json(e.val_loss)
-                                                            : nlohmann::json()}});
+    evals.push_back(
+        {{"step", e.step},
+         {"val_loss", std::isfinite(e.val_loss) ? nlohmann::json(e.val_loss) : nlohmann::json()}});
   }
   nlohmann::json check = nullptr;
   if (report.check) {

@@ -27,9 +27,9 @@ struct StepReport {
   double lr = 0;       // the step's learning rate
   // The global gradient norm before clipping; nullopt where the step computes none.
   std::optional<double> grad_norm;
-  double samples_per_s = 0;                // B over the step's time
-  std::optional<double> tokens_per_s;      // B·S over it, for window inputs
-  std::optional<double> last_val_loss;     // the newest evaluation's, when one ran
+  double samples_per_s = 0;             // B over the step's time
+  std::optional<double> tokens_per_s;   // B·S over it, for window inputs
+  std::optional<double> last_val_loss;  // the newest evaluation's, when one ran
 };
 
 // One evaluation: the mean loss over the val batches after step `step`.
