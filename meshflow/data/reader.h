@@ -2,6 +2,7 @@
 // its own shard box, so no process holds a whole split and memory does not grow with the data.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <span>
@@ -25,6 +26,11 @@ class MappedFile {
   ~MappedFile();
   const std::byte* data() const { return data_; }
   std::int64_t size() const { return size_; }
+  // Tells the kernel reads will be at random places (no read-around on a fault).
+  void expect_random_access() const;
+  // Drops this process's mapping of the pages (they stay in the page cache; a later read maps
+  // them again), so that what a run has read does not accumulate in its resident set.
+  void drop_pages() const;
 
  private:
   MappedFile(const std::byte* data, std::int64_t size) : data_(data), size_(size) {}
@@ -35,7 +41,8 @@ class MappedFile {
 // A split's files, mapped: what a device reads its boxes from.
 class SplitReader {
  public:
-  explicit SplitReader(const Split& split);
+  // `random_access`: reads land at random places of the files (the random order).
+  explicit SplitReader(const Split& split, bool random_access = false);
   bool is_stream() const { return split_->is_stream(); }
 
   // Fills `out` ([rows, cols] of int32 or int64) with, for row i, the tokens
@@ -55,7 +62,11 @@ class SplitReader {
     MappedFile file;
     std::int64_t first_token = 0;  // streams: the stream's index of the file's first token
   };
+  // Counts the bytes read; every kDropEvery bytes the maps drop their pages.
+  void count_read(std::int64_t bytes) const;
   const Split* split_;
+  bool random_access_ = false;
+  mutable std::atomic<std::int64_t> read_bytes_{0};
   std::vector<Mapped> stream_;
   std::vector<std::pair<std::string, MappedFile>> arrays_;
 };

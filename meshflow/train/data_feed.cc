@@ -103,7 +103,10 @@ struct DataFeeder::Device {
 
 DataFeeder::DataFeeder(const ModelData& data, const PreparedModel& prepared, DataPosition start,
                        int last_step)
-    : data_(&data), start_(start), last_step_(last_step), train_(data.spec.train) {
+    : data_(&data),
+      start_(start),
+      last_step_(last_step),
+      train_(data.spec.train, data.spec.order == DataOrder::kRandom) {
   if (data.spec.val) val_.emplace(*data.spec.val);
   for (std::size_t i = 0; i < data.inputs.size(); ++i) {
     const ValueId v = find_value(prepared.pcg, data.inputs[i].tensor);

@@ -349,10 +349,10 @@ nlohmann::json to_json(const TrainReport& report) {
   if (report.check) {
     check = {{"max_loss_diff", report.check->max_loss_diff},
              {"max_weight_diff", report.check->max_weight_diff},
-             {"max_grad_diff", report.check->max_grad_diff},
-             {"max_val_loss_diff", report.check->max_val_loss_diff
-                                       ? nlohmann::json(*report.check->max_val_loss_diff)
-                                       : nlohmann::json()}};
+             {"max_grad_diff", report.check->max_grad_diff}};
+    // Only where evaluations ran.
+    if (report.check->max_val_loss_diff)
+      check["max_val_loss_diff"] = *report.check->max_val_loss_diff;
   }
   return {{"steps", steps},
           {"evals", evals},
