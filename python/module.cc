@@ -243,7 +243,7 @@ py::dict run_outputs(const LoadedModel& m, bool overlap, std::optional<int> thre
   std::vector<std::pair<std::string, Tensor>> values;
   {
     py::gil_scoped_release release;
-    const RunReport r = run_model(m.model, o);
+    const RunReport r = run_model_on_data(m.model, o);
     auto all_processes_here = [] {
       if (session().backend() != Backend::kMpi) return;
       session().run(first_devices(session().size()), [](Communicator& comm) { barrier(comm, {}); });
@@ -393,51 +393,85 @@ PYBIND11_MODULE(_meshflow, module) {
   py::class_<LoadedModel>(module, "_Model");
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
-  module.def("train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer,
-                               bool check, bool overlap, bool allow_nonfinite,
-                               std::optional<int> micro_batches, std::optional<int> zero,
-                               std::optional<std::string> checkpoint,
-                               std::optional<int> checkpoint_every, std::optional<int> keep_last,
-                               std::optional<std::string> resume,
-                               std::optional<int> threads_per_device, const std::string& schedule) {
-    if (micro_batches && *micro_batches < 1)
-      fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
-    for (const auto& [name, v] :
-         {std::pair{"checkpoint_every", checkpoint_every}, std::pair{"keep_last", keep_last}}) {
-      if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
-      if (v && !checkpoint) fail(ErrorKind::kInvalidArgument, "{}= needs checkpoint=", name);
-    }
-    const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
-    std::optional<Checkpoint> resumed;
-    if (resume) resumed = read_checkpoint(resume_path(*resume));
-    const OptimizerOptions given = optimizer_options(optimizer);
-    TrainOptions o{
-        .run = model_options(overlap, threads_per_device),
-        .steps = steps,
-        .optimizer = resolve_optimizer(
-            given,
-            resumed ? resumed_defaults(*resumed, given, defaults.optimizer, OptionStyle::kKeyword)
-                    : defaults.optimizer,
-            OptionStyle::kKeyword),
-        .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-        .schedule = parse_schedule(schedule),
-        .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
-        .allow_nonfinite = allow_nonfinite,
-        .check = check};
-    if (checkpoint) {
-      o.checkpoint = CheckpointOptions{.dir = output_target(*checkpoint),
-                                       .every = checkpoint_every.value_or(0),
-                                       .keep_last = keep_last.value_or(0)};
-    }
-    if (resumed) o.resume = resumed->path;
-    std::string report;
-    {
-      py::gil_scoped_release release;
-      const TrainReport r = train_model(m.model, o);
-      report = shared_report(to_json(r).dump(), r.reporter);
-    }
-    return py::module_::import("json").attr("loads")(report);
-  });
+  module.def(
+      "train_model",
+      [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check, bool overlap,
+         bool allow_nonfinite, std::optional<int> micro_batches, std::optional<int> zero,
+         std::optional<std::string> checkpoint, std::optional<int> checkpoint_every,
+         std::optional<int> keep_last, std::optional<std::string> resume,
+         std::optional<int> threads_per_device, const std::string& schedule,
+         std::optional<int> eval_every, int eval_batches, std::optional<std::string> log_dir) {
+        if (micro_batches && *micro_batches < 1)
+          fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
+        if (eval_batches < 1)
+          fail(ErrorKind::kInvalidArgument, "eval_batches= {}: must be >= 1", eval_batches);
+        for (const auto& [name, v] :
+             {std::pair{"checkpoint_every", checkpoint_every}, std::pair{"keep_last", keep_last},
+              std::pair{"eval_every", eval_every}}) {
+          if (name == std::string_view("eval_every")) {
+            if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
+            continue;
+          }
+          if (v && *v < 1) fail(ErrorKind::kInvalidArgument, "{}= {}: must be >= 1", name, *v);
+          if (v && !checkpoint) fail(ErrorKind::kInvalidArgument, "{}= needs checkpoint=", name);
+        }
+        const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
+        std::optional<Checkpoint> resumed;
+        if (resume) resumed = read_checkpoint(resume_path(*resume));
+        const OptimizerOptions given = optimizer_options(optimizer);
+        TrainOptions o{.run = model_options(overlap, threads_per_device),
+                       .steps = steps,
+                       .optimizer = resolve_optimizer(
+                           given,
+                           resumed ? resumed_defaults(*resumed, given, defaults.optimizer,
+                                                      OptionStyle::kKeyword)
+                                   : defaults.optimizer,
+                           OptionStyle::kKeyword),
+                       .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
+                       .schedule = parse_schedule(schedule),
+                       .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+                       .allow_nonfinite = allow_nonfinite,
+                       .check = check,
+                       .eval_every = eval_every.value_or(0),
+                       .eval_batches = eval_batches};
+        if (log_dir) o.log_dir = *log_dir;
+        if (checkpoint) {
+          o.checkpoint = CheckpointOptions{.dir = output_target(*checkpoint),
+                                           .every = checkpoint_every.value_or(0),
+                                           .keep_last = keep_last.value_or(0)};
+        }
+        if (resumed) o.resume = resumed->path;
+        std::string report;
+        {
+          py::gil_scoped_release release;
+          const TrainReport r = train_model(m.model, o);
+          report = shared_report(to_json(r).dump(), r.reporter);
+        }
+        return py::module_::import("json").attr("loads")(report);
+      });
+  module.def(
+      "data_batches", [](const LoadedModel& m, int first, int last, const std::string& split) {
+        if (split != "train" && split != "val")
+          fail(ErrorKind::kInvalidArgument, "split= \"{}\": must be \"train\" or \"val\"", split);
+        if (first < 1 || last < first)
+          fail(ErrorKind::kInvalidArgument, "steps= ({}, {}): must be (a, b) with 1 <= a <= b",
+               first, last);
+        const std::optional<ModelData> data = read_model_data(m.model);
+        if (!data) {
+          fail(ErrorKind::kInvalidArgument,
+               "{}: the model has no \"data\" object to read batches of", m.model.source);
+        }
+        if (split == "val" && !data->spec.val)
+          fail(ErrorKind::kInvalidArgument, "split= \"val\": the model's data has no val split");
+        py::list out;
+        for (int t = first; t <= last; ++t) {
+          py::dict batch;
+          for (auto& [name, tensor] : global_batch(*data, {}, t, split == "val"))
+            batch[py::str(name)] = to_numpy(std::move(tensor));
+          out.append(batch);
+        }
+        return out;
+      });
   module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
                                  std::optional<int> micro_batches, std::optional<int> zero,
                                  std::optional<int> threads_per_device,

@@ -20,7 +20,7 @@ from ._meshflow import (  # noqa: F401  (re-exported)
 from .placement import Partial, Placement, Replicate, Shard
 from .tensor import DTensor, DeviceMesh, distribute_tensor, plan
 from .model import Model, autoshard
-from . import checkpoint, ops
+from . import checkpoint, data, ops
 
 __all__ = [
     "DTensor", "DeviceMesh", "Error", "Model", "Partial", "Placement", "Replicate", "Shard",

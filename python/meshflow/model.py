@@ -26,7 +26,8 @@ class Model:
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
               micro_batches=None, zero=None, checkpoint=None, checkpoint_every=None,
-              keep_last=None, resume=None, threads_per_device=None, schedule="1f1b"):
+              keep_last=None, resume=None, threads_per_device=None, schedule="1f1b",
+              eval_every=None, eval_batches=20, log_dir=None):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -45,6 +46,10 @@ class Model:
         ``threads_per_device`` is ``run``'s. Where the model's layers lie on different meshes
         (stages), ``schedule`` ("gpipe", "1f1b" or "zb") is the order the stages run their
         micro-batches in, all at once; each step's dict then has its measured "bubble".
+        A model with a "data" object reads each step's batch from its dataset (docs/data.md);
+        ``eval_every`` evaluates the mean loss over ``eval_batches`` val batches after every
+        such step and the last ("evals" in the dict); ``log_dir`` gains metrics.jsonl and
+        loss.svg.
         """
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
@@ -58,7 +63,10 @@ class Model:
                                      None if keep_last is None else int(keep_last),
                                      None if resume is None else str(resume),
                                      None if threads_per_device is None
-                                     else int(threads_per_device), str(schedule))
+                                     else int(threads_per_device), str(schedule),
+                                     None if eval_every is None else int(eval_every),
+                                     int(eval_batches),
+                                     None if log_dir is None else str(log_dir))
 
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
