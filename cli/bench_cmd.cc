@@ -8,6 +8,7 @@
 #include "bench/checkpoint_bench.h"
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
+#include "bench/data_bench.h"
 #include "bench/io_bench.h"
 #include "bench/kernels_bench.h"
 #include "bench/ops_bench.h"
@@ -143,6 +144,31 @@ void add_bench(CLI::App& app) {
     if (!runs_here()) return;
     io->bytes = *io_mib << 20;
     print_report(bench::run_io_bench(*io), *io_json);
+  });
+
+  auto data = std::make_shared<bench::DataBenchOptions>();
+  auto data_json = std::make_shared<bool>(false);
+  auto data_mib = std::make_shared<std::int64_t>(2048);
+  CLI::App* d = bench->add_subcommand(
+      "data", "one device's batch read from a large token stream, against memcpy of its bytes");
+  d->add_option("--stream-mib", *data_mib, "the token stream's size in MiB")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  d->add_option("--batch", data->batch, "rows B of a step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  d->add_option("--seq", data->seq, "tokens S of a row")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  d->add_option("--reps", data->reps, "timed repetitions")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  d->add_option("--dir", data->dir, "folder for the stream (default: the temporary folder)");
+  add_output_flags(d, *data_json, data->progress);
+  d->callback([data, data_json, data_mib] {
+    if (!runs_here()) return;
+    data->stream_bytes = *data_mib << 20;
+    print_report(bench::run_data_bench(*data), *data_json);
   });
 
   auto pl = std::make_shared<bench::PlanBenchOptions>();

@@ -49,8 +49,12 @@ if not mpirun:
         check(written == sorted(f for f in os.listdir(gpt) if f != "make_gpt.py" and
                                 f != "README.md"), f"make_gpt.py writes {written}")
         for f in written:
-            check(filecmp.cmp(os.path.join(tmp, f), os.path.join(gpt, f), shallow=False),
-                  f"{f} is not what make_gpt.py writes")
+            # The dataset is a folder (data/train.npy, data/val.npy).
+            files = [os.path.join(f, g) for g in sorted(os.listdir(os.path.join(tmp, f)))] \
+                if os.path.isdir(os.path.join(tmp, f)) else [f]
+            for g in files:
+                check(filecmp.cmp(os.path.join(tmp, g), os.path.join(gpt, g), shallow=False),
+                      f"{g} is not what make_gpt.py writes")
 
 # Plain SGD, and AdamW with clipping (tight enough to bite), warmup and cosine decay.
 OPTIMIZERS = {"sgd": [],

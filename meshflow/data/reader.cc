@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "meshflow/core/box.h"
@@ -94,44 +95,35 @@ void SplitReader::count_read(std::int64_t bytes) const {
 
 namespace {
 
-// Converts `count` tokens of `item_bytes` at `src` into `dst`; returns the index of the first
-// that does not fit Out, or count.
+// Returns `count` tokens of type In at `src` converted into `dst`: the index of the first that
+// does not fit Out, or count. In's alignment is the caller's (a map is page-aligned and a
+// token's offset a multiple of its size).
+template <typename In, typename Out>
+std::int64_t convert_tokens(const std::byte* src, std::int64_t count, Out* dst) {
+  const In* in = reinterpret_cast<const In*>(src);
+  if constexpr (std::is_same_v<In, Out>) {
+    std::memcpy(dst, in, static_cast<std::size_t>(count) * sizeof(In));
+  } else if constexpr (sizeof(In) > sizeof(Out)) {
+    for (std::int64_t i = 0; i < count; ++i) {
+      if (in[i] < std::numeric_limits<Out>::min() || in[i] > std::numeric_limits<Out>::max())
+        return i;
+      dst[i] = static_cast<Out>(in[i]);
+    }
+  } else {
+    for (std::int64_t i = 0; i < count; ++i) dst[i] = static_cast<Out>(in[i]);
+  }
+  return count;
+}
+
 template <typename Out>
 std::int64_t convert_tokens(const std::byte* src, int item_bytes, std::int64_t count, Out* dst) {
   switch (item_bytes) {
-    case 2: {
-      std::uint16_t v[1];
-      for (std::int64_t i = 0; i < count; ++i) {
-        std::memcpy(v, src + 2 * i, 2);
-        dst[i] = static_cast<Out>(v[0]);
-      }
-      return count;
-    }
-    case 4: {
-      if constexpr (sizeof(Out) == 4) {
-        std::memcpy(dst, src, static_cast<std::size_t>(count) * 4);
-      } else {
-        for (std::int64_t i = 0; i < count; ++i) {
-          std::int32_t v;
-          std::memcpy(&v, src + 4 * i, 4);
-          dst[i] = v;
-        }
-      }
-      return count;
-    }
-    default: {
-      if constexpr (sizeof(Out) == 8) {
-        std::memcpy(dst, src, static_cast<std::size_t>(count) * 8);
-      } else {
-        for (std::int64_t i = 0; i < count; ++i) {
-          std::int64_t v;
-          std::memcpy(&v, src + 8 * i, 8);
-          if (v < std::numeric_limits<Out>::min() || v > std::numeric_limits<Out>::max()) return i;
-          dst[i] = static_cast<Out>(v);
-        }
-      }
-      return count;
-    }
+    case 2:
+      return convert_tokens<std::uint16_t>(src, count, dst);
+    case 4:
+      return convert_tokens<std::int32_t>(src, count, dst);
+    default:
+      return convert_tokens<std::int64_t>(src, count, dst);
   }
 }
 
