@@ -265,9 +265,10 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   if (products) {
     for (int i = (o.reps + 1) / 2; i < o.reps; ++i) r.floor_s.push_back(products->time());
   }
-  std::vector<double> kernel, movement, overhead, update;
+  std::vector<double> kernel, movement, overhead, update, wait;
   for (std::size_t i = static_cast<std::size_t>(o.warmup); i < t.steps.size(); ++i) {
     const StepReport& s = t.steps[i];
+    if (s.times.data_wait_s) wait.push_back(*s.times.data_wait_s);
     r.case_s.push_back(s.seconds);
     kernel.push_back(s.times.compute_s);
     movement.push_back(s.times.move_s);
@@ -283,6 +284,10 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   r.extra["optimizer_s"] = median(update);
   r.extra["optimizer_floor_s"] = median(floors);
   r.extra["optimizer_vs_floor"] = median(floors) > 0 ? median(update) / median(floors) : 0.0;
+  if (!wait.empty()) {
+    r.extra["data_wait_s"] = median(wait);
+    r.extra["data_wait_fraction"] = step_s > 0 ? median(wait) / step_s : 0.0;
+  }
   r.extra["measured_peak_bytes"] = t.measured.peak;
   r.extra["measured_memory"] = to_json(t.measured.at_peak);
   const StepTime est =
@@ -304,6 +309,47 @@ std::int64_t weight_bytes(const Model& m) {
     bytes += numel(shard_box(*n.layout, reporter).extent) * size_of(n.spec.dtype);
   }
   return bytes;
+}
+
+// Returns the MLP of `mesh_text` reading its x and y from sample arrays of 8 batches written into
+// `dir` (shuffled order): mlp_step_data's model.
+Model mlp_on_data(const TrainBenchOptions& o, const std::string& mesh_text, const fs::path& labels,
+                  const fs::path& dir) {
+  Model m = mlp(o, mesh_text, labels);
+  const std::int64_t n = 8 * o.batch;
+  Tensor x = random_tensor(DType::kFloat32, {n, o.in}, 7);
+  Tensor y(DType::kInt64, {n});
+  for (std::int64_t i = 0; i < n; ++i) y.data<std::int64_t>()[i] = (i * 7919) % o.in;
+  write_npy(dir / "x.npy", x);
+  write_npy(dir / "y.npy", y);
+  m.data = {{"train", {{"x", "x.npy"}, {"y", "y.npy"}}}, {"order", "shuffled"}};
+  m.base = dir;
+  for (Node& node : m.pcg.nodes) {
+    if (node.kind == NodeKind::kInput)
+      node.source = Source{.kind = Source::Kind::kData, .data = node.name};
+  }
+  return m;
+}
+
+// `name` (gpt_step_data, mlp_step_data): `with_data` (reading a dataset each step) against
+// `fixed` (the same model on one fixed batch), timed alternately in two rounds of the same run
+// (baseline "fixed_batch"), with the data wait.
+BenchResult data_case(const TrainBenchOptions& o, const std::string& name, const Model& fixed,
+                      const Model& with_data, const std::string& mesh_text, std::int64_t bytes,
+                      const Optimizer& optimizer) {
+  BenchResult base{.case_name = name, .mesh = mesh_text, .devices = size(parse_mesh(mesh_text))};
+  BenchResult r{.case_name = name,
+                .backend = "threads",
+                .mesh = mesh_text,
+                .devices = size(parse_mesh(mesh_text)),
+                .bytes = bytes};
+  for (int round = 0; round < 2; ++round) {
+    time_training(fixed, o, optimizer, weight_bytes(fixed), base);
+    time_training(with_data, o, optimizer, weight_bytes(with_data), r);
+  }
+  r.baseline = "fixed_batch";
+  r.baseline_s = base.case_s;
+  return r;
 }
 
 // `name` (mlp_step_micro4, gpt_step_micro4): model `m` trained in 4 micro-batches against the
@@ -567,6 +613,15 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
     if (wanted("train_step")) {
       for (const std::string& mesh : o.meshes) add_result(report, train_step_case(o, mesh, labels));
     }
+    if (wanted("mlp_step_data")) {
+      const TempFolder dir("meshflow_mlp_data");
+      for (const std::string& mesh : o.meshes) {
+        add_result(report, data_case(o, "mlp_step_data", mlp(o, mesh, labels),
+                                     mlp_on_data(o, mesh, labels, dir.path()), mesh,
+                                     (o.batch * o.in + 2 * o.in * o.hidden) * 4,
+                                     resolve_optimizer({.lr = 0.01})));
+      }
+    }
     if (wanted("mlp_step_micro4")) {
       add_result(report, micro_case(o, "mlp_step_micro4", mlp(o, "1", labels), "1",
                                     (o.batch * o.in + 2 * o.in * o.hidden) * 4));
@@ -588,6 +643,17 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
       }
       if (sgd) add_result(report, std::move(*sgd));
       if (adamw) add_result(report, std::move(*adamw));
+    }
+    if (wanted("gpt_step_data")) {
+      for (const std::string& mesh : o.gpt_meshes) {
+        const int devices = static_cast<int>(size(parse_mesh(mesh)));
+        const GptFiles files(o.gpt, devices);
+        const std::string layout = devices == 1 ? "one" : "dp";
+        add_result(
+            report,
+            data_case(o, "gpt_step_data", files.load(layout), files.load(layout + "_data"), mesh,
+                      o.gpt.batch * o.gpt.seq * o.gpt.width * 4, resolve_optimizer({.lr = 0.01})));
+      }
     }
     if (wanted("gpt_step_micro4")) {
       const GptFiles files(o.gpt, 1);

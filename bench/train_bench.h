@@ -11,6 +11,11 @@
 //   gpt_step    one SGD step of examples/models/gpt's GPT (2 blocks, width 512, 8 heads,
 //               sequence 256, batch 8, vocabulary 8192, float32) on 1 device and data parallel
 //               on 2, against PyTorch CPU eager's same model (1 and 2 threads)
+//   mlp_step_data, gpt_step_data  the MLP (each mesh) and the GPT (1 and 2 devices) reading
+//               each step's batch from a dataset (sample arrays of 8 batches; make_gpt.py's
+//               Markov token stream, shuffled) against the same model on a fixed batch, timed
+//               alternately in the same run (baseline fixed_batch), with data_wait_s and its
+//               fraction of the step
 //   gpt_sp_bytes  the bytes one GPT block adds to a forward pass and to a training step under
 //               Megatron TP + SP on 4 devices (recording communicator), against the analytic
 //               count of two all-gathers and two reduce-scatters of its activations per pass

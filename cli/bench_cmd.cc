@@ -344,12 +344,13 @@ void add_bench(CLI::App& app) {
                 "at least 1); PyTorch runs with the devices' threads together")
       ->check(CLI::Range(1, kMostThreads));
   t->add_option("--cases", train->cases,
-                "only these cases: train_step, mlp_step_micro4, mlp_step_adamw_zero1, "
-                "mlp_step_adamw_zero3, gpt_step, gpt_step_adamw, gpt_step_micro4, gpt_sp_bytes, "
-                "compile")
-      ->check(CLI::IsMember({"train_step", "mlp_step_micro4", "mlp_step_adamw_zero1",
-                             "mlp_step_adamw_zero3", "gpt_step", "gpt_step_adamw",
-                             "gpt_step_micro4", "gpt_sp_bytes", "compile"}));
+                "only these cases: train_step, mlp_step_data, mlp_step_micro4, "
+                "mlp_step_adamw_zero1, mlp_step_adamw_zero3, gpt_step, gpt_step_adamw, "
+                "gpt_step_data, gpt_step_micro4, gpt_sp_bytes, compile")
+      ->check(CLI::IsMember({"train_step", "mlp_step_data", "mlp_step_micro4",
+                             "mlp_step_adamw_zero1", "mlp_step_adamw_zero3", "gpt_step",
+                             "gpt_step_adamw", "gpt_step_data", "gpt_step_micro4", "gpt_sp_bytes",
+                             "compile"}));
   auto train_machine = std::make_shared<std::string>();
   t->add_option("--machine", *train_machine,
                 "machine description JSON the step estimates (est_step_s) price with (default: "
