@@ -424,8 +424,11 @@ void add_train(CLI::App& app) {
     if (r.check) {
       fmt::print(
           "check against one device: max loss diff {:.3g}, max weight diff {:.3g}, "
-          "max grad diff {:.3g}\n",
-          r.check->max_loss_diff, r.check->max_weight_diff, r.check->max_grad_diff);
+          "max grad diff {:.3g}{}\n",
+          r.check->max_loss_diff, r.check->max_weight_diff, r.check->max_grad_diff,
+          r.check->max_val_loss_diff
+              ? fmt::format(", max val loss diff {:.3g}", *r.check->max_val_loss_diff)
+              : std::string());
     }
     if (!args->save.empty()) fmt::print("saved the weights in {}\n", args->save);
     if (!args->checkpoint.empty() && !r.steps.empty()) {
@@ -461,7 +464,7 @@ void add_explain(CLI::App& app) {
     const PlanOptions plan{.machine = machine.get()};
     const Optimizer optimizer =
         every_device(backend(*args), [&] { return optimizer_of(args->optimizer, model); });
-    const Explanation e = explain_compiled(
+    Explanation e = explain_compiled(
         model.pcg,
         {.plan = plan,
          .overlap = args->overlap,
@@ -473,6 +476,10 @@ void add_explain(CLI::App& app) {
              backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
          .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
          .threads_per_device = args->threads_per_device});
+    every_device(backend(*args), [&] {
+      add_loader_memory(model, e);
+      return 0;
+    });
     // The pipeline's schedule, where the step runs on stages.
     const std::optional<ScheduleExplanation> schedule = explain_model_schedule(
         model, run_options(*args, machine.get()),

@@ -483,13 +483,14 @@ PYBIND11_MODULE(_meshflow, module) {
         resolve_optimizer(optimizer_options(optimizer), defaults.optimizer, OptionStyle::kKeyword);
     const int m_batches = micro_batches.value_or(defaults.micro_batches.value_or(1));
     const int zero_level = resolve_zero(zero, defaults, OptionStyle::kKeyword);
-    const Explanation e = explain_compiled(
+    Explanation e = explain_compiled(
         m.model.pcg, {.overlap = overlap,
                       .decompose = {.shared_memory = session().backend() == Backend::kThreads},
                       .update = o.rule,
                       .micro_batches = m_batches,
                       .zero = zero_level,
                       .threads_per_device = threads_option(threads_per_device)});
+    add_loader_memory(m.model, e);
     nlohmann::json j = to_json(e);
     j.update(to_json(
         explain_model_schedule(m.model, model_options(overlap, threads_per_device),

@@ -401,24 +401,31 @@ def test_large_stream_memory():
     big[::1 << 20] = np.arange(1 << 10) % 32
     del big
     np.save(os.path.join(d, "small.npy"), (np.arange(1 << 19) % 32).astype(np.uint16))
-    for order in ("sequential", "random"):
+    for order in ("sequential", "random", "shuffled"):
         peaks = {}
         for name in ("small", "big"):
             out = os.path.join(d, f"{name}_{order}")
             os.makedirs(out, exist_ok=True)
-            os.link(os.path.join(d, f"{name}.npy"), os.path.join(out, "train.npy")) \
-                if not os.path.exists(os.path.join(out, "train.npy")) else None
-            os.link(os.path.join(d, "small.npy"), os.path.join(out, "val.npy")) \
-                if not os.path.exists(os.path.join(out, "val.npy")) else None
+            for split, src in (("train", name), ("val", "small")):
+                if not os.path.exists(os.path.join(out, f"{split}.npy")):
+                    os.link(os.path.join(d, f"{src}.npy"), os.path.join(out, f"{split}.npy"))
             subprocess.run(["/usr/bin/python3", make_gpt, out, "--data", out, "--order", order,
-                            "--seq", "64"], check=True)
-            j, rss = rss_of("train", os.path.join(out, "gpt_dp.json"), "--steps", "20", "--json")
-            if j:
-                peaks[name] = (j["measured_peak_bytes"], rss)
-        if len(peaks) == 2:
-            (ms, rs), (mb, rb) = peaks["small"], peaks["big"]
-            check(abs(mb - ms) < 64 << 20 and rb - rs < 64 << 20,
-                  f"{order}: 2 GiB stream peak {mb} / rss {rb} against 1 MiB {ms} / {rs}")
+                            "--seq", "512"], check=True)
+            model = os.path.join(out, "gpt_dp.json")
+            j, rss = rss_of("train", model, "--steps", "20", "--json")
+            e = run("explain", model, "--json")
+            if j and e.returncode == 0:
+                peaks[name] = (j["measured_peak_bytes"], rss,
+                               json.loads(e.stdout)["memory_per_device_bytes"])
+        if len(peaks) != 2:
+            continue
+        (ms, rs, es), (mb, rb, eb) = peaks["small"], peaks["big"]
+        # The shuffled order keeps its permutation: 4 bytes a unit of 512 tokens.
+        perm = 4 * ((1 << 30) - 1) // 512 - 4 * ((1 << 19) - 1) // 512 \
+            if order == "shuffled" else 0
+        check(abs(mb - ms) < 64 << 20 and rb - rs < (64 << 20) + perm,
+              f"{order}: 2 GiB stream peak {mb} / rss {rb} against 1 MiB {ms} / {rs}")
+        check(abs((eb - es) - perm) <= 8, f"{order}: the estimate grows by {eb - es}, not {perm}")
 
 
 test_orders()

@@ -412,15 +412,26 @@ nlohmann::json on_one_mesh(nlohmann::json j, const std::string& shape, bool keep
 // Rewrites each data path of `j` (relative to `from`) to stay valid from folder `to`.
 void rebase_paths(nlohmann::json& j, const std::filesystem::path& from,
                   const std::filesystem::path& to) {
+  auto rebase = [&](nlohmann::json& v) {
+    if (!v.is_string()) return;
+    std::filesystem::path p = v.get<std::string>();
+    if (p.is_relative()) p = std::filesystem::absolute(from / p).lexically_normal();
+    const std::filesystem::path rel =
+        p.lexically_relative(std::filesystem::absolute(to).lexically_normal());
+    v = rel.empty() ? p.string() : rel.string();
+  };
   for (auto& [name, t] : j["tensors"].items()) {
-    for (const char* key : {"input", "weight"}) {
-      if (!t.contains(key) || !t[key].is_string()) continue;
-      std::filesystem::path p = t[key].get<std::string>();
-      if (p.is_relative()) p = std::filesystem::absolute(from / p).lexically_normal();
-      const std::filesystem::path rel =
-          p.lexically_relative(std::filesystem::absolute(to).lexically_normal());
-      t[key] = rel.empty() ? p.string() : rel.string();
-    }
+    for (const char* key : {"input", "weight"})
+      if (t.contains(key)) rebase(t[key]);
+  }
+  // The datasets' splits: a path, a list of paths, or named sample arrays.
+  if (!j.contains("data") || !j["data"].is_object()) return;
+  for (const char* split : {"train", "val"}) {
+    if (!j["data"].contains(split)) continue;
+    nlohmann::json& s = j["data"][split];
+    if (s.is_string()) rebase(s);
+    if (s.is_array() || s.is_object())
+      for (auto& [k, v] : s.items()) rebase(v);
   }
 }
 

@@ -41,7 +41,7 @@ class MappedFile {
 // A split's files, mapped: what a device reads its boxes from.
 class SplitReader {
  public:
-  // `random_access`: reads land at random places of the files (the random order).
+  // `random_access`: reads land at random places of the files (the shuffled and random orders).
   explicit SplitReader(const Split& split, bool random_access = false);
   bool is_stream() const { return split_->is_stream(); }
 

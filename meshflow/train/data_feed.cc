@@ -106,7 +106,7 @@ DataFeeder::DataFeeder(const ModelData& data, const PreparedModel& prepared, Dat
     : data_(&data),
       start_(start),
       last_step_(last_step),
-      train_(data.spec.train, data.spec.order == DataOrder::kRandom) {
+      train_(data.spec.train, data.spec.order != DataOrder::kSequential) {
   if (data.spec.val) val_.emplace(*data.spec.val);
   for (std::size_t i = 0; i < data.inputs.size(); ++i) {
     const ValueId v = find_value(prepared.pcg, data.inputs[i].tensor);
@@ -216,6 +216,27 @@ void write_batches(const ModelData& data, bool val, int first, int last,
     discard(staged);
     throw;
   }
+}
+
+std::int64_t loader_bytes(const ModelData& data, const Pcg& built, DeviceId device) {
+  std::int64_t bytes = data.spec.order == DataOrder::kShuffled
+                           ? data.train.units * static_cast<std::int64_t>(sizeof(std::uint32_t))
+                           : 0;
+  for (const DataInput& in : data.inputs) {
+    const Node& n = built.nodes[static_cast<std::size_t>(find_value(built, in.tensor))];
+    const Layout layout = make_layout(*n.mesh, *n.placements, n.spec.shape, n.spec.dtype);
+    if (!find_device(layout.mesh, device)) continue;
+    bytes += numel(shard_box(layout, device).extent) * static_cast<std::int64_t>(size_of(in.dtype));
+  }
+  return bytes;
+}
+
+void add_loader_memory(const Model& model, Explanation& e) {
+  const std::optional<ModelData> data = read_model_data(model);
+  if (!data || !e.memory) return;
+  const std::int64_t extra = loader_bytes(*data, model.pcg, e.memory->device);
+  e.memory->peak += extra;
+  e.memory->at_peak[MemoryKind::kActivations] += extra;
 }
 
 RunReport run_model_on_data(const Model& model, const ModelRunOptions& options) {

@@ -13,6 +13,7 @@
 
 #include "meshflow/data/batch.h"
 #include "meshflow/data/prefetch.h"
+#include "meshflow/graph/explain.h"
 #include "meshflow/graph/model_file.h"
 #include "meshflow/runtime/model_runner.h"
 
@@ -111,6 +112,15 @@ class DataFeeder {
 // `out`/step-<t>/<input>.npy, the folder appearing whole or not at all: `meshflow data batches`.
 void write_batches(const ModelData& data, bool val, int first, int last,
                    const std::filesystem::path& out);
+
+// Returns the bytes the data loader holds on `device` beside the runtime's tensors: the next
+// step's shards of the data inputs (read ahead while a step computes) and the shuffled order's
+// permutation (4·W bytes, one per process: counted on every device).
+std::int64_t loader_bytes(const ModelData& data, const Pcg& built, DeviceId device);
+
+// Adds loader_bytes of `model`'s data (when it has data) to the memory estimate of `e` (as
+// activations, at the estimate's peak device): what `explain` reports for a model with data.
+void add_loader_memory(const Model& model, Explanation& e);
 
 // Runs `model`'s forward pass once (runtime/model_runner.h's run_model), its data inputs
 // holding step 1's batch when it has data.
