@@ -192,6 +192,21 @@ def test_train_equals_one_device():
                                        "tokens_per_s")), f"gpt {name}: step fields {sorted(s)}")
     if mpirun:
         return
+    # Windows sharded on the sequence dim (S(1)), in micro-batches.
+    m = json.load(open(gpt("sp")))
+    for k in ("train", "val"):
+        m["data"][k] = os.path.join(examples, "gpt", m["data"][k])
+    for t in ("tokens", "next"):
+        m["tensors"][t]["placements"] = ["S(1)"]
+    seq = os.path.join(tmp, "gpt_seq.json")
+    with open(seq, "w") as f:
+        json.dump(m, f)
+    d = train_json(seq, "--steps", "2", "--check", "--eval-every", "1", "--eval-batches", "2",
+                   "--micro-batches", "2")
+    if d:
+        c = d["check"]
+        worst = max(c["max_loss_diff"], c["max_weight_diff"], c["max_val_loss_diff"])
+        check(worst < TOLERANCE, f"windows sharded on the sequence: {worst}")
     for name in ("dp_mlp", "tp_mlp", "dp_tp_mlp"):
         for extra in ([], ["--micro-batches", "4", "--zero", "3", "--optimizer", "adamw"]):
             d = train_json(os.path.join(examples, f"{name}_data.json"), "--steps", "2", "--check",

@@ -66,10 +66,15 @@ void MappedFile::drop_pages() const {
 
 namespace {
 
-// The bytes a reader copies out of its maps before it drops their pages: what a run has read
-// then stays a bounded part of its resident set however large the data (measured on a 2 GiB
-// stream).
-constexpr std::int64_t kDropEvery = std::int64_t{16} << 20;
+// The bytes a reader may have mapped before it drops its maps' pages: what a run has read then
+// stays a bounded part of its resident set however large the data. Maps that are smaller
+// together are never dropped.
+constexpr std::int64_t kDropEvery = std::int64_t{32} << 20;
+
+// The bytes one read at a random place may map: the page cache holds a file in folios of up to
+// 2 MiB and a fault maps a whole folio, advice or not (measured on a 2 GiB stream: random
+// windows of 1 KiB grew the resident set by about 1 MiB each).
+constexpr std::int64_t kRandomReadMaps = std::int64_t{2} << 20;
 
 }  // namespace
 
@@ -80,15 +85,19 @@ SplitReader::SplitReader(const Split& split, bool random_access)
     stream_.push_back({MappedFile::open(f.path), first});
     if (random_access) stream_.back().file.expect_random_access();
     first += f.tokens;
+    mapped_bytes_ += stream_.back().file.size();
   }
-  for (const auto& [name, a] : split.arrays) arrays_.emplace_back(name, MappedFile::open(a.path));
+  for (const auto& [name, a] : split.arrays) {
+    arrays_.emplace_back(name, MappedFile::open(a.path));
+    mapped_bytes_ += arrays_.back().second.size();
+  }
 }
 
-void SplitReader::count_read(std::int64_t bytes) const {
-  const std::int64_t before = read_bytes_.fetch_add(bytes);
-  // Random windows map far more than they read (about 1 MiB a window on a 2 GiB stream, read
-  // advice or not): their pages go after every read.
-  if (!random_access_ && before / kDropEvery == (before + bytes) / kDropEvery) return;
+void SplitReader::count_read(std::int64_t rows, std::int64_t bytes) const {
+  if (mapped_bytes_ <= kDropEvery) return;
+  const std::int64_t maps = random_access_ ? rows * kRandomReadMaps : bytes;
+  const std::int64_t before = read_bytes_.fetch_add(maps);
+  if (before / kDropEvery == (before + maps) / kDropEvery) return;
   for (const Mapped& m : stream_) m.file.drop_pages();
   for (const auto& [name, f] : arrays_) f.drop_pages();
 }
@@ -169,16 +178,16 @@ void SplitReader::read_windows(std::span<const std::int64_t> starts, std::int64_
       }
     }
   };
-  // Read-around maps a window's neighbours too: count a page per row at least.
-  std::int64_t bytes = 0;
-  for (const StreamFile& f : split_->stream) bytes = std::max<std::int64_t>(bytes, f.item_bytes);
+  std::int64_t item = 0;
+  for (const StreamFile& f : split_->stream) item = std::max<std::int64_t>(item, f.item_bytes);
   if (out.dtype() == DType::kInt32) {
     fill(std::int32_t{});
   } else {
     MESHFLOW_CHECK(out.dtype() == DType::kInt64);
     fill(std::int64_t{});
   }
-  count_read(static_cast<std::int64_t>(starts.size()) * std::max<std::int64_t>(cols * bytes, 4096));
+  const auto rows = static_cast<std::int64_t>(starts.size());
+  count_read(rows, rows * cols * item);
 }
 
 void SplitReader::read_samples(const std::string& name, std::span<const std::int64_t> samples,
@@ -209,8 +218,8 @@ void SplitReader::read_samples(const std::string& name, std::span<const std::int
                MutableBuffer{dst, &out_sample, elem}, zero, out_sample);
     }
   }
-  count_read(static_cast<std::int64_t>(samples.size()) * sample_elems *
-             static_cast<std::int64_t>(elem));
+  const auto rows = static_cast<std::int64_t>(samples.size());
+  count_read(rows, rows * sample_elems * static_cast<std::int64_t>(elem));
 }
 
 }  // namespace meshflow

@@ -62,10 +62,12 @@ class SplitReader {
     MappedFile file;
     std::int64_t first_token = 0;  // streams: the stream's index of the file's first token
   };
-  // Counts the bytes read; every kDropEvery bytes the maps drop their pages.
-  void count_read(std::int64_t bytes) const;
+  // Counts what a read of `rows` rows and `bytes` bytes may have mapped; each time the count
+  // passes a multiple of kDropEvery, the maps drop their pages.
+  void count_read(std::int64_t rows, std::int64_t bytes) const;
   const Split* split_;
   bool random_access_ = false;
+  std::int64_t mapped_bytes_ = 0;  // of every map
   mutable std::atomic<std::int64_t> read_bytes_{0};
   std::vector<Mapped> stream_;
   std::vector<std::pair<std::string, MappedFile>> arrays_;
