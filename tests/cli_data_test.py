@@ -257,6 +257,14 @@ def test_resume():
             ok = np.allclose(l, [s["loss"] for s in whole["steps"][3:]], atol=TOLERANCE, rtol=0)
             check(ok, f"resumed on {name} {extra}: {l}")
             check(d["check"]["max_loss_diff"] < TOLERANCE, f"resumed on {name}: check")
+    # A chain of meshes: DP 4 (steps 1-3), then DP x TP 2x2 (steps 4-5), then one device (6).
+    chain = os.path.join(tmp, "chain")
+    a = train_json(gpt("dp_tp"), "--steps", "2", *opts, "--resume", ck, "--checkpoint", chain)
+    b = train_json(gpt("one"), "--steps", "1", *opts, "--resume", chain)
+    if a and b and whole:
+        l = [s["loss"] for s in a["steps"] + b["steps"]]
+        check(np.allclose(l, [s["loss"] for s in whole["steps"][3:]], atol=TOLERANCE, rtol=0),
+              f"DP 4 -> DP x TP -> one device: {l}")
     # Another batch size goes on from the saved row.
     half = os.path.join(tmp, "gpt_b2")
     subprocess.run(["/usr/bin/python3", make_gpt, half, "--batch", "2", "--data",
@@ -349,6 +357,23 @@ def test_errors():
         ("random", {"train": {"x": "x10.npy"}, "order": "random"}, None,
          "\"random\" applies to token streams only"),
         ("seed", {"train": "ok.npy", "seed": 2**32}, None, "seed"),
+        ("batches", {"train": "ok.npy"},
+         lambda m: m["tensors"].update(u={"shape": [3, 4], "dtype": "int64",
+                                          "input": {"data": "window", "shift": 1},
+                                          "mesh": "m", "placements": ["R"]}),
+         "data inputs share one batch size B"),
+        ("trailing", {"train": {"x": "x10.npy"}},
+         lambda m: (m["tensors"]["t"].update(input={"data": "x"}, shape=[2, 3],
+                                             dtype="float32"),
+                    m.update(nodes=[{"name": "loss", "op": "mean", "inputs": ["t"],
+                                     "dims": [0, 1]}])),
+         "holds samples of float32 [2] but the input's are float32 [3]"),
+        ("unknown", {"train": {"x": "x10.npy"}},
+         lambda m: (m["tensors"]["t"].update(input={"data": "z"}, shape=[2, 2],
+                                             dtype="float32"),
+                    m.update(nodes=[{"name": "loss", "op": "mean", "inputs": ["t"],
+                                     "dims": [0, 1]}])),
+         "reads array \"z\", which the data lacks (it has: x)"),
         ("nodata", None, lambda m: m["tensors"]["t"].update(input={"data": "window"}),
          "the model has no \"data\" object"),
     ]

@@ -171,6 +171,11 @@ DataSpec parse_data_spec(const JsonField& f, const fs::path& base) {
 
 namespace {
 
+// Returns "float32 [2, 3]".
+std::string spec_text(DType dtype, const Shape& shape) {
+  return fmt::format("{} [{}]", to_string(dtype), fmt::join(shape, ", "));
+}
+
 std::int64_t largest_shift(const std::vector<DataInput>& inputs) {
   std::int64_t k = 0;
   for (const DataInput& in : inputs) k = std::max(k, in.shift);
@@ -207,19 +212,20 @@ void check_data_inputs(const DataSpec& spec, const std::vector<DataInput>& input
       fail(ErrorKind::kInvalidArgument, "{}: tensor \"{}\": {}", source, in.tensor, what);
     };
     if (in.shape.empty() || in.shape[0] != b) {
-      bad(fmt::format("data inputs share one batch size B: \"{}\" has {}, this one {}",
-                      inputs[0].tensor, b, to_string(in.shape)));
+      bad(fmt::format("data inputs share one batch size B: \"{}\" has {}, this one is [{}]",
+                      inputs[0].tensor, b, fmt::join(in.shape, ", ")));
     }
     if (spec.train.is_stream()) {
       if (in.name != "window")
         bad(fmt::format("reads \"{}\", but the data is a token stream (read it as \"window\")",
                         in.name));
       if (in.shape.size() != 2 || (in.dtype != DType::kInt32 && in.dtype != DType::kInt64))
-        bad(fmt::format("a window input is [B, S] of int32 or int64, not {}{}", to_string(in.dtype),
-                        to_string(in.shape)));
+        bad(fmt::format("a window input is [B, S] of int32 or int64, not {}",
+                        spec_text(in.dtype, in.shape)));
       if (in.shape != inputs[0].shape)
-        bad(fmt::format("window inputs share one [B, S]: \"{}\" is {}, this one {}",
-                        inputs[0].tensor, to_string(inputs[0].shape), to_string(in.shape)));
+        bad(fmt::format("window inputs share one [B, S]: \"{}\" is [{}], this one [{}]",
+                        inputs[0].tensor, fmt::join(inputs[0].shape, ", "),
+                        fmt::join(in.shape, ", ")));
     } else {
       if (in.shift != 0) bad("\"shift\" applies to token streams only, not to sample arrays");
       auto it = spec.train.arrays.find(in.name);
@@ -238,9 +244,9 @@ void check_data_inputs(const DataSpec& spec, const std::vector<DataInput>& input
         const Shape trailing(a->second.shape.begin() + 1, a->second.shape.end());
         const Shape want(in.shape.begin() + 1, in.shape.end());
         if (trailing != want || a->second.dtype != in.dtype) {
-          bad(fmt::format("\"{}\" holds samples of {}{} but the input's are {}{}",
-                          a->second.path.string(), to_string(a->second.dtype), to_string(trailing),
-                          to_string(in.dtype), to_string(want)));
+          bad(fmt::format("\"{}\" holds samples of {} but the input's are {}",
+                          a->second.path.string(), spec_text(a->second.dtype, trailing),
+                          spec_text(in.dtype, want)));
         }
       }
     }
