@@ -91,7 +91,7 @@ std::string loss_svg(const LossCurve& train, const LossCurve& val) {
   std::vector<double> yt;
   if (log_y) {
     for (int e = static_cast<int>(std::floor(y0)); e <= static_cast<int>(std::ceil(y1)); ++e)
-      for (double m : {1.0, 2.0, 5.0}) {
+      for (double m : {1.0, 2.0, 3.0, 5.0}) {
         const double v = m * std::pow(10.0, e);
         if (std::log10(v) >= y0 && std::log10(v) <= y1) yt.push_back(v);
       }
