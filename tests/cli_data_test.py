@@ -285,6 +285,24 @@ def test_resume():
           f"resume with another order: {r.stderr.strip()}")
 
 
+def test_generator_over_data():
+    """make_gpt.py --data DIR --init gpt2: model files over a prepared stream whose first loss
+    is near ln V, with a "generate" object naming the token input and the logits."""
+    if mpirun:
+        return
+    out = os.path.join(tmp, "gpt2")
+    subprocess.run(["/usr/bin/python3", make_gpt, out, "--data",
+                    os.path.join(examples, "gpt", "data"), "--init", "gpt2"], check=True)
+    m = json.load(open(os.path.join(out, "gpt_one.json")))
+    check(m.get("generate") == {"tokens": "tokens", "logits": "logits"},
+          f"generate object {m.get('generate')}")
+    check(m["tensors"]["next"]["input"] == {"data": "window", "shift": 1}, "next is a window")
+    d = train_json(os.path.join(out, "gpt_one.json"), "--steps", "1")
+    if d:
+        check(abs(d["steps"][0]["loss"] - np.log(32)) < 0.05,
+              f"--init gpt2's first loss {d['steps'][0]['loss']} is not near ln 32")
+
+
 def test_metrics():
     if mpirun:
         return
@@ -472,6 +490,7 @@ test_orders()
 test_train_equals_one_device()
 test_same_batches_on_every_mesh()
 test_resume()
+test_generator_over_data()
 test_metrics()
 test_errors()
 test_bad_id_stops_at_its_step()
