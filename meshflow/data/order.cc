@@ -41,13 +41,18 @@ std::vector<std::uint32_t> shuffled_units(std::uint32_t seed, std::int64_t epoch
 std::shared_ptr<const std::vector<std::uint32_t>> ShuffleCache::epoch(const RowOrder& order,
                                                                       std::int64_t e) {
   std::lock_guard lock(mu_);
-  if (e != epoch_ || order != order_ || !units_) {
-    units_.reset();  // the old permutation goes before the new one is made
-    units_ = std::make_shared<const std::vector<std::uint32_t>>(
+  if (units_ && order == order_ && e == epoch_) return units_;
+  if (units_ && order == order_ && e < epoch_) {
+    // A device still reading the end of an earlier epoch (devices read a batch that straddles
+    // two epochs at once): its permutation is made for it alone, and the newer one stays.
+    return std::make_shared<const std::vector<std::uint32_t>>(
         shuffled_units(order.seed, e, order.units));
-    epoch_ = e;
-    order_ = order;
   }
+  units_.reset();  // the old permutation goes before the new one is made
+  units_ = std::make_shared<const std::vector<std::uint32_t>>(
+      shuffled_units(order.seed, e, order.units));
+  epoch_ = e;
+  order_ = order;
   return units_;
 }
 

@@ -35,8 +35,9 @@ struct RowOrder {
 std::vector<std::uint32_t> shuffled_units(std::uint32_t seed, std::int64_t epoch,
                                           std::int64_t units);
 
-// The shuffled order's permutation of the epoch last asked for, computed once per epoch and
-// shared by every device of a process (4·W bytes). Thread-safe.
+// The shuffled order's permutation of the newest epoch asked for, computed once per epoch and
+// shared by every device of a process (4·W bytes); an earlier epoch asked for afterwards is made
+// for that caller alone. Thread-safe.
 class ShuffleCache {
  public:
   // Returns π_epoch for `order`.

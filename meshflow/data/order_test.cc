@@ -33,6 +33,11 @@ TEST(Order, ShuffledEpochVisitsEveryUnitOnceAndEpochsDiffer) {
   // A batch straddling the boundary reads the end of one epoch and the start of the next.
   const std::vector<std::int64_t> straddle = row_positions(o, 98, 4, cache);
   EXPECT_EQ(straddle, (std::vector<std::int64_t>{first[98], first[99], second[0], second[1]}));
+  // A device behind the others reads the earlier epoch rightly; the newest one stays cached.
+  EXPECT_EQ(row_positions(o, 150, 1, cache)[0], second[50]);
+  EXPECT_EQ(row_positions(o, 10, 1, cache)[0], first[10]);
+  EXPECT_EQ(*cache.epoch(o, 1), *cache.epoch(o, 1));
+  EXPECT_EQ(cache.epoch(o, 1).get(), cache.epoch(o, 1).get());
 }
 
 // The permutation sorts units by Philox's 64-bit key under key (seed, epoch + 1).
