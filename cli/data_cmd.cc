@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "cli/commands.h"
+#include "meshflow/comm/launch.h"
 #include "meshflow/core/error.h"
 #include "meshflow/train/data_feed.h"
 
@@ -47,6 +48,8 @@ void add_data(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "the steps A:B to write")->capture_default_str();
   cmd->add_option("--out", args->out, "the folder to write")->required();
   cmd->callback([args] {
+    // Under mpirun one process writes the folder (every rank would read the same files).
+    if (detect_backend() == Backend::kMpi && !prints_shared_errors()) return;
     const auto [first, last] = step_range(args->steps);
     const Model model = load_model(args->model);
     const std::optional<ModelData> data = read_model_data(model);
