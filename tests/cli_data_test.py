@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 
 from checks import check, finish, run_meshflow
+from philox import philox
 
 meshflow, examples = sys.argv[1], sys.argv[2]
 mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
@@ -26,23 +27,6 @@ tmp = tempfile.mkdtemp(prefix="meshflow_data_test_")
 
 def run(*args, ranks=None, timeout=300):
     return run_meshflow(meshflow, args, mpirun, ranks, timeout=timeout)
-
-
-def philox(counter0, key0, key1, counter1=None):
-    """Philox4x32-10 of counters (counter0, counter1, 0, 0) under key (key0, key1): w0, w1."""
-    m0, m1, w0, w1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), 0x9E3779B9, 0xBB67AE85
-    mask = np.uint64(0xFFFFFFFF)
-    counter0 = counter0.astype(np.uint64)
-    c = [counter0 & mask,
-         (counter0 >> np.uint64(32)) if counter1 is None else counter1.astype(np.uint64),
-         np.zeros_like(counter0), np.zeros_like(counter0)]
-    k = [key0 & 0xFFFFFFFF, key1 & 0xFFFFFFFF]
-    for _ in range(10):
-        p0, p1 = m0 * c[0], m1 * c[2]
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k[0]), p1 & mask,
-             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k[1]), p0 & mask]
-        k = [(k[0] + w0) & 0xFFFFFFFF, (k[1] + w1) & 0xFFFFFFFF]
-    return c[0], c[1]
 
 
 def reference_positions(order, seed, units, starts, window, first, count):

@@ -13,6 +13,7 @@ import tempfile
 import numpy as np
 
 from checks import check, finish, run_meshflow
+from philox import philox
 
 meshflow, examples = sys.argv[1], sys.argv[2]
 mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
@@ -21,21 +22,6 @@ TOLERANCE = 1e-5  # float32 rounding of sums in another order
 
 def run(*args, ranks=None):
     return run_meshflow(meshflow, args, mpirun, ranks, timeout=300)
-
-
-def philox(counter0, key0):
-    """Philox4x32-10 of counters (counter0, 0, 0, 0) under key (key0, 0); returns words w0, w1."""
-    m0, m1, w0, w1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), 0x9E3779B9, 0xBB67AE85
-    mask = np.uint64(0xFFFFFFFF)
-    c = [counter0.astype(np.uint64), np.zeros_like(counter0, np.uint64),
-         np.zeros_like(counter0, np.uint64), np.zeros_like(counter0, np.uint64)]
-    k = [key0 & 0xFFFFFFFF, 0]
-    for _ in range(10):
-        p0, p1 = m0 * c[0], m1 * c[2]
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k[0]), p1 & mask,
-             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k[1]), p0 & mask]
-        k = [(k[0] + w0) & 0xFFFFFFFF, (k[1] + w1) & 0xFFFFFFFF]
-    return c[0], c[1]
 
 
 def initialiser(spec, shape):
