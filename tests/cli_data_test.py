@@ -158,8 +158,9 @@ def test_train_equals_one_device():
     for name in layouts:
         variants = [[], ["--micro-batches", "4"]]
         if not mpirun:
-            variants += [["--zero", "1", "--optimizer", "adamw"],
-                         ["--zero", "3", "--optimizer", "adamw", "--micro-batches", "4"]]
+            # Every ZeRO level with 1 and 4 micro-batches.
+            variants += [["--zero", z, "--optimizer", "adamw", *m] for z in ("1", "3")
+                         for m in ([], ["--micro-batches", "4"])]
             if name.startswith("pp"):
                 variants += [["--micro-batches", "4", "--schedule", s] for s in ("gpipe", "zb")]
         for extra in variants:
@@ -192,7 +193,8 @@ def test_train_equals_one_device():
         worst = max(c["max_loss_diff"], c["max_weight_diff"], c["max_val_loss_diff"])
         check(worst < TOLERANCE, f"windows sharded on the sequence: {worst}")
     for name in ("dp_mlp", "tp_mlp", "dp_tp_mlp"):
-        for extra in ([], ["--micro-batches", "4", "--zero", "3", "--optimizer", "adamw"]):
+        for extra in ([*m, "--zero", z, "--optimizer", "adamw"] for z in ("0", "1", "3")
+                      for m in ([], ["--micro-batches", "4"])):
             d = train_json(os.path.join(examples, f"{name}_data.json"), "--steps", "2", "--check",
                            "--eval-every", "2", *extra)
             if d:
