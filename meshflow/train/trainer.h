@@ -1,8 +1,10 @@
 // The training loop (`meshflow train`, Model.train in Python): compile the model with the
 // optimizer's update pass, run one step per iteration on every device with that step's
-// learning rate, stop at a step whose loss or global gradient norm is not finite (unless
-// allowed), and with --check train the same model on one device with whole tensors and the
-// float64 reference optimizer and report the largest differences.
+// learning rate (and, for a model with data, that step's batch: train/data_feed.h), evaluate
+// on the val split every K steps, log metrics (train/metrics.h), stop at a step whose loss or
+// global gradient norm is not finite (unless allowed), and with --check train the same model
+// on one device with whole tensors and the float64 reference optimizer and report the largest
+// differences.
 #pragma once
 
 #include <functional>
