@@ -30,10 +30,10 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/meshflowConfig.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/meshflow)
 
 if(MESHFLOW_MPI)
-  set(meshflow_pc_requires "fmt nlohmann_json openblas sleef libcrypto ompi-cxx")
+  set(meshflow_pc_requires "fmt nlohmann_json openblas sleef libcrypto sentencepiece ompi-cxx")
   set(meshflow_pc_cflags "-DMESHFLOW_HAVE_MPI")
 else()
-  set(meshflow_pc_requires "fmt nlohmann_json openblas sleef libcrypto")
+  set(meshflow_pc_requires "fmt nlohmann_json openblas sleef libcrypto sentencepiece")
   set(meshflow_pc_cflags "")
 endif()
 # The .pc file finds the prefix from where it lies, so `cmake --install --prefix P` works for any P.

@@ -5,8 +5,8 @@
 MESHFLOW_PACKAGES=(
   cmake ninja-build g++ pkg-config
   libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-  libopenblas-dev libsleef-dev libssl-dev libopenmpi-dev openmpi-bin
-  python3 python3-numpy python3-dev python3-pytest pybind11-dev
+  libopenblas-dev libsleef-dev libssl-dev libopenmpi-dev openmpi-bin libsentencepiece-dev
+  python3 python3-numpy python3-dev python3-pytest pybind11-dev python3-sentencepiece
   clang libclang-rt-14-dev
 )
 
