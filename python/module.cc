@@ -14,6 +14,7 @@
 #include "meshflow/comm/session.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
+#include "meshflow/data/prepare.h"
 #include "meshflow/dtensor/global_view.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
@@ -449,6 +450,35 @@ PYBIND11_MODULE(_meshflow, module) {
         }
         return py::module_::import("json").attr("loads")(report);
       });
+  module.def("data_prepare", [](const std::vector<std::string>& text, const std::string& out,
+                                const std::string& tokenizer, std::int64_t vocab_size,
+                                double val_fraction, std::optional<std::string> separator) {
+    if (tokenizer != "bytes" && tokenizer != "bpe")
+      fail(ErrorKind::kInvalidArgument, "tokenizer= \"{}\": must be \"bytes\" or \"bpe\"",
+           tokenizer);
+    PrepareOptions o{.out = out,
+                     .tokenizer = tokenizer == "bpe" ? TokenizerKind::kBpe : TokenizerKind::kBytes,
+                     .vocab_size = vocab_size,
+                     .val_fraction = val_fraction,
+                     .separator = std::move(separator)};
+    for (const std::string& t : text) o.text.emplace_back(t);
+    PrepareReport r;
+    {
+      py::gil_scoped_release release;
+      r = prepare_data(o);
+    }
+    py::dict d;
+    d["train_tokens"] = r.train_tokens;
+    d["val_tokens"] = r.val_tokens;
+    d["bytes_per_token"] = r.bytes_per_token();
+    return d;
+  });
+  module.def("data_encode", [](const std::string& dir, const py::bytes& text) {
+    return Tokenizer::load(dir).encode(std::string(text));
+  });
+  module.def("data_decode", [](const std::string& dir, const std::vector<std::int64_t>& ids) {
+    return py::bytes(Tokenizer::load(dir).decode(ids));
+  });
   module.def(
       "data_batches", [](const LoadedModel& m, int first, int last, const std::string& split) {
         if (split != "train" && split != "val")

@@ -36,3 +36,20 @@ def test_train_evaluates_and_logs(tmp_path):
     if log.exists():  # under mpi, device 0's process writes it (in its own tmp_path)
         lines = log.read_text().splitlines()
         assert len([l for l in lines if "val_loss" in json.loads(l)]) == 2
+
+
+def test_prepare_encode_decode_round_trip(tmp_path):
+    text = tmp_path / "t.txt"
+    rng = np.random.default_rng(59)
+    words = ["".join(rng.choice(list("abcdefgh"), size=rng.integers(1, 6))) for _ in range(200)]
+    docs = [" ".join(rng.choice(words, size=8)) + " caf\u00e9  \u20ac\n%\n" for _ in range(30)]
+    text.write_text("".join(docs), encoding="utf-8")
+    for kind in ("bytes", "bpe"):
+        out = tmp_path / kind
+        r = mf.data.prepare(text, out, tokenizer=kind, vocab_size=300, separator="%",
+                            val_fraction=0.34)
+        assert r["train_tokens"] > 0 and r["val_tokens"] > 0
+        for s in ["", "   x", "caf\u00e9  \u20ac\n\n"]:
+            assert mf.data.decode(mf.data.encode(s, out), out) == s
+    assert mf.data.decode(mf.data.encode(b"\xff\xfe", tmp_path / "bytes"),
+                          tmp_path / "bytes") == b"\xff\xfe"
