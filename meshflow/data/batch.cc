@@ -7,25 +7,24 @@ namespace meshflow {
 
 namespace {
 
-std::int64_t window_of(const std::vector<DataInput>& inputs) {
-  return inputs[0].shape.size() == 2 ? inputs[0].shape[1] : 1;
+// Returns the order `order` with `seed` over `split`'s units for `inputs`.
+RowOrder order_over(const Split& split, const std::vector<DataInput>& inputs, DataOrder order,
+                    std::uint32_t seed) {
+  return {.order = order,
+          .seed = seed,
+          .units = units_of(split, inputs),
+          .starts = random_starts_of(split, inputs),
+          .window = split.is_stream() ? window_of(inputs) : 1};
 }
 
 }  // namespace
 
 RowOrder train_order(const DataSpec& spec, const std::vector<DataInput>& inputs) {
-  return {.order = spec.order,
-          .seed = spec.seed,
-          .units = units_of(spec.train, inputs),
-          .starts = random_starts_of(spec.train, inputs),
-          .window = spec.train.is_stream() ? window_of(inputs) : 1};
+  return order_over(spec.train, inputs, spec.order, spec.seed);
 }
 
 RowOrder eval_order(const Split& val, const std::vector<DataInput>& inputs) {
-  return {.order = DataOrder::kSequential,
-          .units = units_of(val, inputs),
-          .starts = random_starts_of(val, inputs),
-          .window = val.is_stream() ? window_of(inputs) : 1};
+  return order_over(val, inputs, DataOrder::kSequential, 0);
 }
 
 Tensor read_box(const SplitReader& reader, const RowOrder& order, ShuffleCache& cache,

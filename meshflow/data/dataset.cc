@@ -182,11 +182,11 @@ std::int64_t largest_shift(const std::vector<DataInput>& inputs) {
   return k;
 }
 
+}  // namespace
+
 std::int64_t window_of(const std::vector<DataInput>& inputs) {
   return inputs.empty() || inputs[0].shape.size() < 2 ? 1 : inputs[0].shape[1];
 }
-
-}  // namespace
 
 std::int64_t units_of(const Split& split, const std::vector<DataInput>& inputs) {
   if (!split.is_stream()) return split.size();

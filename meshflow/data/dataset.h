@@ -81,6 +81,9 @@ struct DataInput {
   bool operator==(const DataInput&) const = default;
 };
 
+// Returns S, the tokens of a window input's row (the inputs' dim 1; 1 where they have none).
+std::int64_t window_of(const std::vector<DataInput>& inputs);
+
 // Returns the units W of `split` for inputs `inputs`: a stream of N tokens read in windows of S
 // with largest shift K has ⌊(N − K) / S⌋; sample arrays have N.
 std::int64_t units_of(const Split& split, const std::vector<DataInput>& inputs);

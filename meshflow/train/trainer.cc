@@ -175,7 +175,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   std::int64_t batch_rows = 0, row_tokens = 0;
   if (data) {
     batch_rows = data->batch;
-    if (data->windows()) row_tokens = data->inputs[0].shape[1];
+    if (data->windows()) row_tokens = window_of(data->inputs);
   } else {
     for (const Node& n : model.pcg.nodes) {
       if (n.kind == NodeKind::kInput && !n.spec.shape.empty() && n.batch) {
