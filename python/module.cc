@@ -493,10 +493,11 @@ PYBIND11_MODULE(_meshflow, module) {
         }
         if (split == "val" && !data->spec.val)
           fail(ErrorKind::kInvalidArgument, "split= \"val\": the model's data has no val split");
+        GlobalBatches batches(*data, {});
         py::list out;
         for (int t = first; t <= last; ++t) {
           py::dict batch;
-          for (auto& [name, tensor] : global_batch(*data, {}, t, split == "val"))
+          for (auto& [name, tensor] : batches.at(t, split == "val"))
             batch[py::str(name)] = to_numpy(std::move(tensor));
           out.append(batch);
         }

@@ -80,18 +80,20 @@ DataPosition resumed_position(const ModelData& data, const nlohmann::json& saved
   return {.rows = rows.get<std::int64_t>(), .step = step};
 }
 
-std::map<std::string, Tensor> global_batch(const ModelData& data, const DataPosition& start, int t,
-                                           bool val) {
-  MESHFLOW_CHECK(!val || data.spec.val, "no val split");
-  const Split& split = val ? *data.spec.val : data.spec.train;
-  const SplitReader reader(split);
-  ShuffleCache cache;
-  const RowOrder& order = val ? *data.eval : data.train;
+GlobalBatches::GlobalBatches(const ModelData& data, DataPosition start)
+    : data_(&data), start_(start), train_(data.spec.train) {
+  if (data.spec.val) val_.emplace(*data.spec.val);
+}
+
+std::map<std::string, Tensor> GlobalBatches::at(int t, bool val) {
+  MESHFLOW_CHECK(!val || val_.has_value(), "no val split");
+  const SplitReader& reader = val ? *val_ : train_;
+  const RowOrder& order = val ? *data_->eval : data_->train;
   const std::int64_t first =
-      val ? static_cast<std::int64_t>(t - 1) * data.batch : start.first_row(t, data.batch);
+      val ? static_cast<std::int64_t>(t - 1) * data_->batch : start_.first_row(t, data_->batch);
   std::map<std::string, Tensor> out;
-  for (const DataInput& in : data.inputs)
-    out[in.tensor] = read_box(reader, order, cache, in, first, full_box(in.shape));
+  for (const DataInput& in : data_->inputs)
+    out[in.tensor] = read_box(reader, order, cache_, in, first, full_box(in.shape));
   return out;
 }
 
@@ -205,11 +207,11 @@ void write_batches(const ModelData& data, bool val, int first, int last,
   const std::filesystem::path target = output_target(out);
   const std::filesystem::path staged = stage_folder(target);
   try {
+    GlobalBatches batches(data, {});
     for (int t = first; t <= last; ++t) {
       const std::filesystem::path dir = staged / fmt::format("step-{}", t);
       std::filesystem::create_directories(dir);
-      for (const auto& [name, batch] : global_batch(data, {}, t, val))
-        write_npy(dir / (name + ".npy"), batch);
+      for (const auto& [name, batch] : batches.at(t, val)) write_npy(dir / (name + ".npy"), batch);
     }
     commit_folder(staged, target);
   } catch (...) {

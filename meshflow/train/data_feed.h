@@ -55,10 +55,22 @@ nlohmann::json data_position_json(const ModelData& data, const DataPosition& sta
 DataPosition resumed_position(const ModelData& data, const nlohmann::json& saved, int step,
                               const std::string& checkpoint);
 
-// Returns the whole batch of step t (`val`: eval batch t − 1) by input tensor name: what
-// `data batches` writes and the one-device check feeds.
-std::map<std::string, Tensor> global_batch(const ModelData& data, const DataPosition& start, int t,
-                                           bool val);
+// The whole batches of a run, read from maps opened once, the shuffled order's permutation made
+// once per epoch: what `data batches` writes and the one-device check feeds.
+class GlobalBatches {
+ public:
+  // `data` must outlive this object.
+  GlobalBatches(const ModelData& data, DataPosition start);
+  // Returns the whole batch of step t (`val`: eval batch t − 1) by input tensor name.
+  std::map<std::string, Tensor> at(int t, bool val);
+
+ private:
+  const ModelData* data_;
+  DataPosition start_;
+  SplitReader train_;
+  std::optional<SplitReader> val_;
+  ShuffleCache cache_;
+};
 
 // Feeds a launch's devices (one per process under mpi, all of them under threads): the maps and
 // the shuffled order's permutation are shared by the devices of a process.

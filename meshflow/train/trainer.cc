@@ -31,11 +31,11 @@ struct CheckData {
 };
 
 // Returns the reference's mean loss over `batches` val batches at its current weights.
-double reference_val_loss(ReferenceModel& ref, const Model& model, const ModelData& data,
+double reference_val_loss(ReferenceModel& ref, const Model& model, GlobalBatches& data,
                           int batches) {
   double total = 0;
   for (int b = 1; b <= batches; ++b) {
-    for (auto& [name, t] : global_batch(data, {}, b, /*val=*/true))
+    for (auto& [name, t] : data.at(b, /*val=*/true))
       ref.values[static_cast<std::size_t>(find_value(model.pcg, name))] = std::move(t);
     reference_forward(ref);
     total += scalar_of(ref.values[static_cast<std::size_t>(*model.pcg.loss)]);
@@ -81,9 +81,11 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
   for (const auto& [name, v] : p.weights)
     ref_weights[name] = &ref.values[static_cast<std::size_t>(find_value(model.pcg, name))];
   std::size_t next_eval = 0;
+  std::optional<GlobalBatches> batches;
+  if (data.data) batches.emplace(*data.data, data.start);
   for (std::size_t s = 0; s < steps.size(); ++s) {
-    if (data.data) {
-      for (auto& [name, t] : global_batch(*data.data, data.start, steps[s].step, /*val=*/false))
+    if (batches) {
+      for (auto& [name, t] : batches->at(steps[s].step, /*val=*/false))
         ref.values[static_cast<std::size_t>(find_value(model.pcg, name))] = std::move(t);
     }
     reference_forward(ref);
@@ -101,7 +103,7 @@ CheckReport check_against_one_device(const Model& model, const TrainOptions& opt
     }
     while (data.evals && next_eval < data.evals->size() &&
            (*data.evals)[next_eval].step == steps[s].step) {
-      const double val = reference_val_loss(ref, model, *data.data, options.eval_batches);
+      const double val = reference_val_loss(ref, model, *batches, options.eval_batches);
       c.max_val_loss_diff = std::max(c.max_val_loss_diff.value_or(0.0),
                                      std::abs(val - (*data.evals)[next_eval].val_loss));
       ++next_eval;
