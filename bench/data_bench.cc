@@ -18,8 +18,7 @@ namespace fs = std::filesystem;
 
 // Writes a 1-d uint16 .npy of `tokens` ids (i mod 50,021) at `path`, a MiB at a time.
 void write_stream(const fs::path& path, std::int64_t tokens) {
-  std::string header = encode_npy_header(DType::kInt32, {tokens});
-  header.replace(header.find("<i4"), 3, "<u2");
+  const std::string header = encode_npy_header("<u2", {tokens});
   const File f = File::create(path);
   f.write_at(0, std::as_bytes(std::span(header.data(), header.size())));
   std::vector<std::uint16_t> chunk(std::size_t{1} << 19);

@@ -301,6 +301,10 @@ Tensor read_npy(const std::filesystem::path& path) {
 }
 
 std::string encode_npy_header(DType dtype, const Shape& dims, std::size_t alignment) {
+  return encode_npy_header(npy_descr(dtype), dims, alignment);
+}
+
+std::string encode_npy_header(std::string_view descr, const Shape& dims, std::size_t alignment) {
   MESHFLOW_CHECK(alignment >= kHeaderAlignment && alignment % kHeaderAlignment == 0,
                  "npy header alignment {}", alignment);
   std::string shape = "(";
@@ -310,8 +314,8 @@ std::string encode_npy_header(DType dtype, const Shape& dims, std::size_t alignm
   }
   if (dims.size() == 1) shape.pop_back();  // "(3,)" as NumPy writes it
   shape += ")";
-  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
-                                 npy_descr(dtype), shape);
+  std::string dict =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr, shape);
   int major = 1;
   std::size_t prefix = 10;
   std::size_t total = (prefix + dict.size() + 1 + alignment - 1) / alignment * alignment;

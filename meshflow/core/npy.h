@@ -55,6 +55,11 @@ NpyRawHeader read_npy_raw_header(const File& file, std::span<const std::string_v
 // a disk block, for unbuffered writes).
 std::string encode_npy_header(DType dtype, const Shape& shape, std::size_t alignment = 64);
 
+// As above, for element type `descr` as NumPy writes it ('<u2' for the uint16 token streams
+// DType lacks).
+std::string encode_npy_header(std::string_view descr, const Shape& shape,
+                              std::size_t alignment = 64);
+
 // Returns the array stored in `path`.
 Tensor read_npy(const std::filesystem::path& path);
 

@@ -22,8 +22,8 @@ constexpr std::size_t kProgressBytes = std::size_t{8} << 20;
 
 // Writes `ids` as a 1-d .npy of uint16 (`narrow`) or int32.
 void write_ids(const fs::path& path, const std::vector<std::int64_t>& ids, bool narrow) {
-  std::string out = encode_npy_header(DType::kInt32, {static_cast<std::int64_t>(ids.size())});
-  if (narrow) out.replace(out.find("<i4"), 3, "<u2");  // same length: the padding stays right
+  std::string out =
+      encode_npy_header(narrow ? "<u2" : "<i4", {static_cast<std::int64_t>(ids.size())});
   const std::size_t width = narrow ? 2 : 4;
   const std::size_t at = out.size();
   out.resize(at + ids.size() * width);
