@@ -150,10 +150,7 @@ MetricsLog::MetricsLog(fs::path dir) : dir_(std::move(dir)) {
     while (std::getline(in, line)) {
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-      const int step = j["step"].get<int>();
-      auto number = [](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : NAN; };
-      if (j.contains("loss")) train_.emplace_back(step, number(j["loss"]));
-      if (j.contains("val_loss")) val_.emplace_back(step, number(j["val_loss"]));
+      record(j);
     }
   }
   out_.open(file, std::ios::app);
@@ -163,6 +160,10 @@ MetricsLog::MetricsLog(fs::path dir) : dir_(std::move(dir)) {
 void MetricsLog::append(const nlohmann::json& line) {
   out_ << line.dump() << '\n';
   out_.flush();
+  record(line);
+}
+
+void MetricsLog::record(const nlohmann::json& line) {
   const int step = line.at("step").get<int>();
   auto number = [](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : NAN; };
   if (line.contains("loss")) train_.emplace_back(step, number(line["loss"]));

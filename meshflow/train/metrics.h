@@ -31,6 +31,8 @@ class MetricsLog {
   void write_plot() const;
 
  private:
+  // Adds `line`'s loss or val loss (null: not finite) to the plot's curves.
+  void record(const nlohmann::json& line);
   std::filesystem::path dir_;
   std::ofstream out_;
   LossCurve train_, val_;

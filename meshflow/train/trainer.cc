@@ -269,9 +269,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
         loop.on_eval = [&](int step, double loss) {
           report.evals.push_back({.step = step, .val_loss = loss});
           if (metrics) {
-            metrics->append(
-                {{"step", step},
-                 {"val_loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json()}});
+            metrics->append(to_json(report.evals.back()));
             metrics->write_plot();
           }
           if (options.on_eval) options.on_eval(report.evals.back());
@@ -323,10 +321,20 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   return report;
 }
 
+namespace {
+
+// Returns `v` as JSON, null where it is missing or not finite.
+nlohmann::json number(std::optional<double> v) {
+  return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json();
+}
+
+}  // namespace
+
+nlohmann::json to_json(const EvalReport& e) {
+  return {{"step", e.step}, {"val_loss", number(e.val_loss)}};
+}
+
 nlohmann::json to_json(const StepReport& s) {
-  auto number = [](std::optional<double> v) {
-    return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json();
-  };
   return {{"step", s.step},
           {"loss", number(s.loss)},
           {"seconds", s.seconds},
@@ -342,11 +350,7 @@ nlohmann::json to_json(const TrainReport& report) {
   nlohmann::json steps = nlohmann::json::array();
   for (const StepReport& s : report.steps) steps.push_back(to_json(s));
   nlohmann::json evals = nlohmann::json::array();
-  for (const EvalReport& e : report.evals) {
-    evals.push_back(
-        {{"step", e.step},
-         {"val_loss", std::isfinite(e.val_loss) ? nlohmann::json(e.val_loss) : nlohmann::json()}});
-  }
+  for (const EvalReport& e : report.evals) evals.push_back(to_json(e));
   nlohmann::json check = nullptr;
   if (report.check) {
     check = {{"max_loss_diff", report.check->max_loss_diff},

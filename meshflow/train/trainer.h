@@ -114,4 +114,8 @@ nlohmann::json to_json(const TrainReport& report);
 // Returns one step's object of train --json's "steps" (and of metrics.jsonl).
 nlohmann::json to_json(const StepReport& step);
 
+// Returns one evaluation's object of train --json's "evals" (and of metrics.jsonl): {"step",
+// "val_loss" (null when not finite)}.
+nlohmann::json to_json(const EvalReport& eval);
+
 }  // namespace meshflow
