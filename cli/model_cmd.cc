@@ -267,8 +267,9 @@ void add_run(CLI::App& app) {
     auto machine = machine_option(args->machine);
     const ModelRunOptions options = run_options(*args, machine.get());
     const Model model = load(args->model, options.backend);
-    every_device(options.backend, [&] { return read_model_data(model); });
-    const RunReport r = run_model_on_data(model, options);
+    const std::optional<ModelData> data =
+        every_device(options.backend, [&] { return read_model_data(model); });
+    const RunReport r = run_model_on_data(model, data, options);
     if (!r.reporter) return;
     if (args->json) {
       nlohmann::json outputs = nlohmann::json::object();

@@ -244,7 +244,7 @@ py::dict run_outputs(const LoadedModel& m, bool overlap, std::optional<int> thre
   std::vector<std::pair<std::string, Tensor>> values;
   {
     py::gil_scoped_release release;
-    const RunReport r = run_model_on_data(m.model, o);
+    const RunReport r = run_model_on_data(m.model, read_model_data(m.model), o);
     auto all_processes_here = [] {
       if (session().backend() != Backend::kMpi) return;
       session().run(first_devices(session().size()), [](Communicator& comm) { barrier(comm, {}); });

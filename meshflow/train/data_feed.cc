@@ -241,8 +241,8 @@ void add_loader_memory(const Model& model, Explanation& e) {
   e.memory->at_peak[MemoryKind::kActivations] += extra;
 }
 
-RunReport run_model_on_data(const Model& model, const ModelRunOptions& options) {
-  const std::optional<ModelData> data = read_model_data(model);
+RunReport run_model_on_data(const Model& model, const std::optional<ModelData>& data,
+                            const ModelRunOptions& options) {
   if (!data) return run_model(model, options);
   std::optional<DataFeeder> feeder;
   return run_model(model, options, [&](const PreparedModel& p) {

@@ -135,7 +135,8 @@ std::int64_t loader_bytes(const ModelData& data, const Pcg& built, DeviceId devi
 void add_loader_memory(const Model& model, Explanation& e);
 
 // Runs `model`'s forward pass once (runtime/model_runner.h's run_model), its data inputs
-// holding step 1's batch when it has data.
-RunReport run_model_on_data(const Model& model, const ModelRunOptions& options);
+// holding step 1's batch of `data` (read_model_data's, read by the caller) when it has data.
+RunReport run_model_on_data(const Model& model, const std::optional<ModelData>& data,
+                            const ModelRunOptions& options);
 
 }  // namespace meshflow
