@@ -132,6 +132,15 @@ TraceKind run_work(const TaskGraph& graph, const Task& task, Communicator& world
   return TraceKind::kUpdate;
 }
 
+// Swaps micro-batch m of every micro-batched input between `micro_inputs` and `values`: once
+// to run it, once more to put it back.
+void swap_micro_batch(std::vector<Tensor>& values, std::vector<std::vector<Tensor>>& micro_inputs,
+                      int m) {
+  for (std::size_t v = 0; v < micro_inputs.size(); ++v)
+    if (!micro_inputs[v].empty())
+      std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+}
+
 }  // namespace
 
 void run_tasks(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& world,
@@ -281,9 +290,7 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
   // Sums a task accumulates into stay in `values` while its micro-batch runs.
   const std::vector<bool> in_place = accumulated_in_place(tasks);
   for (int m = 0; m < micro_batches; ++m) {
-    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
-      if (!micro_inputs[v].empty())
-        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    swap_micro_batch(values, micro_inputs, m);
     for (std::size_t i = 0; i < sums.size(); ++i)
       if (m > 0 && in_place[i])
         values[static_cast<std::size_t>(tasks.accumulated[i])] = std::exchange(sums[i], Tensor());
@@ -291,9 +298,7 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
     options.accumulate = m > 0;
     options.beside = beside();
     run_tasks(graph, tasks, world, values, options);
-    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
-      if (!micro_inputs[v].empty())
-        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    swap_micro_batch(values, micro_inputs, m);
     for (std::size_t i = 0; i < sums.size(); ++i) {
       Tensor& made = values[static_cast<std::size_t>(tasks.accumulated[i])];
       MESHFLOW_CHECK(m == 0 || in_place[i] || made.shape() == sums[i].shape(),
@@ -343,15 +348,11 @@ void run_forward(const TaskGraph& graph, const DeviceTasks& tasks, Communicator&
     if (made_in[static_cast<std::size_t>(v)] == Phase::kForward) summed.push_back(v);
   std::vector<Tensor> sums(summed.size());
   for (int m = 0; m < micro_batches; ++m) {
-    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
-      if (!micro_inputs[v].empty())
-        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    swap_micro_batch(values, micro_inputs, m);
     options.part = TaskPart::kMicroBatch;
     options.only = &per_micro_batch;
     run_tasks(graph, tasks, world, values, options);
-    for (std::size_t v = 0; v < micro_inputs.size(); ++v)
-      if (!micro_inputs[v].empty())
-        std::swap(values[v], micro_inputs[v][static_cast<std::size_t>(m)]);
+    swap_micro_batch(values, micro_inputs, m);
     for (std::size_t i = 0; i < summed.size(); ++i) {
       Tensor& made = values[static_cast<std::size_t>(summed[i])];
       if (m == 0) {
