@@ -282,4 +282,90 @@ double attention_work(std::span<const Op> ops, const std::vector<Shape>& local,
   return static_cast<double>(d.batch) * pairs * per_pair;
 }
 
+TensorSpec infer_cached_attention(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  check_operand_dtypes(op.type, std::span(in).first(5), true);
+  const Shape &q = in[0].shape, &ck = in[3].shape, &cv = in[4].shape, &pos = in[5].shape;
+  const TensorSpec out =
+      infer_attention(Op{.type = OpType::kAttention, .causal = true}, {in[0], in[1], in[2]});
+  const TensorSpec cached =
+      infer_attention(Op{.type = OpType::kAttention, .causal = true}, {in[0], in[3], in[4]});
+  if (cached != out || ck.size() != q.size() || cv.size() != q.size() ||
+      ck[ck.size() - 2] < q[q.size() - 2]) {
+    fail(ErrorKind::kShapeMismatch, "{}: caches {} and {} do not hold q {}'s rows", name,
+         to_string(ck), to_string(cv), to_string(q));
+  }
+  if (in[5].dtype != DType::kInt64 || pos.size() != 1 || pos[0] != q[q.size() - 2]) {
+    fail(ErrorKind::kShapeMismatch, "{}: positions {} {} are not one int64 per query row", name,
+         to_string(in[5].dtype), to_string(pos));
+  }
+  return out;
+}
+
+namespace {
+
+template <typename T>
+void write_rows(const Tensor& rows, Tensor& cache, std::int64_t first) {
+  const Shape& s = rows.shape();
+  const std::int64_t n = s[s.size() - 2], width = s.back();
+  const std::int64_t cap = cache.shape()[s.size() - 2];
+  const std::int64_t lead = rows.numel() / std::max<std::int64_t>(1, n * width);
+  const T* from = rows.data<T>().data();
+  T* to = cache.data<T>().data();
+  for (std::int64_t b = 0; b < lead; ++b)
+    std::copy_n(from + b * n * width, n * width, to + (b * cap + first) * width);
+}
+
+}  // namespace
+
+Tensor cached_attention_kernel(const Op& op, const std::vector<const Tensor*>& in) {
+  const std::span<const std::int64_t> pos = in[5]->data<std::int64_t>();
+  const std::int64_t first = pos.empty() ? 0 : pos.front();
+  const Shape& ck = in[3]->shape();
+  const std::int64_t rows = static_cast<std::int64_t>(pos.size());
+  MESHFLOW_CHECK(first >= 0 && first + rows <= ck[ck.size() - 2],
+                 "{}: positions [{}, {}) past a cache of {}", to_string(op.type), first,
+                 first + rows, ck[ck.size() - 2]);
+  // The caches are the decoder's state (see the header): written in place.
+  auto& cache_k = const_cast<Tensor&>(*in[3]);
+  auto& cache_v = const_cast<Tensor&>(*in[4]);
+  if (in[0]->dtype() == DType::kFloat64) {
+    write_rows<double>(*in[1], cache_k, first);
+    write_rows<double>(*in[2], cache_v, first);
+  } else {
+    write_rows<float>(*in[1], cache_k, first);
+    write_rows<float>(*in[2], cache_v, first);
+  }
+  // Query row i sits at position first + i; the keys past first + rows are masked as the
+  // causal mask masks them (and never read).
+  const std::size_t rank = in[0]->shape().size();
+  ShardOffsets offsets(2, std::vector<std::int64_t>(rank, 0));
+  offsets[0][rank - 2] = first;
+  return attention_kernel(Op{.type = OpType::kAttention, .causal = true}, {in[0], in[3], in[4]},
+                          offsets);
+}
+
+DimLabels cached_attention_labels(const std::vector<TensorSpec>& in) {
+  const int nb = static_cast<int>(in[0].shape.size()) - 2;
+  const std::vector<int> lead = label_range(0, nb);
+  const int rows = nb, dk = nb + 1, dv = nb + 2, cap = nb + 3;
+  auto with = [&](int a, int b) {
+    std::vector<int> l = lead;
+    l.push_back(a);
+    l.push_back(b);
+    return l;
+  };
+  DimLabels l;
+  l.inputs = {with(rows, dk), with(rows, dk), with(rows, dv), with(cap, dk), with(cap, dv), {rows}};
+  l.output = with(rows, dv);
+  l.unshardable = {rows, dk, dv, cap};
+  return l;
+}
+
+double cached_attention_work(const std::vector<Shape>& local) {
+  const Dims d = dims_of(local[0], local[3], local[4]);
+  return static_cast<double>(d.batch) * static_cast<double>(d.sq) * static_cast<double>(d.sk) *
+         static_cast<double>(d.dk + d.dv);
+}
+
 }  // namespace meshflow

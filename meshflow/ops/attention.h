@@ -34,4 +34,19 @@ DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& inputs);
 double attention_work(std::span<const Op> ops, const std::vector<Shape>& local,
                       const ShardOffsets& offsets = {});
 
+// The decoder's attention over a KV cache (infer/): cached_attention(q[..., L, Dk], k[..., L, Dk],
+// v[..., L, Dv], cache_k[..., C, Dk], cache_v[..., C, Dv], positions[L] int64) writes k's and v's
+// rows into the caches at rows positions (consecutive, p0 .. p0 + L - 1, p0 + L <= C) and returns
+// the causal attention of q, whose rows sit at those positions, over cache rows [0, p0 + L): what
+// attention(q, k, v){causal} gives for the last L queries of a context of p0 + L positions, with
+// the same kernel. It is the one operator that writes operands (3 and 4): the cache is state the
+// decoder owns, held in the layout the model gives k and v and never moved. Sharding: the leading
+// dims (batch, heads) shard; L, C, Dk and Dv never do.
+TensorSpec infer_cached_attention(const Op& op, const std::vector<TensorSpec>& inputs);
+Tensor cached_attention_kernel(const Op& op, const std::vector<const Tensor*>& in);
+DimLabels cached_attention_labels(const std::vector<TensorSpec>& inputs);
+// Multiply-adds on local operands, the whole cache counted (the positions are known at run time
+// only).
+double cached_attention_work(const std::vector<Shape>& local);
+
 }  // namespace meshflow

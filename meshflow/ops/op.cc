@@ -72,6 +72,7 @@ constexpr std::array kOps = {
     OpInfo{OpType::kLogitStats, "logit_stats", 3, 3},
     OpInfo{OpType::kCrossEntropyFromStats, "cross_entropy_from_stats", 2, 2},
     OpInfo{OpType::kCrossEntropyGradFromStats, "cross_entropy_grad_from_stats", 5, 5},
+    OpInfo{OpType::kCachedAttention, "cached_attention", 6, 6},
 };
 
 const OpInfo& info(OpType type) {
@@ -183,6 +184,7 @@ TensorSpec infer(const Op& raw, const std::vector<TensorSpec>& in) {
   if (is_layer_norm_family(op.type)) return infer_layer_norm(op, in);
   if (is_embedding_family(op.type)) return infer_embedding(op, in);
   if (is_attention_family(op.type)) return infer_attention(op, in);
+  if (op.type == OpType::kCachedAttention) return infer_cached_attention(op, in);
   if (is_vocab_parallel_family(op.type)) return infer_vocab_parallel(op, in);
   return infer_softmax(op, in);
 }
@@ -204,6 +206,7 @@ Tensor run_kernel(const Op& op, const std::vector<const Tensor*>& locals,
   if (is_layer_norm_family(op.type)) return layer_norm_kernel(op, locals);
   if (is_embedding_family(op.type)) return embedding_kernel(op, locals, globals, offsets);
   if (is_attention_family(op.type)) return attention_kernel(op, locals, offsets);
+  if (op.type == OpType::kCachedAttention) return cached_attention_kernel(op, locals);
   if (is_vocab_parallel_family(op.type)) return vocab_parallel_kernel(op, locals, globals, offsets);
   return softmax_kernel(op, locals, globals);
 }
@@ -267,6 +270,7 @@ DimLabels dim_labels(const Op& op, const std::vector<TensorSpec>& in) {
   if (is_layer_norm_family(op.type)) return layer_norm_labels(op, in);
   if (is_embedding_family(op.type)) return embedding_labels(op, in);
   if (is_attention_family(op.type)) return attention_labels(op, in);
+  if (op.type == OpType::kCachedAttention) return cached_attention_labels(in);
   if (is_vocab_parallel_family(op.type)) return vocab_parallel_labels(op, in);
   return softmax_labels(op, in, out);
 }
@@ -279,6 +283,7 @@ double work_points(const Op& op, const std::vector<TensorSpec>& globals,
   if (is_view_family(op.type) || is_embedding_family(op.type))
     return static_cast<double>(numel(local_out));
   if (is_attention_family(op.type)) return attention_work({&op, 1}, local, offsets);
+  if (op.type == OpType::kCachedAttention) return cached_attention_work(local);
   if (is_layer_norm_family(op.type)) return layer_norm_work(op, local);
   const DimLabels labels = dim_labels(op, globals);
   std::map<int, std::int64_t> extent;

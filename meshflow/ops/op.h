@@ -65,6 +65,8 @@ enum class OpType {
   kLogitStats,                 // (logits, max[B], labels[B]) -> [B, 2]: Σ exp(x - max), x[label]
   kCrossEntropyFromStats,      // (max, stats) -> mean over B of max + log stats[:, 0] - stats[:, 1]
   kCrossEntropyGradFromStats,  // (logits, labels, max, stats, g[]) -> the logits' gradient
+  // the decoder's attention over its KV cache (ops/attention.h; made by infer/, not a model file)
+  kCachedAttention,  // (q, k, v, cache_k, cache_v, positions[L] int64)
 };
 
 // An operator with its attributes. Fields an operator does not use keep their defaults, so

@@ -30,23 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Appends a move of `value` to a one-device mesh of `leader`, all Replicate; returns its id.
-ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
-  const Node& n = pcg.nodes[static_cast<std::size_t>(value)];
-  Node f{.name = "fetch:" + n.name,
-         .kind = NodeKind::kMove,
-         .phase = n.phase,
-         .inputs = {value},
-         .spec = n.spec};
-  f.mesh = make_mesh({1}, {leader});
-  f.placements = std::vector<Placement>{Placement::replicate()};
-  f.layout = make_layout(*f.mesh, *f.placements, n.spec.shape, n.spec.dtype);
-  f.moved_value = n.name;
-  f.consumer = "the report";
-  pcg.nodes.push_back(std::move(f));
-  return static_cast<ValueId>(pcg.nodes.size() - 1);
-}
-
 // Returns every device's trace events on every device (one all-gather of counts, one of data).
 std::vector<TraceEvent> gather_events(Communicator& world, const std::vector<TraceEvent>& mine) {
   constexpr std::size_t kFields = 11;
@@ -338,6 +321,22 @@ struct Session {
 };
 
 }  // namespace
+
+ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader) {
+  const Node& n = pcg.nodes[static_cast<std::size_t>(value)];
+  Node f{.name = "fetch:" + n.name,
+         .kind = NodeKind::kMove,
+         .phase = n.phase,
+         .inputs = {value},
+         .spec = n.spec};
+  f.mesh = make_mesh({1}, {leader});
+  f.placements = std::vector<Placement>{Placement::replicate()};
+  f.layout = make_layout(*f.mesh, *f.placements, n.spec.shape, n.spec.dtype);
+  f.moved_value = n.name;
+  f.consumer = "the report";
+  pcg.nodes.push_back(std::move(f));
+  return static_cast<ValueId>(pcg.nodes.size() - 1);
+}
 
 int default_threads_per_device(int devices) {
   return std::max(1, available_cores() / std::max(1, devices));

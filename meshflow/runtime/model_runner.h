@@ -171,6 +171,10 @@ std::optional<PreparedModel> try_prepare(const Model& model, Mode mode,
                                          const ModelRunOptions& options, std::string& error,
                                          const TrainingCompile& training = {});
 
+// Appends a move of `value` to a one-device mesh of `leader`, all Replicate (a fetch: how the
+// process that reports reads a value); returns its id.
+ValueId add_fetch(Pcg& pcg, ValueId value, DeviceId leader);
+
 // Returns the value of a one-element tensor as a double.
 double scalar_of(const Tensor& t);
 
