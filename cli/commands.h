@@ -29,5 +29,6 @@ void add_checkpoint(CLI::App& app);
 void add_autoshard(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_data(CLI::App& app);
+void add_generate(CLI::App& app);
 
 }  // namespace meshflow::cli

@@ -49,7 +49,8 @@ TEST(DecoderGraph, ResizesTheBatchAndPositionsAndReadsThePositionTableAtThePosit
 TEST(DecoderGraph, CachedAttentionReadsCachesInTheLayoutsGiven) {
   const Model m = gpt("tp");
   const GenerateNames names = generate_names(m);
-  const Layout cache = make_layout(make_mesh({4}, {0, 1, 2, 3}), {Placement::shard(1)}, {1, 4, 6, 4});
+  const Layout cache =
+      make_layout(make_mesh({4}, {0, 1, 2, 3}), {Placement::shard(1)}, {1, 4, 6, 4});
   const DecoderGraph g = decoder_graph(m, names, {.batch = 1, .length = 1, .capacity = 6},
                                        {{"b0_att", {cache, cache}}, {"b1_att", {cache, cache}}});
   ASSERT_EQ(g.caches.size(), 2u);
@@ -79,8 +80,10 @@ Model tiny(const std::string& nodes, const std::string& logits = "logits") {
     },
     "nodes": [{"name": "h", "op": "embedding", "inputs": ["tokens", "table"]})" +
                            nodes + R"(],
-    "outputs": [")" + logits + R"("],
-    "generate": {"tokens": "tokens", "logits": ")" + logits + R"("}
+    "outputs": [")" + logits +
+                           R"("],
+    "generate": {"tokens": "tokens", "logits": ")" +
+                           logits + R"("}
   })";
   return parse_model(text, dir, "tiny.json");
 }
@@ -103,11 +106,12 @@ TEST(DecoderGraph, RefusesANodeThatMixesPositionsNamingIt) {
   EXPECT_NE(refusal(tiny(R"(, {"name": "logits", "op": "softmax", "inputs": ["h"], "dim": 1})"))
                 .find("node \"logits\" normalises along the positions"),
             std::string::npos);
-  EXPECT_NE(refusal(tiny(R"(, {"name": "h4", "op": "reshape", "inputs": ["h"], "shape": [2, 1, 4, 8]},
+  EXPECT_NE(
+      refusal(tiny(R"(, {"name": "h4", "op": "reshape", "inputs": ["h"], "shape": [2, 1, 4, 8]},
                              {"name": "a", "op": "attention", "inputs": ["h4", "h4", "h4"]},
                              {"name": "logits", "op": "reshape", "inputs": ["a"], "shape": [2, 4, 8]})"))
-                .find("node \"a\" attends without the causal mask"),
-            std::string::npos);
+          .find("node \"a\" attends without the causal mask"),
+      std::string::npos);
   EXPECT_NE(refusal(tiny(R"(, {"name": "flat", "op": "reshape", "inputs": ["h"], "shape": [2, 32]},
                              {"name": "logits", "op": "reshape", "inputs": ["flat"], "shape": [2, 4, 8]})"))
                 .find("node \"flat\" merges the positions with another dim"),
@@ -125,7 +129,8 @@ TEST(DecoderGraph, NamesAMissingOrWrongGenerateObject) {
     generate_names(m);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"tokens\" is \"tok\", which is not an int32 or int64 [B, S] input"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "\"tokens\" is \"tok\", which is not an int32 or int64 [B, S] input"),
               std::string::npos)
         << e.what();
   }

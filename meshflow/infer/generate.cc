@@ -254,6 +254,11 @@ void check_options(const GenerateOptions& o, const DecoderGraph& g) {
   if (o.num_samples < 1)
     fail(ErrorKind::kInvalidArgument, "--num-samples {} must be >= 1", o.num_samples);
   check_sampling(o.sampling);
+  if (o.tokenizer_vocabulary && *o.tokenizer_vocabulary > g.vocabulary) {
+    fail(ErrorKind::kInvalidArgument,
+         "--tokenizer: its vocabulary of {} ids is larger than the model's of {}",
+         *o.tokenizer_vocabulary, g.vocabulary);
+  }
   for (std::int64_t id : o.prompt)
     if (id < 0 || id >= g.vocabulary)
       fail(ErrorKind::kInvalidArgument, "--prompt: token {} is outside the vocabulary of {}", id,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "meshflow/graph/model_file.h"
@@ -26,6 +27,9 @@ struct GenerateOptions {
   int num_samples = 1;               // R, generated as one batch
   SamplingOptions sampling;
   bool cache = true;
+  // The tokenizer's vocabulary, when the prompt came through one: larger than the model's is an
+  // error.
+  std::optional<std::int64_t> tokenizer_vocabulary;
   ModelRunOptions run;  // backend, timeout, plan, threads per device
   // Called on the reporting process with each run's fetched logits (rows r·L + j: sample r's
   // j-th position of the run): tests compare them with the model's forward pass.
