@@ -37,6 +37,83 @@ std::vector<std::int64_t> prompt_ids(const std::string& text) {
   return ids;
 }
 
+struct GenerateArgs {
+  std::string model, weights, prompt, tokenizer, backend;
+  int max_new_tokens = 100, num_samples = 1, threads_per_device = 0;
+  double temperature = 1;
+  std::optional<int> top_k;
+  std::optional<double> top_p;
+  std::uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool no_cache = false, json = false;
+};
+
+void run_generate(const GenerateArgs& args, Backend backend) {
+  const GenerateArgs* a = &args;
+  GenerateOptions o;
+  o.run.backend = backend;
+  o.run.threads_per_device = a->threads_per_device;
+  o.weights = a->weights;
+  o.max_new_tokens = a->max_new_tokens;
+  o.num_samples = a->num_samples;
+  o.sampling = {
+      .temperature = a->temperature, .top_k = a->top_k, .top_p = a->top_p, .seed = a->seed};
+  o.cache = !a->no_cache;
+  for (const std::string& s : a->stop)
+    if (s.empty()) fail(ErrorKind::kInvalidArgument, "--stop is empty");
+  std::optional<Tokenizer> tokenizer;
+  if (!a->tokenizer.empty()) {
+    tokenizer = Tokenizer::load(a->tokenizer);
+    o.prompt = tokenizer->encode(a->prompt);
+    o.tokenizer_vocabulary = tokenizer->vocab_size();
+  } else {
+    o.prompt = prompt_ids(a->prompt);
+  }
+  const Model model = load_model(a->model);
+  const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
+  std::vector<TextStream> texts(static_cast<std::size_t>(std::max(1, a->num_samples)),
+                                TextStream{.tokenizer = tok});
+  // The prompt is printed once the first token came (so an error prints nothing).
+  bool started = false;
+  auto start = [&] {
+    if (started || a->json) return;
+    started = true;
+    fmt::print("{}", tok ? a->prompt : a->prompt + " ");
+  };
+  const GenerateReport r = generate(model, o, [&](int sample, std::int64_t token) {
+    TextStream& s = texts[static_cast<std::size_t>(sample)];
+    const std::string part = push_token(s, token);
+    if (sample == 0 && !a->json) {
+      start();
+      fmt::print("{}", part);
+      std::fflush(stdout);
+    }
+    return ends_with_any(s, a->stop);
+  });
+  if (!r.reporter) return;
+  if (a->json) {
+    nlohmann::json samples = nlohmann::json::array();
+    for (std::size_t i = 0; i < r.samples.size(); ++i) {
+      samples.push_back({{"tokens", r.samples[i].tokens},
+                         {"text", tok ? nlohmann::json(whole_text(texts[i])) : nullptr},
+                         {"logprobs", r.samples[i].logprobs}});
+    }
+    const double rate = r.decode_s > 0 ? static_cast<double>(r.decoded) / r.decode_s : 0;
+    fmt::print("{}\n", nlohmann::json{{"samples", samples},
+                                      {"prompt_tokens", o.prompt},
+                                      {"prefill_s", r.prefill_s},
+                                      {"decode_s", r.decode_s},
+                                      {"tokens_per_s", r.decoded > 0 ? nlohmann::json(rate)
+                                                                     : nlohmann::json(nullptr)}}
+                           .dump(2));
+    return;
+  }
+  start();
+  fmt::print("{}\n", finish_text(texts[0]));
+  for (std::size_t i = 1; i < r.samples.size(); ++i)
+    fmt::print("---\n{}{}\n", tok ? a->prompt : a->prompt + " ", whole_text(texts[i]));
+}
+
 }  // namespace
 
 void add_generate(CLI::App& app) {
@@ -50,7 +127,7 @@ void add_generate(CLI::App& app) {
     std::vector<std::string> stop;
     bool no_cache = false, json = false;
   };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand(
       "generate",
       "Continue a prompt with a model file's logits on its own meshes, with a KV cache");
@@ -83,68 +160,14 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(1, kMostThreads));
   cmd->add_flag("--json", a->json, "print JSON: the tokens, text and logprobs of every sample");
   cmd->callback([a] {
-    GenerateOptions o;
-    o.run.backend = a->backend.empty() ? detect_backend() : parse_backend(a->backend);
-    o.run.threads_per_device = a->threads_per_device;
-    o.weights = a->weights;
-    o.max_new_tokens = a->max_new_tokens;
-    o.num_samples = a->num_samples;
-    o.sampling = {
-        .temperature = a->temperature, .top_k = a->top_k, .top_p = a->top_p, .seed = a->seed};
-    o.cache = !a->no_cache;
-    for (const std::string& s : a->stop)
-      if (s.empty()) fail(ErrorKind::kInvalidArgument, "--stop is empty");
-    std::optional<Tokenizer> tokenizer;
-    if (!a->tokenizer.empty()) {
-      tokenizer = Tokenizer::load(a->tokenizer);
-      o.prompt = tokenizer->encode(a->prompt);
-      o.tokenizer_vocabulary = tokenizer->vocab_size();
-    } else {
-      o.prompt = prompt_ids(a->prompt);
+    const Backend backend = a->backend.empty() ? detect_backend() : parse_backend(a->backend);
+    try {
+      run_generate(*a, backend);
+    } catch (const Error& e) {
+      // Every rank meets the same error in the same input: rank 0 reports it.
+      if (backend != Backend::kMpi || e.scope() == ErrorScope::kEveryDevice) throw;
+      throw Error(e.kind(), e.what(), ErrorScope::kEveryDevice);
     }
-    const Model model = load_model(a->model);
-    const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
-    std::vector<TextStream> texts(static_cast<std::size_t>(std::max(1, a->num_samples)),
-                                  TextStream{.tokenizer = tok});
-    // The prompt is printed once the first token came (so an error prints nothing).
-    bool started = false;
-    auto start = [&] {
-      if (started || a->json) return;
-      started = true;
-      fmt::print("{}", tok ? a->prompt : a->prompt + " ");
-    };
-    const GenerateReport r = generate(model, o, [&](int sample, std::int64_t token) {
-      TextStream& s = texts[static_cast<std::size_t>(sample)];
-      const std::string part = push_token(s, token);
-      if (sample == 0 && !a->json) {
-        start();
-        fmt::print("{}", part);
-        std::fflush(stdout);
-      }
-      return ends_with_any(s, a->stop);
-    });
-    if (!r.reporter) return;
-    if (a->json) {
-      nlohmann::json samples = nlohmann::json::array();
-      for (std::size_t i = 0; i < r.samples.size(); ++i) {
-        samples.push_back({{"tokens", r.samples[i].tokens},
-                           {"text", tok ? nlohmann::json(whole_text(texts[i])) : nullptr},
-                           {"logprobs", r.samples[i].logprobs}});
-      }
-      const double rate = r.decode_s > 0 ? static_cast<double>(r.decoded) / r.decode_s : 0;
-      fmt::print("{}\n", nlohmann::json{{"samples", samples},
-                                        {"prompt_tokens", o.prompt},
-                                        {"prefill_s", r.prefill_s},
-                                        {"decode_s", r.decode_s},
-                                        {"tokens_per_s", r.decoded > 0 ? nlohmann::json(rate)
-                                                                       : nlohmann::json(nullptr)}}
-                             .dump(2));
-      return;
-    }
-    start();
-    fmt::print("{}\n", finish_text(texts[0]));
-    for (std::size_t i = 1; i < r.samples.size(); ++i)
-      fmt::print("---\n{}{}\n", tok ? a->prompt : a->prompt + " ", whole_text(texts[i]));
   });
 }
 

@@ -277,7 +277,6 @@ void check_options(const GenerateOptions& o, const DecoderGraph& g) {
 GenerateReport generate(const Model& model, const GenerateOptions& options,
                         const OnToken& on_token) {
   std::optional<Compiled> first, step;
-  std::string error;
   DeviceId leader = 0;
   std::int64_t vocabulary = 0;
   try {
@@ -315,27 +314,25 @@ GenerateReport generate(const Model& model, const GenerateOptions& options,
       first = compile_decoder(build({.batch = rows, .length = length}, {}), options.run, leader);
     }
   } catch (const Error& e) {
+    // Under mpi every rank prepared the same from the same input and failed alike: reported
+    // once, by rank 0.
     if (options.run.backend != Backend::kMpi) throw;
-    error = e.what();
+    throw Error(e.kind(), e.what(), ErrorScope::kEveryDevice);
   }
   Session s{.options = &options,
-            .first = first ? &*first : nullptr,
+            .first = &*first,
             .step = step ? &*step : nullptr,
             .leader = leader,
             .vocabulary = vocabulary,
             .on_token = &on_token};
   LaunchOptions lo{.backend = options.run.backend, .timeout = options.run.timeout};
-  if (first) {
-    for (const DeviceTasks& d : first->tasks.devices) lo.devices.push_back(d.device);
-    if (step)
-      for (const DeviceTasks& d : step->tasks.devices)
-        if (std::find(lo.devices.begin(), lo.devices.end(), d.device) == lo.devices.end())
-          lo.devices.push_back(d.device);
-    std::sort(lo.devices.begin(), lo.devices.end());
-    lo.agreement = {{"the model", to_text(first->pcg)}};
-  } else {
-    lo.agreement = {{"preparation", "error: " + error}};
-  }
+  for (const DeviceTasks& d : first->tasks.devices) lo.devices.push_back(d.device);
+  if (step)
+    for (const DeviceTasks& d : step->tasks.devices)
+      if (std::find(lo.devices.begin(), lo.devices.end(), d.device) == lo.devices.end())
+        lo.devices.push_back(d.device);
+  std::sort(lo.devices.begin(), lo.devices.end());
+  lo.agreement = {{"the model", to_text(first->pcg)}};
   launch(lo, [&](Communicator& world) { s.run(world); });
   s.report.reporter = reports(options.run);
   return std::move(s.report);
