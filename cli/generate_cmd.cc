@@ -4,7 +4,6 @@
 
 #include <charconv>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "cli/commands.h"
@@ -92,20 +91,7 @@ void run_generate(const GenerateArgs& args, Backend backend) {
   });
   if (!r.reporter) return;
   if (a->json) {
-    nlohmann::json samples = nlohmann::json::array();
-    for (std::size_t i = 0; i < r.samples.size(); ++i) {
-      samples.push_back({{"tokens", r.samples[i].tokens},
-                         {"text", tok ? nlohmann::json(whole_text(texts[i])) : nullptr},
-                         {"logprobs", r.samples[i].logprobs}});
-    }
-    const double rate = r.decode_s > 0 ? static_cast<double>(r.decoded) / r.decode_s : 0;
-    fmt::print("{}\n", nlohmann::json{{"samples", samples},
-                                      {"prompt_tokens", o.prompt},
-                                      {"prefill_s", r.prefill_s},
-                                      {"decode_s", r.decode_s},
-                                      {"tokens_per_s", r.decoded > 0 ? nlohmann::json(rate)
-                                                                     : nlohmann::json(nullptr)}}
-                           .dump(2));
+    fmt::print("{}\n", generation_json(r, o.prompt, texts).dump(2));
     return;
   }
   start();

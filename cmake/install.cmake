@@ -12,7 +12,7 @@ endforeach()
 install(TARGETS meshflow RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS meshflow_core meshflow_mesh meshflow_comm meshflow_plan meshflow_data meshflow_runtime
                 meshflow_kernels meshflow_ops meshflow_graph meshflow_dtensor meshflow_train
-                meshflow_auto meshflow_library
+                meshflow_auto meshflow_infer meshflow_library
         EXPORT meshflowTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

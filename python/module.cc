@@ -19,6 +19,8 @@
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
 #include "meshflow/graph/model_file.h"
+#include "meshflow/infer/generate.h"
+#include "meshflow/infer/text_stream.h"
 #include "meshflow/mesh/device_mesh.h"
 #include "meshflow/mesh/placement.h"
 #include "meshflow/mesh/sharded_folder.h"
@@ -450,6 +452,48 @@ PYBIND11_MODULE(_meshflow, module) {
         }
         return py::module_::import("json").attr("loads")(report);
       });
+  module.def("generate_model",
+             [](const LoadedModel& m, const std::string& weights, const py::object& prompt,
+                int max_new_tokens, int num_samples, double temperature, std::optional<int> top_k,
+                std::optional<double> top_p, std::uint64_t seed,
+                const std::vector<std::string>& stop, std::optional<std::string> tokenizer_dir,
+                bool cache) {
+               GenerateOptions o{.weights = weights,
+                                 .max_new_tokens = max_new_tokens,
+                                 .num_samples = num_samples,
+                                 .sampling = {.temperature = temperature,
+                                              .top_k = top_k,
+                                              .top_p = top_p,
+                                              .seed = seed},
+                                 .cache = cache};
+               o.run.backend = detect_backend();
+               for (const std::string& s : stop)
+                 if (s.empty()) fail(ErrorKind::kInvalidArgument, "stop= holds an empty string");
+               std::optional<Tokenizer> tok;
+               if (tokenizer_dir) tok = Tokenizer::load(*tokenizer_dir);
+               if (py::isinstance<py::str>(prompt)) {
+                 if (!tok)
+                   fail(ErrorKind::kInvalidArgument,
+                        "prompt= is text but no tokenizer= is given (or give a list of ids)");
+                 o.prompt = tok->encode(prompt.cast<std::string>());
+               } else {
+                 o.prompt = prompt.cast<std::vector<std::int64_t>>();
+               }
+               if (tok) o.tokenizer_vocabulary = tok->vocab_size();
+               std::vector<TextStream> texts(static_cast<std::size_t>(std::max(1, num_samples)),
+                                             TextStream{.tokenizer = tok ? &*tok : nullptr});
+               std::string report;
+               {
+                 py::gil_scoped_release release;
+                 const GenerateReport r = generate(m.model, o, [&](int sample, std::int64_t id) {
+                   TextStream& t = texts[static_cast<std::size_t>(sample)];
+                   push_token(t, id);
+                   return ends_with_any(t, stop);
+                 });
+                 report = shared_report(generation_json(r, o.prompt, texts).dump(), r.reporter);
+               }
+               return py::module_::import("json").attr("loads")(report);
+             });
   module.def("data_prepare", [](const std::vector<std::string>& text, const std::string& out,
                                 const std::string& tokenizer, std::int64_t vocab_size,
                                 double val_fraction, std::optional<std::string> separator) {

@@ -101,4 +101,24 @@ bool ends_with_any(const TextStream& s, const std::vector<std::string>& stops) {
   return false;
 }
 
+nlohmann::json generation_json(const GenerateReport& report,
+                               const std::vector<std::int64_t>& prompt,
+                               const std::vector<TextStream>& texts) {
+  nlohmann::json samples = nlohmann::json::array();
+  for (std::size_t i = 0; i < report.samples.size(); ++i) {
+    const bool text = i < texts.size() && texts[i].tokenizer != nullptr;
+    samples.push_back({{"tokens", report.samples[i].tokens},
+                       {"text", text ? nlohmann::json(whole_text(texts[i])) : nullptr},
+                       {"logprobs", report.samples[i].logprobs}});
+  }
+  nlohmann::json rate = nullptr;
+  if (report.decoded > 0 && report.decode_s > 0)
+    rate = static_cast<double>(report.decoded) / report.decode_s;
+  return {{"samples", samples},
+          {"prompt_tokens", prompt},
+          {"prefill_s", report.prefill_s},
+          {"decode_s", report.decode_s},
+          {"tokens_per_s", rate}};
+}
+
 }  // namespace meshflow

@@ -9,7 +9,10 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "meshflow/data/tokenizer.h"
+#include "meshflow/infer/generate.h"
 
 namespace meshflow {
 
@@ -36,5 +39,13 @@ bool ends_with_any(const TextStream& s, const std::vector<std::string>& stops);
 // (the rest may yet become one), written as valid UTF-8 (an invalid byte as U+FFFD), and sets
 // `used` to the bytes it covers.
 std::string valid_utf8(std::string_view bytes, bool final, std::size_t& used);
+
+// Returns `meshflow generate --json`'s object: {"samples": [{"tokens", "text" (the continuation,
+// or null without a tokenizer), "logprobs"}], "prompt_tokens", "prefill_s", "decode_s",
+// "tokens_per_s" (the tokens after each sample's first over decode_s; null when none)}.
+// `texts` holds each sample's stream.
+nlohmann::json generation_json(const GenerateReport& report,
+                               const std::vector<std::int64_t>& prompt,
+                               const std::vector<TextStream>& texts);
 
 }  // namespace meshflow

@@ -4,7 +4,8 @@ from . import _meshflow
 
 
 class Model:
-    """A model file. ``Model.load(path)``; ``.run()``, ``.train(steps)``, ``.explain()``."""
+    """A model file. ``Model.load(path)``; ``.run()``, ``.train(steps)``, ``.generate(weights,
+    prompt)``, ``.explain()``."""
 
     def __init__(self, handle):
         self._h = handle
@@ -67,6 +68,27 @@ class Model:
                                      None if eval_every is None else int(eval_every),
                                      int(eval_batches),
                                      None if log_dir is None else str(log_dir))
+
+    def generate(self, weights, prompt, max_new_tokens=100, num_samples=1, temperature=1.0,
+                 top_k=None, top_p=None, seed=0, stop=None, tokenizer=None, cache=True):
+        """Continues ``prompt`` on the model's own meshes; returns the dict ``meshflow generate
+        --json`` prints: {"samples": [{"tokens", "text", "logprobs"}], "prompt_tokens",
+        "prefill_s", "decode_s", "tokens_per_s"}.
+
+        ``weights`` is a ``--save`` folder or a checkpoint (a folder or its ``step-<k>``), in
+        any layouts. ``prompt`` is a str (encoded by ``tokenizer``, a ``data prepare`` folder)
+        or a list of token ids. ``temperature`` 0 is greedy; ``top_k``, ``top_p`` and ``seed``
+        are the sampling rule's (the same tokens on any mesh); a sample ends once its text ends
+        with a string of ``stop`` (a str or a list); ``cache=False`` runs the whole context for
+        every new token (the reference the KV cache equals). docs/generate.md.
+        """
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+        ids = prompt if isinstance(prompt, str) else [int(i) for i in prompt]
+        return _meshflow.generate_model(
+            self._h, str(weights), ids, int(max_new_tokens), int(num_samples), float(temperature),
+            None if top_k is None else int(top_k), None if top_p is None else float(top_p),
+            int(seed), [str(s) for s in stops], None if tokenizer is None else str(tokenizer),
+            bool(cache))
 
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
