@@ -10,9 +10,10 @@ MESHFLOW_PACKAGES=(
   clang libclang-rt-14-dev
 )
 
+# ensure_packages [EXTRA...]: installs what is missing of MESHFLOW_PACKAGES and EXTRA.
 ensure_packages() {
   local missing=()
-  for p in "${MESHFLOW_PACKAGES[@]}"; do
+  for p in "${MESHFLOW_PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
