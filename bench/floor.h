@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "meshflow/core/tensor.h"
+#include "meshflow/graph/task_graph.h"
+#include "meshflow/kernels/parallel.h"
 
 namespace meshflow::bench {
 
@@ -42,6 +45,38 @@ class MemoryFloor {
   std::vector<Piece> pieces_;
   std::int64_t bytes_ = 0;
   volatile float sink_ = 0;  // the reads' sums, kept so that they are made
+};
+
+// DESIGN's floor of the matrix products of a task graph (a training step, a forward pass): every
+// linear's and matmul's products, their gradients', and attention's batched products, as one
+// cblas_sgemm each at its shape (a batched product: one per batch element), between buffers
+// allocated once per device, every device's products at once on threads of their own (as a run
+// has them: the devices share the caches and the memory bus), each device's split over
+// `threads` as its team splits it (kernels/gemm.h). The floor is the time until the last device
+// is done.
+class ProductFloor {
+ public:
+  // The products of the tasks of `tasks` (those run per micro-batch `micro_batches` times), on
+  // `threads` threads per device.
+  ProductFloor(const TaskGraph& tasks, int micro_batches, int threads);
+  // Returns the seconds every device's products take, all at once.
+  double time();
+  // The reporting device's (device 0's).
+  std::size_t products() const { return devices_.front().products.size(); }
+
+ private:
+  struct Product {
+    bool trans_a = false, trans_b = false;
+    std::int64_t batch = 1, m = 0, n = 0, k = 0;
+  };
+  struct Device {
+    std::unique_ptr<ThreadTeam> team;
+    std::vector<Product> products;
+    Tensor a, b, c;
+  };
+  static void run(Device& d);
+  static void add(std::vector<Product>& products, OpType type, const std::vector<Shape>& in);
+  std::vector<Device> devices_;
 };
 
 }  // namespace meshflow::bench

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "bench/collectives_bench.h"
+#include "bench/floor.h"
 #include "bench/gpt_model.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
@@ -132,109 +133,12 @@ StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimi
   return *e.step_time;
 }
 
-// DESIGN's floor of a training step: the matrix products of each device's step (every linear's
-// forward and both gradient products, the LM head, attention's batched products: two forward,
-// four backward) as one cblas_sgemm each at its shape (a batched product: one per batch
-// element), between buffers allocated once per device, every device's products at once on
-// threads of their own (as the step runs them: the devices share the caches and the memory
-// bus), each device's split over `threads` as its team splits it (kernels/gemm.h). The floor is
-// the time until the last device is done.
-class ProductFloor {
- public:
-  ProductFloor(const Model& m, const Optimizer& optimizer, int micro_batches, int threads) {
-    const Pcg g =
-        compile(m.pcg, Mode::kTrain, {.update = optimizer.rule, .micro_batches = micro_batches});
-    const TaskGraph t = expand_shards(g, {*g.loss});
-    for (const DeviceTasks& dt : t.devices) {
-      Device& d = devices_.emplace_back(std::make_unique<ThreadTeam>(threads));
-      for (const Task& task : dt.tasks) {
-        const auto* c = std::get_if<ComputeTask>(&task.work);
-        if (!c) continue;
-        std::vector<Shape> local;
-        for (ValueId v : c->call->args)
-          local.push_back(local_shape(t.layouts[static_cast<std::size_t>(v)], dt.device));
-        const int times = task.once_per_step ? 1 : micro_batches;
-        for (int i = 0; i < times; ++i) {
-          add(d.products, c->call->op.type, local);
-          for (const FusedKernel& f : c->fused) add(d.products, f.op.type, local);
-        }
-      }
-      std::int64_t most = 1;
-      for (const Product& p : d.products) most = std::max({most, p.m * p.k, p.k * p.n, p.m * p.n});
-      for (auto* buffer : {&d.a, &d.b, &d.c}) *buffer = random_tensor(DType::kFloat32, {most}, 7);
-    }
-  }
-  double time() {
-    return time_once([&] {
-      std::vector<std::thread> others;
-      for (std::size_t i = 1; i < devices_.size(); ++i)
-        others.emplace_back([this, i] { run(devices_[i]); });
-      run(devices_.front());
-      for (std::thread& t : others) t.join();
-    });
-  }
-  // The reporting device's (device 0's).
-  std::size_t products() const { return devices_.front().products.size(); }
-
- private:
-  struct Product {
-    bool trans_a = false, trans_b = false;
-    std::int64_t batch = 1, m = 0, n = 0, k = 0;
-  };
-  struct Device {
-    std::unique_ptr<ThreadTeam> team;
-    std::vector<Product> products;
-    Tensor a, b, c;
-  };
-  static void run(Device& d) {
-    const UseTeam use(d.team.get());
-    for (const Product& p : d.products) {
-      for (std::int64_t i = 0; i < p.batch; ++i)
-        gemm<float>(p.trans_a, p.trans_b, p.m, p.n, p.k, d.a.data<float>().data(),
-                    p.trans_a ? p.m : p.k, d.b.data<float>().data(), p.trans_b ? p.k : p.n, 0.0f,
-                    d.c.data<float>().data(), p.n);
-    }
-  }
-  static std::int64_t rows(const Shape& s) {
-    std::int64_t r = 1;
-    for (std::size_t i = 0; i + 1 < s.size(); ++i) r *= s[i];
-    return r;
-  }
-  static void add(std::vector<Product>& products, OpType type, const std::vector<Shape>& in) {
-    auto gemm_of = [&](bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n,
-                       std::int64_t k) {
-      products.push_back({.trans_a = ta, .trans_b = tb, .batch = batch, .m = m, .n = n, .k = k});
-    };
-    switch (type) {
-      case OpType::kMatmul:
-      case OpType::kLinear:  // a[.., m, k] @ b[k, n]
-        return gemm_of(false, false, 1, rows(in[0]), in[1][1], in[1][0]);
-      case OpType::kMatmulGradA:  // g[.., m, n] @ b[k, n]ᵀ
-        return gemm_of(false, true, 1, rows(in[0]), in[1][0], in[1][1]);
-      case OpType::kMatmulGradB:  // a[.., m, k]ᵀ @ g[.., m, n]
-        return gemm_of(true, false, 1, in[0].back(), in[1].back(), rows(in[0]));
-      default:
-        break;
-    }
-    if (!is_attention_family(type)) return;
-    const Shape& q = in[0];
-    const std::int64_t batch = rows(q) / q[q.size() - 2], sq = q[q.size() - 2], dk = q.back();
-    const std::int64_t sk = in[1][in[1].size() - 2], dv = in[2].back();
-    switch (type) {
-      case OpType::kAttention:  // q kᵀ, then P v
-        gemm_of(false, true, batch, sq, sk, dk);
-        return gemm_of(false, false, batch, sq, dv, sk);
-      case OpType::kAttentionGradQ:  // dP = g vᵀ, dq = dS k
-        gemm_of(false, true, batch, sq, sk, dv);
-        return gemm_of(false, false, batch, sq, dk, sk);
-      case OpType::kAttentionGradK:  // dk = dSᵀ q
-        return gemm_of(true, false, batch, sk, dk, sq);
-      default:  // dv = Pᵀ g
-        return gemm_of(true, false, batch, sk, dv, sq);
-    }
-  }
-  std::vector<Device> devices_;
-};
+// Returns the task graph of a training step of `m` (what its products' floor reads).
+TaskGraph training_tasks(const Model& m, const Optimizer& optimizer, int micro_batches) {
+  const Pcg g =
+      compile(m.pcg, Mode::kTrain, {.update = optimizer.rule, .micro_batches = micro_batches});
+  return expand_shards(g, {*g.loss});
+}
 
 // Trains `m` with `optimizer` for warmup + reps steps on threads and fills r's times with the
 // timed steps, and its extras with the medians of the reporting device's kernel, movement and
@@ -489,7 +393,8 @@ BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_te
                 .bytes = c.batch * c.seq * c.width * 4};
   const Optimizer optimizer =
       adamw ? resolve_optimizer({.kind = kind}) : resolve_optimizer({.lr = 0.01});
-  ProductFloor products(m, optimizer, 1, device_threads(o, static_cast<int>(r.devices)));
+  ProductFloor products(training_tasks(m, optimizer, 1), 1,
+                        device_threads(o, static_cast<int>(r.devices)));
   time_training(m, o, optimizer, weight_bytes(m), r, 1, &products);
   r.extra["floor_products"] = products.products();
   r.extra["model"] = fmt::format(

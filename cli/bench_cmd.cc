@@ -9,6 +9,7 @@
 #include "bench/collectives_bench.h"
 #include "bench/copy_bench.h"
 #include "bench/data_bench.h"
+#include "bench/generate_bench.h"
 #include "bench/io_bench.h"
 #include "bench/kernels_bench.h"
 #include "bench/ops_bench.h"
@@ -169,6 +170,52 @@ void add_bench(CLI::App& app) {
     if (!runs_here()) return;
     data->stream_bytes = *data_mib << 20;
     print_report(bench::run_data_bench(*data), *data_json);
+  });
+
+  auto gen = std::make_shared<bench::GenerateBenchOptions>();
+  auto gen_json = std::make_shared<bool>(false);
+  CLI::App* gn = bench->add_subcommand(
+      "generate",
+      "decoding with the KV cache (1 and 8 samples) against memcpy of the bytes a step reads and "
+      "a KV-cached PyTorch loop, --no-cache, and prefill against its products");
+  gn->add_option("--reps", gen->reps, "timed repetitions")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  gn->add_option("--meshes", gen->meshes, "meshes: 1 (one device) and 2 (the tp layout)")
+      ->check(CLI::IsMember({"1", "2"}))
+      ->capture_default_str();
+  gn->add_option("--prompt", gen->prompt, "decode: the prompt's tokens")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  gn->add_option("--new-tokens", gen->new_tokens, "decode: the new tokens per sample")
+      ->check(CLI::Range(2, 1 << 16))
+      ->capture_default_str();
+  gn->add_option("--prefill-tokens", gen->prefill_tokens, "prefill: each prompt's tokens")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  gn->add_option("--gpt-seq", gen->gpt.seq, "the GPT's context")
+      ->check(CLI::Range(2, 1 << 16))
+      ->capture_default_str();
+  gn->add_option("--gpt-width", gen->gpt.width, "the GPT's width (a multiple of --gpt-heads)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  gn->add_option("--gpt-heads", gen->gpt.heads, "the GPT's attention heads")
+      ->check(CLI::Range(1, 1 << 10))
+      ->capture_default_str();
+  gn->add_option("--gpt-vocab", gen->gpt.vocab, "the GPT's vocabulary")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  gn->add_option("--gpt-blocks", gen->gpt.blocks, "the GPT's blocks")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  gn->add_option("--cases", gen->cases,
+                 "only these cases: decode, decode_batch8, no_cache, prefill")
+      ->check(CLI::IsMember({"decode", "decode_batch8", "no_cache", "prefill"}));
+  gn->add_flag("!--no-pytorch", gen->pytorch, "skip the PyTorch baseline");
+  add_output_flags(gn, *gen_json, gen->progress);
+  gn->callback([gen, gen_json] {
+    if (!runs_here()) return;
+    print_report(bench::run_generate_bench(*gen), *gen_json);
   });
 
   auto pl = std::make_shared<bench::PlanBenchOptions>();
@@ -347,10 +394,10 @@ void add_bench(CLI::App& app) {
                 "only these cases: train_step, mlp_step_data, mlp_step_micro4, "
                 "mlp_step_adamw_zero1, mlp_step_adamw_zero3, gpt_step, gpt_step_adamw, "
                 "gpt_step_data, gpt_step_micro4, gpt_sp_bytes, compile")
-      ->check(CLI::IsMember({"train_step", "mlp_step_data", "mlp_step_micro4",
-                             "mlp_step_adamw_zero1", "mlp_step_adamw_zero3", "gpt_step",
-                             "gpt_step_adamw", "gpt_step_data", "gpt_step_micro4", "gpt_sp_bytes",
-                             "compile"}));
+      ->check(
+          CLI::IsMember({"train_step", "mlp_step_data", "mlp_step_micro4", "mlp_step_adamw_zero1",
+                         "mlp_step_adamw_zero3", "gpt_step", "gpt_step_adamw", "gpt_step_data",
+                         "gpt_step_micro4", "gpt_sp_bytes", "compile"}));
   auto train_machine = std::make_shared<std::string>();
   t->add_option("--machine", *train_machine,
                 "machine description JSON the step estimates (est_step_s) price with (default: "
