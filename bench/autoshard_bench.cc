@@ -233,13 +233,11 @@ BenchResult layout_result(const LayoutCase& c, std::vector<double>& estimates,
   for (const LayoutCase::Entry& e : c.entries) {
     const double step = median(e.step_s);
     const auto [least, most] = std::minmax_element(e.step_s.begin(), e.step_s.end());
-    layouts[e.name] = {{"median_s", step},
-                       {"min_s", *least},
-                       {"max_s", *most},
-                       {"step_s", e.step_s},
-                       {"est_step_s", e.est_s},
-                       {"est_vs_measured", step > 0 ? e.est_s / step : 0.0},
-                       {"zero", e.zero}};
+    layouts[e.name] = {
+        {"median_s", step},      {"min_s", *least},
+        {"max_s", *most},        {"step_s", e.step_s},
+        {"est_step_s", e.est_s}, {"est_vs_measured", step > 0 ? e.est_s / step : 0.0},
+        {"zero", e.zero}};
     estimates.push_back(e.est_s);
     measured.push_back(step);
     if (e.name == "auto") continue;

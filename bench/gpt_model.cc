@@ -18,14 +18,33 @@ void check_gpt_config(const GptConfig& c) {
   if (c.blocks < 1) fail(ErrorKind::kInvalidArgument, "a GPT needs a block, not {}", c.blocks);
 }
 
-GptFiles::GptFiles(const GptConfig& c, int devices) {
+GptFiles::GptFiles(const GptConfig& c, int devices, const fs::path& data, const std::string& init) {
   check_gpt_config(c);
-  CommandOutput run = run_command(
-      {"/usr/bin/python3", "-c", kMakeGptPy, folder_.path().string(), "--batch",
-       std::to_string(c.batch), "--seq", std::to_string(c.seq), "--vocab", std::to_string(c.vocab),
-       "--dim", std::to_string(c.width), "--heads", std::to_string(c.heads), "--blocks",
-       std::to_string(c.blocks), "--devices", std::to_string(devices)},
-      {}, /*with_errors=*/true);
+  std::vector<std::string> words = {"/usr/bin/python3",
+                                    "-c",
+                                    kMakeGptPy,
+                                    folder_.path().string(),
+                                    "--batch",
+                                    std::to_string(c.batch),
+                                    "--seq",
+                                    std::to_string(c.seq),
+                                    "--vocab",
+                                    std::to_string(c.vocab),
+                                    "--dim",
+                                    std::to_string(c.width),
+                                    "--heads",
+                                    std::to_string(c.heads),
+                                    "--blocks",
+                                    std::to_string(c.blocks),
+                                    "--devices",
+                                    std::to_string(devices),
+                                    "--init",
+                                    init};
+  if (!data.empty()) {
+    words.push_back("--data");
+    words.push_back(data.string());
+  }
+  CommandOutput run = run_command(words, {}, /*with_errors=*/true);
   if (run.status != 0) {  // the folder goes with the half-made object
     std::string& out = run.out;
     while (!out.empty() && out.back() == '\n') out.pop_back();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <string_view>
 
 #include "bench/report.h"
@@ -25,8 +26,11 @@ void check_gpt_config(const GptConfig& config);
 // removed with this object.
 class GptFiles {
  public:
-  // Writes the files; throws Error with the script's message when it fails.
-  GptFiles(const GptConfig& config, int devices);
+  // Writes the files; throws Error with the script's message when it fails. With `data` (a
+  // folder of train.npy and val.npy), the models read it (make_gpt.py's --data); `init` is its
+  // --init ("default" or "gpt2").
+  GptFiles(const GptConfig& config, int devices, const std::filesystem::path& data = {},
+           const std::string& init = "default");
 
   // Returns layout `layout`'s model ("one", "dp", "tp", "tp_vocab", "sp", "dp_tp"); its token
   // inputs are read from this folder when it runs.

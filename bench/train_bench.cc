@@ -16,14 +16,17 @@
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/core/random.h"
+#include "meshflow/data/prepare.h"
 #include "meshflow/graph/compile.h"
 #include "meshflow/graph/explain.h"
 #include "meshflow/graph/passes.h"
+#include "meshflow/graph/source.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/kernels/optimizer.h"
 #include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/attention.h"
 #include "meshflow/ops/matmul.h"
+#include "meshflow/train/data_feed.h"
 #include "meshflow/train/trainer.h"
 
 namespace meshflow::bench {
@@ -477,6 +480,149 @@ Pcg deep_mlp(int layers) {
   return g;
 }
 
+// PyTorch's GPT in nanoGPT's form (model.py's Block, CausalSelfAttention and MLP without biases
+// in the products), its weights loaded from make_gpt.py's initial values in `dir`, trained with
+// AdamW at `lr` (torch's other defaults) and clipping at 1 on the batches `dir`/batches.npy holds
+// (step t's tokens and next tokens at [t, 0] and [t, 1]); prints each step's seconds and loss.
+std::string nanogpt_loop(const GptConfig& c, const fs::path& dir, int steps, double lr) {
+  return fmt::format(
+      "import json, math, time, numpy as np, torch\n"
+      "import torch.nn as nn\n"
+      "F = nn.functional\n"
+      "B, T, D, H, V, L = {b}, {s}, {d}, {h}, {v}, {l}\n"
+      "W = lambda n: torch.from_numpy(np.load('{dir}/' + n + '.npy'))\n"
+      "def linear(name):\n"
+      "    m = nn.Linear(*W(name).shape, bias=False); m.weight.data = W(name).t().contiguous(); "
+      "return m\n"
+      "def norm(name):\n"
+      "    m = nn.LayerNorm(D); m.weight.data, m.bias.data = W(name + '_w'), W(name + '_b'); "
+      "return m\n"
+      "class CausalSelfAttention(nn.Module):\n"
+      "    def __init__(self, i):\n"
+      "        super().__init__()\n"
+      "        self.q, self.k, self.v, self.c_proj = [linear(f'b{{i}}_w' + x) for x in 'qkvo']\n"
+      "        self.register_buffer('bias', torch.tril(torch.ones(T, T)).view(1, 1, T, T))\n"
+      "    def forward(self, x):\n"
+      "        b, t, d = x.size()\n"
+      "        q, k, v = [f(x).view(b, t, H, d // H).transpose(1, 2) for f in (self.q, self.k, "
+      "self.v)]\n"
+      "        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))\n"
+      "        att = F.softmax(att.masked_fill(self.bias[:, :, :t, :t] == 0, float('-inf')), "
+      "dim=-1)\n"
+      "        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, d))\n"
+      "class MLP(nn.Module):\n"
+      "    def __init__(self, i):\n"
+      "        super().__init__(); self.c_fc, self.c_proj = linear(f'b{{i}}_w1'), "
+      "linear(f'b{{i}}_w2')\n"
+      "    def forward(self, x): return self.c_proj(F.gelu(self.c_fc(x)))\n"
+      "class Block(nn.Module):\n"
+      "    def __init__(self, i):\n"
+      "        super().__init__()\n"
+      "        self.ln_1, self.attn = norm(f'b{{i}}_ln1'), CausalSelfAttention(i)\n"
+      "        self.ln_2, self.mlp = norm(f'b{{i}}_ln2'), MLP(i)\n"
+      "    def forward(self, x):\n"
+      "        x = x + self.attn(self.ln_1(x))\n"
+      "        return x + self.mlp(self.ln_2(x))\n"
+      "class GPT(nn.Module):\n"
+      "    def __init__(self):\n"
+      "        super().__init__()\n"
+      "        self.wte = nn.Embedding(V, D); self.wte.weight.data = W('tok')\n"
+      "        self.wpe = nn.Parameter(W('pos'))\n"
+      "        self.h = nn.ModuleList([Block(i) for i in range(L)])\n"
+      "        self.ln_f, self.lm_head = norm('lnf'), linear('head')\n"
+      "    def forward(self, idx, targets):\n"
+      "        x = self.wte(idx) + self.wpe\n"
+      "        for block in self.h: x = block(x)\n"
+      "        logits = self.lm_head(self.ln_f(x))\n"
+      "        return F.cross_entropy(logits.view(-1, V), targets.view(-1))\n"
+      "torch.set_num_threads({threads})\n"
+      "model = GPT()\n"
+      "opt = torch.optim.AdamW(model.parameters(), lr={lr})\n"
+      "batches = torch.from_numpy(np.load('{dir}/batches.npy'))\n"
+      "out = []\n"
+      "for t in range({steps}):\n"
+      "    start = time.perf_counter()\n"
+      "    loss = model(batches[t, 0], batches[t, 1])\n"
+      "    opt.zero_grad(set_to_none=True); loss.backward()\n"
+      "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step()\n"
+      "    out.append([time.perf_counter() - start, loss.item()])\n"
+      "print(json.dumps(out))\n",
+      fmt::arg("b", c.batch), fmt::arg("s", c.seq), fmt::arg("d", c.width), fmt::arg("h", c.heads),
+      fmt::arg("v", c.vocab), fmt::arg("l", c.blocks), fmt::arg("dir", dir.string()),
+      fmt::arg("threads", 2), fmt::arg("lr", lr), fmt::arg("steps", steps));
+}
+
+// gpt_text: the demo's model over the demo's text against nanoGPT's loop (train_bench.h); null
+// where the fortunes are not installed.
+std::optional<BenchResult> gpt_text_case(const TrainBenchOptions& o) {
+  const fs::path fortunes = "/usr/share/games/fortunes";
+  if (!fs::is_directory(fortunes)) return std::nullopt;
+  std::vector<fs::path> texts;
+  for (const auto& e : fs::directory_iterator(fortunes))
+    if (e.is_regular_file() && e.path().filename().string().find('.') == std::string::npos)
+      texts.push_back(e.path());
+  std::sort(texts.begin(), texts.end());
+  const TempFolder dir("meshflow_gpt_text");
+  prepare_data({.text = texts, .out = dir.path() / "data", .separator = "%"});
+  const GptConfig c{.batch = 16, .seq = 128, .width = 128, .heads = 4, .vocab = 256, .blocks = 2};
+  const GptFiles files(c, 2, dir.path() / "data", "gpt2");
+  const Model m = files.load("dp");
+  const int steps = std::max(o.text_steps, o.warmup + 1);
+  const double lr = 3e-3;
+  // The initial weights and the batches meshflow feeds, for PyTorch.
+  for (const Node& n : m.pcg.nodes)
+    if (n.kind == NodeKind::kWeight) write_npy(dir.path() / (n.name + ".npy"), load_global(n));
+  {
+    const std::optional<ModelData> data = read_model_data(m);
+    GlobalBatches batches(*data, {});
+    Tensor all(DType::kInt64, {steps, 2, c.batch, c.seq});
+    const std::int64_t each = c.batch * c.seq;
+    for (int t = 1; t <= steps; ++t) {
+      std::map<std::string, Tensor> b = batches.at(t, false);
+      std::copy_n(b.at("tokens").data<std::int64_t>().data(), each,
+                  all.data<std::int64_t>().data() + (t - 1) * 2 * each);
+      std::copy_n(b.at("next").data<std::int64_t>().data(), each,
+                  all.data<std::int64_t>().data() + ((t - 1) * 2 + 1) * each);
+    }
+    write_npy(dir.path() / "batches.npy", all);
+  }
+  BenchResult r{.case_name = "gpt_text",
+                .backend = "threads",
+                .mesh = "2",
+                .devices = 2,
+                .bytes = c.batch * c.seq * c.width * 4};
+  std::vector<double> losses;
+  TrainOptions options{.steps = steps,
+                       .optimizer = resolve_optimizer(
+                           {.kind = OptimizerKind::kAdamW, .lr = lr, .clip_grad_norm = 1.0})};
+  options.run.threads_per_device = 1;
+  options.progress = [&](const StepReport& s) {
+    losses.push_back(s.loss);
+    if (s.step > o.warmup) r.case_s.push_back(s.seconds);
+  };
+  train_model(m, options);
+  r.extra["steps"] = steps;
+  r.extra["loss"] = losses.back();
+  r.extra["model"] =
+      "GPT: 2 blocks, width 128, 4 heads, context 128, batch 16, bytes, --init gpt2, AdamW lr "
+      "3e-3, clip 1, data parallel; Debian's fortunes";
+  if (o.pytorch) {
+    const std::optional<nlohmann::json> j =
+        run_command({"/usr/bin/python3", "-c", nanogpt_loop(c, dir.path(), steps, lr)},
+                    {"OMP_NUM_THREADS=2"})
+            .json();
+    if (j && j->is_array() && static_cast<int>(j->size()) == steps) {
+      r.baseline = "pytorch";
+      for (int t = o.warmup; t < steps; ++t) r.baseline_s.push_back((*j)[t][0].get<double>());
+      const double theirs = (*j)[steps - 1][1].get<double>();
+      r.extra["pytorch_loss"] = theirs;
+      r.extra["loss_diff"] = std::abs(losses.back() - theirs);
+      r.extra["pytorch_threads"] = 2;
+    }
+  }
+  return r;
+}
+
 BenchResult compile_case(const TrainBenchOptions& o) {
   const Pcg g = deep_mlp(o.layers);
   BenchResult r{
@@ -566,6 +712,8 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
                                     o.gpt.batch * o.gpt.seq * o.gpt.width * 4));
     }
     if (wanted("gpt_sp_bytes")) add_result(report, gpt_sp_bytes_case(o));
+    if (wanted("gpt_text"))
+      if (std::optional<BenchResult> text = gpt_text_case(o)) add_result(report, std::move(*text));
   } catch (...) {
     remove();
     throw;

@@ -20,6 +20,12 @@
 //               Megatron TP + SP on 4 devices (recording communicator), against the analytic
 //               count of two all-gathers and two reduce-scatters of its activations per pass
 //               (and, in a step, the all-reduce of its layer norms' parameter gradients)
+//   gpt_text    the demo's GPT (scripts/demo: 2 blocks, width 128, 4 heads, context 128, batch
+//               16, bytes, --init gpt2) trained data parallel on 2 devices with AdamW (lr 3e-3,
+//               clipping at 1) over Debian's fortunes prepared as the demo prepares them, against
+//               a nanoGPT-form PyTorch loop of the same model, initial weights, batches (meshflow's
+//               shuffled order, written out), optimizer and threads; both final losses reported
+//               (skipped where /usr/share/games/fortunes is missing)
 //   compile     the passes and shard expansion of a 1,000-layer MLP (alternating column- and
 //               row-parallel linear layers) mapped on an 8x8 mesh of 64 devices
 #pragma once
@@ -37,6 +43,7 @@ struct TrainBenchOptions {
   bool progress = true;
   int reps = 5;
   int warmup = 1;
+  int text_steps = 200;  // gpt_text: the steps each side trains (every step after warmup timed)
   std::int64_t batch = 512, in = 1024, hidden = 4096;  // the MLP: in -> hidden -> in
   std::vector<std::string> meshes{"1", "2", "4", "2x2"};
   GptConfig gpt;                                  // gpt_step and gpt_sp_bytes
