@@ -30,5 +30,6 @@ void add_autoshard(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_data(CLI::App& app);
 void add_generate(CLI::App& app);
+void add_launch(CLI::App& app);
 
 }  // namespace meshflow::cli

@@ -39,6 +39,7 @@ std::vector<std::int64_t> prompt_ids(const std::string& text) {
 struct GenerateArgs {
   std::string model, weights, prompt, tokenizer, backend;
   int max_new_tokens = 100, num_samples = 1, threads_per_device = 0;
+  double timeout_s = 60;
   double temperature = 1;
   std::optional<int> top_k;
   std::optional<double> top_p;
@@ -52,6 +53,7 @@ void run_generate(const GenerateArgs& args, Backend backend) {
   GenerateOptions o;
   o.run.backend = backend;
   o.run.threads_per_device = a->threads_per_device;
+  o.run.timeout = std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(a->timeout_s));
   o.weights = a->weights;
   o.max_new_tokens = a->max_new_tokens;
   o.num_samples = a->num_samples;
@@ -106,6 +108,7 @@ void add_generate(CLI::App& app) {
   struct Args {
     std::string model, weights, prompt, tokenizer, backend;
     int max_new_tokens = 100, num_samples = 1, threads_per_device = 0;
+    double timeout_s = 60;
     double temperature = 1;
     std::optional<int> top_k;
     std::optional<double> top_p;
@@ -144,6 +147,10 @@ void add_generate(CLI::App& app) {
                   "threads each device computes with, >= 1 (default: this machine's cores divided "
                   "by the devices, at least 1)")
       ->check(CLI::Range(1, kMostThreads));
+  cmd->add_option("--timeout", a->timeout_s,
+                  "seconds a device may keep its peers waiting before generation fails (exit 3)")
+      ->check(CLI::Range(0.001, 1e6))
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "print JSON: the tokens, text and logprobs of every sample");
   cmd->callback([a] {
     const Backend backend = a->backend.empty() ? detect_backend() : parse_backend(a->backend);

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   meshflow::cli::add_autoshard(app);
   meshflow::cli::add_data(app);
   meshflow::cli::add_generate(app);
+  meshflow::cli::add_launch(app);
   meshflow::cli::add_bench(app);
   auto known = [&app](const std::string& name) {
     for (const CLI::App* sub : app.get_subcommands({})) {

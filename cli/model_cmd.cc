@@ -25,6 +25,7 @@ struct CommonArgs {
   std::string model, backend, machine, save, trace, gather_form;
   bool json = false, overlap = false;
   int threads_per_device = 0;  // 0: default_threads_per_device
+  double timeout_s = 60;       // --timeout: how long a device may be silent
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
@@ -36,6 +37,11 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
   if (runs) {
     cmd->add_option("--trace", a.trace,
                     "write a Chrome/Perfetto trace JSON (a process per device: tasks, transfers)");
+    cmd->add_option("--timeout", a.timeout_s,
+                    "seconds a device may keep its peers waiting in a collective before the run "
+                    "fails on every device (exit 3)")
+        ->check(CLI::Range(0.001, 1e6))
+        ->capture_default_str();
   }
   cmd->add_option("--threads-per-device", a.threads_per_device,
                   runs ? "threads each device computes with, >= 1 (default: this machine's cores "
@@ -182,6 +188,7 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   if (!a.save.empty()) o.save = a.save;
   if (!a.trace.empty()) o.trace = a.trace;
   o.threads_per_device = a.threads_per_device;
+  o.timeout = std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(a.timeout_s));
   return o;
 }
 
@@ -340,7 +347,8 @@ void add_train(CLI::App& app) {
   cmd->add_option("--resume", args->resume,
                   "resume from DIR/step-<k>, or the newest complete checkpoint in DIR, onto this "
                   "model's layouts; steps go on from k+1 and the saved optimizer options are the "
-                  "defaults");
+                  "defaults. auto (with --checkpoint DIR): DIR's newest complete checkpoint if "
+                  "there is one, else step 1, with --steps N the last step number");
   cmd->add_option("--eval-every", args->eval_every,
                   "after every step whose number is a multiple of K and after the last, the "
                   "mean loss over --eval-batches batches of the val split (forward only)")
@@ -378,13 +386,31 @@ void add_train(CLI::App& app) {
            args->checkpoint_every > 0 ? "checkpoint-every" : "keep-last");
     }
     std::optional<Checkpoint> resumed;
-    if (!args->resume.empty()) {
+    int steps = args->steps;
+    if (args->resume == "auto") {
+      // The same command line serves the first run and every restart: the newest complete
+      // checkpoint if there is one, and --steps as the last step number.
+      if (args->checkpoint.empty())
+        fail(ErrorKind::kInvalidArgument, "--resume auto needs --checkpoint DIR");
+      resumed = every_device(options.backend, [&]() -> std::optional<Checkpoint> {
+        const auto complete = complete_checkpoints(output_target(args->checkpoint));
+        if (complete.empty()) return std::nullopt;
+        return read_checkpoint(complete.back());
+      });
+      if (resumed) steps = args->steps - resumed->step;
+      if (steps <= 0) {
+        if (reports(options))
+          fmt::print(stderr, "checkpoint step-{} is at or past --steps {}: no step to run\n",
+                     resumed->step, args->steps);
+        return;
+      }
+    } else if (!args->resume.empty()) {
       resumed =
           every_device(options.backend, [&] { return read_checkpoint(resume_path(args->resume)); });
     }
     TrainOptions o{
         .run = options,
-        .steps = args->steps,
+        .steps = steps,
         .optimizer = every_device(
             options.backend,
             [&] { return optimizer_of(args->optimizer, model, resumed ? &*resumed : nullptr); }),
@@ -411,7 +437,7 @@ void add_train(CLI::App& app) {
     double elapsed = 0;
     o.progress = [&, first](const StepReport& r) {
       elapsed += r.seconds;
-      print_progress(r, first, first + args->steps - 1, elapsed);
+      print_progress(r, first, first + steps - 1, elapsed);
     };
     const TrainReport r = train_model(model, o);
     if (!r.reporter) return;

@@ -420,7 +420,18 @@ PYBIND11_MODULE(_meshflow, module) {
         }
         const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
         std::optional<Checkpoint> resumed;
-        if (resume) resumed = read_checkpoint(resume_path(*resume));
+        if (resume == "auto") {
+          // checkpoint's newest complete checkpoint if there is one; steps is the last step.
+          if (!checkpoint) fail(ErrorKind::kInvalidArgument, "resume=\"auto\" needs checkpoint=");
+          const auto complete = complete_checkpoints(output_target(*checkpoint));
+          if (!complete.empty()) {
+            resumed = read_checkpoint(complete.back());
+            steps -= resumed->step;
+          }
+          if (steps <= 0) return py::module_::import("json").attr("loads")("{\"steps\": []}");
+        } else if (resume) {
+          resumed = read_checkpoint(resume_path(*resume));
+        }
         const OptimizerOptions given = optimizer_options(optimizer);
         TrainOptions o{.run = model_options(overlap, threads_per_device),
                        .steps = steps,

@@ -174,8 +174,8 @@ struct Session {
       TaskTimes times;
       const double start = steady_seconds();
       double waited = 0;
-      // Bad input met in a step (a token id outside the embedding's table) names the step and
-      // the device that met it.
+      // An error met in a step (bad input such as a token id outside the embedding's table, or
+      // the device's failure) names the step and the device that met it.
       try {
         if (loop->feed) {
           loop->feed(step, world, values, micro_inputs);
@@ -200,9 +200,9 @@ struct Session {
           }
         }
       } catch (const Error& e) {
-        if (e.scope() != ErrorScope::kThisDevice ||
-            (e.kind() != ErrorKind::kInvalidArgument && e.kind() != ErrorKind::kShapeMismatch))
-          throw;
+        // Bad input (exit 1) and a device's failure (exit 3) alike name the step; a peer's
+        // collective that failed because of another device names that device already.
+        if (e.scope() != ErrorScope::kThisDevice) throw;
         // Under mpi the launch names the device of a failing process itself.
         const std::string device =
             options->backend == Backend::kMpi ? "" : fmt::format("device {}: ", me);
@@ -242,10 +242,11 @@ struct Session {
       if (loop->feed) times.data_wait_s = flag_wait[1];
       if (flag_wait[2] >= 0) times.grad_norm = std::sqrt(flag_wait[2]);
       const double seconds = steady_seconds() - start;
-      if (leader && loop->on_step) loop->on_step(step, seconds, times, values);
       ended = {.step = step, .stop_flag = flag};
+      // A step that ran to its end is followed by after_step (a checkpoint), then reported.
+      if (flag == 0 && loop->after_step) loop->after_step(step, world, values);
+      if (leader && loop->on_step) loop->on_step(step, seconds, times, values);
       if (flag != 0) break;
-      if (loop->after_step) loop->after_step(step, world, values);
       if (loop->eval_at && loop->eval_at(step)) evaluate(step, world, mine, values, micro_inputs);
     }
     ended.measured = highest_peak(world, memory.result());

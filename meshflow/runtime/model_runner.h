@@ -103,8 +103,9 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
 
 // What a launch does per step on every device. Step k runs the task graph with options(k)
 // (the runtime sets trace and times), then every device computes stop_flag on its values, the
-// flags are reduced by max over all devices (the step's end for every device), and the leader
-// calls on_step. A non-zero flag ends the loop after that step.
+// flags are reduced by max over all devices (the step's end for every device), every device
+// calls after_step where the flag is 0, and the leader calls on_step. A non-zero flag ends the
+// loop after that step.
 struct StepLoop {
   int steps = 1;
   int first_step = 1;  // the steps are first_step .. first_step + steps - 1 (a resumed run's)
@@ -113,7 +114,8 @@ struct StepLoop {
   // checkpoint, verified there); may communicate over `world` and throw.
   std::function<void(Communicator& world, std::vector<Tensor>& values)> after_load;
   // Called on every device of the launch after each step that ran to its end (stop flag 0),
-  // with that device's values (a checkpoint's save); may communicate over `world`.
+  // with that device's values (a checkpoint's snapshot), before on_step reports the step; may
+  // communicate over `world`.
   std::function<void(int step, Communicator& world, const std::vector<Tensor>& values)> after_step;
   // Called on every device before each step: puts that step's data inputs in place (in
   // `values`, or per micro-batch in `micro_inputs`). The time it takes is the device's data

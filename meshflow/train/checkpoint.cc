@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 
+#include "meshflow/core/clock.h"
 #include "meshflow/core/copy.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
@@ -100,17 +101,19 @@ std::string shape_text(const TensorSpec& s) {
 
 }  // namespace
 
-void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
-                     int step, const nlohmann::json& optimizer,
-                     const std::vector<SavedTensor>& tensors, const nlohmann::json& data) {
-  const fs::path staged = options.dir / fmt::format(".step-{}.partial", step);
-  const fs::path target = options.dir / fmt::format("step-{}", step);
-  const DeviceId me = world.device();
-  const bool leading = me == leader;
-  // The leader stages the folders (clearing what a killed writer left), then every device
-  // writes its files; a failure on any device reaches every device at the gather below.
+namespace {
+
+fs::path staged_path(const CheckpointOptions& options, int step) {
+  return options.dir / fmt::format(".step-{}.partial", step);
+}
+
+// The leader stages checkpoint `step`'s folders (clearing what a killed writer left); a failure
+// reaches every device.
+void stage_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
+                      int step, const std::vector<SavedTensor>& tensors) {
+  const fs::path staged = staged_path(options, step);
   std::string error;
-  if (leading) {
+  if (world.device() == leader) {
     try {
       fs::create_directories(options.dir);
       // What killed writers left: checkpoints half-written or half-deleted.
@@ -122,12 +125,19 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
         write_durable(staged / t.name / "layout.json", layout_to_json(t.layout).dump(2) + "\n");
       }
     } catch (const std::exception& e) {
-      error = fmt::format("cannot stage checkpoint {}: {}", target.string(), e.what());
+      error = fmt::format("cannot stage checkpoint {}: {}",
+                          (options.dir / fmt::format("step-{}", step)).string(), e.what());
     }
   }
   error = broadcast_string(world, error, rank_of(world, leader));
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
-  std::string records;  // "<tensor>\t<file>\t<sha256>\n" per file this device wrote
+}
+
+// Writes and syncs `me`'s files of `tensors` into the staged folder; returns
+// "<tensor>\t<file>\t<sha256>\n" per file, or "!<error>". No communication.
+std::string write_device_files(const fs::path& staged, DeviceId me,
+                               const std::vector<SavedTensor>& tensors) {
+  std::string records;
   try {
     // Every file written (the disk writing back behind the hashing), then every one synced.
     std::vector<File> written;
@@ -146,16 +156,27 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
   } catch (const std::exception& e) {
     records = fmt::format("!{}", e.what());
   }
-  // Every device's files are durable once it reports them.
+  return records;
+}
+
+// Every device's records gathered (its files are durable once it reports them); the leader
+// writes checkpoint.json and commits by a rename, then drops the oldest beyond keep_last.
+void commit_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
+                       int step, const nlohmann::json& optimizer,
+                       const std::vector<std::pair<std::string, Layout>>& tensors,
+                       const nlohmann::json& data, const std::string& records) {
+  const fs::path staged = staged_path(options, step);
+  const fs::path target = options.dir / fmt::format("step-{}", step);
   const std::vector<std::string> all = all_gather_strings(world, records);
   for (const std::string& r : all)
     if (r.starts_with("!")) fail(ErrorKind::kIo, "checkpoint {}: {}", step, r.substr(1));
-  if (leading) {
+  std::string error;
+  if (world.device() == leader) {
     try {
       nlohmann::json out_tensors = nlohmann::json::object();
-      for (const SavedTensor& t : tensors)
-        out_tensors[t.name] = {{"layout", layout_to_json(t.layout)},
-                               {"files", nlohmann::json::object()}};
+      for (const auto& [name, layout] : tensors)
+        out_tensors[name] = {{"layout", layout_to_json(layout)},
+                             {"files", nlohmann::json::object()}};
       for (const std::string& r : all) {
         std::size_t at = 0;
         while (at < r.size()) {
@@ -167,7 +188,7 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
               line.substr(b + 1);
         }
       }
-      for (const SavedTensor& t : tensors) sync_directory(staged / t.name);
+      for (const auto& [name, layout] : tensors) sync_directory(staged / name);
       nlohmann::json doc = {{"step", step}, {"optimizer", optimizer}, {"tensors", out_tensors}};
       if (!data.is_null()) doc["data"] = data;
       write_durable(staged / "checkpoint.json", doc.dump(2) + "\n");
@@ -195,6 +216,85 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
   error = broadcast_string(world, error, rank_of(world, leader));
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
 }
+
+std::vector<std::pair<std::string, Layout>> layouts_of(const std::vector<SavedTensor>& tensors) {
+  std::vector<std::pair<std::string, Layout>> out;
+  for (const SavedTensor& t : tensors) out.emplace_back(t.name, t.layout);
+  return out;
+}
+
+}  // namespace
+
+void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
+                     int step, const nlohmann::json& optimizer,
+                     const std::vector<SavedTensor>& tensors, const nlohmann::json& data) {
+  stage_checkpoint(world, leader, options, step, tensors);
+  const std::string records =
+      write_device_files(staged_path(options, step), world.device(), tensors);
+  commit_checkpoint(world, leader, options, step, optimizer, layouts_of(tensors), data, records);
+}
+
+CheckpointWriter::CheckpointWriter(DeviceId leader, CheckpointOptions options)
+    : leader_(leader), options_(std::move(options)) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  // A write still in flight is abandoned: its staged folder is never committed (the next save
+  // clears it).
+  if (writer_.joinable()) writer_.join();
+}
+
+double CheckpointWriter::start(Communicator& world, int step, const nlohmann::json& optimizer,
+                               const std::vector<SavedTensor>& tensors,
+                               const nlohmann::json& data) {
+  const double begin = steady_seconds();
+  poll(world, /*wait=*/true);  // at most one write in flight
+  stage_checkpoint(world, leader_, options_, step, tensors);
+  // The snapshot: this device's shards copied to buffers kept from the last checkpoint.
+  const DeviceId me = world.device();
+  snapshot_.resize(tensors.size());
+  pending_ = Pending{.step = step, .optimizer = optimizer, .data = data};
+  std::vector<SavedTensor> copies;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const SavedTensor& t = tensors[i];
+    pending_->tensors.emplace_back(t.name, t.layout);
+    if (!t.shard || !is_representative(t.layout, me)) {
+      copies.push_back({t.name, t.layout, nullptr});
+      continue;
+    }
+    Tensor& copy = snapshot_[i];
+    if (copy.shape() != t.shard->shape() || copy.dtype() != t.shard->dtype())
+      copy = Tensor::uninitialized(t.shard->dtype(), t.shard->shape());
+    if (t.shard->nbytes() > 0) std::memcpy(copy.bytes(), t.shard->bytes(), t.shard->nbytes());
+    copies.push_back({t.name, t.layout, &copy});
+  }
+  done_ = false;
+  writer_ = std::thread([this, staged = staged_path(options_, step), me, copies] {
+    records_ = write_device_files(staged, me, copies);
+    done_ = true;
+  });
+  return steady_seconds() - begin;
+}
+
+double CheckpointWriter::poll(Communicator& world, bool wait) {
+  if (!pending_) return 0;
+  const double begin = steady_seconds();
+  if (wait) writer_.join();
+  // Every device's files durable: the devices agree before the commit's gather.
+  std::int32_t ready = done_ ? 1 : 0;
+  all_reduce(world, {.send = reinterpret_cast<const std::byte*>(&ready),
+                     .recv = reinterpret_cast<std::byte*>(&ready),
+                     .count = 1,
+                     .dtype = DType::kInt32,
+                     .op = ReduceOp::kMin});
+  if (ready == 0) return steady_seconds() - begin;
+  if (writer_.joinable()) writer_.join();
+  const Pending p = std::move(*pending_);
+  pending_.reset();
+  commit_checkpoint(world, leader_, options_, p.step, p.optimizer, p.tensors, p.data, records_);
+  return steady_seconds() - begin;
+}
+
+bool CheckpointWriter::pending() const { return pending_.has_value(); }
 
 std::vector<Tensor> load_checkpoint(Communicator& world, const Checkpoint& c,
                                     const std::vector<LoadTarget>& targets,

@@ -15,6 +15,7 @@
 //                                   next save)
 #pragma once
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
@@ -68,6 +70,46 @@ struct SavedTensor {
 void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                      int step, const nlohmann::json& optimizer,
                      const std::vector<SavedTensor>& tensors, const nlohmann::json& data = nullptr);
+
+// A device's checkpoints written in the background (DESIGN "Checkpoints"): at a checkpoint step
+// the device copies its shards to buffers kept from one checkpoint to the next (the snapshot)
+// and goes on while a thread of its own hashes, writes and syncs them; the commit's handshake
+// (every device's files durable, then the leader's rename) runs on the device's own thread at a
+// later step boundary. At most one write is in flight: the next checkpoint waits for it first.
+// Every device of the launch calls start and poll at the same steps. A write not committed when
+// the writer is destroyed (a failed run) is never committed; the next save clears its folder.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(DeviceId leader, CheckpointOptions options);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // At checkpoint step `step`: commits the write in flight (waiting for it), stages the
+  // checkpoint, copies this device's shards of `tensors` and starts writing them (save_checkpoint's
+  // arguments). Returns the seconds the device was held.
+  double start(Communicator& world, int step, const nlohmann::json& optimizer,
+               const std::vector<SavedTensor>& tensors, const nlohmann::json& data = nullptr);
+  // At a step boundary: commits the write in flight once every device's writer is done (with
+  // `wait`, after waiting for this device's, so that it commits now). Returns the seconds held.
+  // Throws Error(kIo) on every device alike when a device could not write.
+  double poll(Communicator& world, bool wait);
+  bool pending() const;
+
+ private:
+  struct Pending {
+    int step = 0;
+    nlohmann::json optimizer, data;
+    std::vector<std::pair<std::string, Layout>> tensors;
+  };
+  DeviceId leader_;
+  CheckpointOptions options_;
+  std::vector<Tensor> snapshot_;
+  std::optional<Pending> pending_;
+  std::thread writer_;
+  std::atomic<bool> done_{false};
+  std::string records_;  // written by the writer thread before done_
+};
 
 // A tensor a resumed run loads: its name in the checkpoint and its layout in the model.
 struct LoadTarget {

@@ -4,6 +4,10 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
 
 #include "meshflow/core/compare.h"
 #include "meshflow/core/error.h"
@@ -191,6 +195,11 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
   std::vector<std::vector<Tensor>> grads, weights;
   StepLoop loop{.steps = options.steps, .first_step = first_step};
   CheckpointLoadArea area;
+  // Each device's background checkpoint writer, and the time the leader's last step was held by
+  // its checkpoint (set and read on the leader's thread).
+  std::mutex writers_mu;
+  std::map<DeviceId, std::unique_ptr<CheckpointWriter>> writers;
+  double leader_pause = 0;
   if (p && resumed) {
     // Every weight and state tensor from the checkpoint, each file verified once (a damaged one
     // stops every device before the first step, naming the checkpoint to resume instead).
@@ -227,17 +236,31 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
     const int last = last_step;
     loop.after_step = [&, saved, last](int step, Communicator& world,
                                        const std::vector<Tensor>& values) {
-      const int every = options.checkpoint->every;
-      if (step != last && (every <= 0 || step % every != 0)) return;
-      std::vector<SavedTensor> tensors;
-      for (ValueId v : saved) {
-        const Node& n = p->pcg.nodes[static_cast<std::size_t>(v)];
-        const bool held = find_device(n.layout->mesh, world.device()).has_value();
-        tensors.push_back(
-            {n.name, *n.layout, held ? &values[static_cast<std::size_t>(v)] : nullptr});
+      CheckpointWriter* writer = nullptr;
+      {
+        std::lock_guard lock(writers_mu);
+        auto& slot = writers[world.device()];
+        if (!slot) slot = std::make_unique<CheckpointWriter>(p->leader, *options.checkpoint);
+        writer = slot.get();
       }
-      save_checkpoint(world, p->leader, *options.checkpoint, step, to_json(options.optimizer),
-                      tensors, data ? data_position_json(*data, position, step) : nlohmann::json());
+      const int every = options.checkpoint->every;
+      double held = 0;
+      if (step == last || (every > 0 && step % every == 0)) {
+        std::vector<SavedTensor> tensors;
+        for (ValueId v : saved) {
+          const Node& n = p->pcg.nodes[static_cast<std::size_t>(v)];
+          const bool on = find_device(n.layout->mesh, world.device()).has_value();
+          tensors.push_back(
+              {n.name, *n.layout, on ? &values[static_cast<std::size_t>(v)] : nullptr});
+        }
+        held += writer->start(world, step, to_json(options.optimizer), tensors,
+                              data ? data_position_json(*data, position, step) : nlohmann::json());
+      } else {
+        held += writer->poll(world, /*wait=*/false);
+      }
+      // train returns once the last checkpoint is committed.
+      if (step == last) held += writer->poll(world, /*wait=*/true);
+      if (world.device() == p->leader) leader_pause = held;
     };
   }
   loop.options = [&](int step) {
@@ -288,6 +311,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
       if (row_tokens > 0 && seconds > 0)
         r.tokens_per_s = static_cast<double>(batch_rows * row_tokens) / seconds;
       if (!report.evals.empty()) r.last_val_loss = report.evals.back().val_loss;
+      if (options.checkpoint) r.checkpoint_pause_s = std::exchange(leader_pause, 0.0);
       if (metrics) metrics->append(to_json(r));
       report.steps.push_back(r);
       if (options.check) {
@@ -343,7 +367,8 @@ nlohmann::json to_json(const StepReport& s) {
           {"grad_norm", number(s.grad_norm)},
           {"data_wait_s", number(s.times.data_wait_s)},
           {"samples_per_s", s.samples_per_s},
-          {"tokens_per_s", number(s.tokens_per_s)}};
+          {"tokens_per_s", number(s.tokens_per_s)},
+          {"checkpoint_pause_s", number(s.checkpoint_pause_s)}};
 }
 
 nlohmann::json to_json(const TrainReport& report) {

@@ -32,6 +32,9 @@ struct StepReport {
   double samples_per_s = 0;             // B over the step's time
   std::optional<double> tokens_per_s;   // B·S over it, for window inputs
   std::optional<double> last_val_loss;  // the newest evaluation's, when one ran
+  // With checkpoints: the time this step's end was held by its checkpoint's snapshot, or by the
+  // wait for an earlier checkpoint's write (the leader's; 0 at most steps).
+  std::optional<double> checkpoint_pause_s;
 };
 
 // One evaluation: the mean loss over the val batches after step `step`.

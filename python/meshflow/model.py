@@ -43,7 +43,10 @@ class Model:
         ``checkpoint`` (a folder) writes ``checkpoint/step-<k>/`` after the last step and after
         every ``checkpoint_every``-th, keeping the newest ``keep_last``; ``resume`` (a folder,
         or one ``step-<k>`` in it) loads the newest complete checkpoint onto this model's
-        layouts, its steps going on from k + 1 (``meshflow.checkpoint.list`` lists them).
+        layouts, its steps going on from k + 1 (``meshflow.checkpoint.list`` lists them);
+        ``resume="auto"`` resumes from ``checkpoint``'s newest complete checkpoint when there is
+        one (else starts at step 1) with ``steps`` the last step number, so one call serves the
+        first run and every restart.
         ``threads_per_device`` is ``run``'s. Where the model's layers lie on different meshes
         (stages), ``schedule`` ("gpipe", "1f1b" or "zb") is the order the stages run their
         micro-batches in, all at once; each step's dict then has its measured "bubble".
