@@ -1,7 +1,9 @@
 """Model.generate (docs/generate.md): text and id prompts, the KV cache against the whole
 context, --stop, and one-line errors."""
 
+import os
 import pathlib
+import tempfile
 
 import pytest
 
@@ -14,6 +16,10 @@ GPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models" / "gpt
 def trained(tmp_path_factory):
     """The example GPT (vocabulary 32, context 8) trained a few steps, checkpointed."""
     ck = tmp_path_factory.mktemp("ck")
+    # Under mpirun every rank must name the same folder: one per job (Open MPI's PMIx namespace).
+    job = os.environ.get("PMIX_NAMESPACE")
+    if job:
+        ck = pathlib.Path(tempfile.gettempdir()) / f"meshflow_generate_test_{job}"
     m = mf.Model.load(GPT / "gpt_tp_data.json")
     m.train(6, optimizer="adamw", lr=0.01, checkpoint=ck)
     return m, ck
