@@ -16,7 +16,8 @@ models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 HELP = [[], ["shard"], ["gather"], ["plan"], ["redistribute"], ["run"], ["train"], ["explain"],
         ["bench"], ["bench", "copy"], ["bench", "collectives"], ["bench", "redistribute"],
-        ["bench", "io"], ["bench", "ops"], ["bench", "train"], ["bench", "overlap"]]
+        ["bench", "io"], ["bench", "ops"], ["bench", "train"], ["bench", "overlap"], ["generate"],
+        ["launch"]]
 
 # (what, args) for each class of bad value; {tmp} is a scratch folder holding x.npy (13x6 float32)
 # and a sharded folder `a` (2x2, S(0),S(1)).

@@ -1,6 +1,8 @@
 #include "meshflow/infer/generate.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -27,7 +29,11 @@ Model gpt(const std::string& layout) {
 
 // A --save folder of `model`'s initial weights, each whole on device 0 (any layout is read).
 fs::path saved_weights(const Model& model) {
-  const fs::path dir = fs::temp_directory_path() / "meshflow_generate_test_weights";
+  // One folder per test and process: ctest runs the tests at once.
+  const fs::path dir =
+      fs::temp_directory_path() /
+      fmt::format("meshflow_generate_test_{}_{}",
+                  ::testing::UnitTest::GetInstance()->current_test_info()->name(), ::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
   for (const Node& n : model.pcg.nodes) {
