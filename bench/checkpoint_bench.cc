@@ -7,24 +7,29 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "bench/collectives_bench.h"
+#include "bench/gpt_model.h"
 #include "meshflow/comm/launch.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/core/random.h"
 #include "meshflow/core/sha256.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/mesh/folder_io.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
 #include "meshflow/train/checkpoint.h"
+#include "meshflow/train/trainer.h"
 
 namespace meshflow::bench {
 
@@ -121,6 +126,85 @@ double timed_launch(const std::function<void(Communicator&)>& fn) {
     slowest = std::max(slowest, s);
   });
   return slowest;
+}
+
+}  // namespace
+
+namespace {
+
+// This process's CPU seconds so far (every thread).
+double process_cpu_s() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// train_ckpt_every_step: the bench GPT on one device with AdamW, a checkpoint after every step,
+// against the same run without checkpoints, run after run in turn (checkpoint_bench.h).
+BenchResult every_step_case(const CheckpointBenchOptions& o, const fs::path& dir) {
+  const GptConfig c;
+  const GptFiles files(c, 1);
+  const Model m = files.load("one");
+  const Optimizer adamw = resolve_optimizer({.kind = OptimizerKind::kAdamW});
+  std::int64_t state_bytes = 0;  // the weights and both AdamW moments: the snapshot's bytes
+  for (const Node& n : m.pcg.nodes)
+    if (n.kind == NodeKind::kWeight)
+      state_bytes += 3 * numel(n.spec.shape) * static_cast<std::int64_t>(size_of(n.spec.dtype));
+  BenchResult r{.case_name = "train_ckpt_every_step",
+                .backend = "threads",
+                .mesh = "1",
+                .devices = 1,
+                .bytes = state_bytes};
+  std::vector<double> pauses, floors, extra_cpu;
+  std::vector<std::byte> from(static_cast<std::size_t>(state_bytes)), to(from.size());
+  const int steps = o.train_steps;
+  for (int round = 0; round < o.reps; ++round) {
+    for (const bool checkpoints : {false, true}) {
+      TrainOptions t{.steps = steps, .optimizer = adamw};
+      const fs::path ck = dir / "every_step";
+      fs::remove_all(ck);
+      if (checkpoints) t.checkpoint = CheckpointOptions{.dir = ck, .every = 1, .keep_last = 1};
+      std::vector<double> times;
+      t.progress = [&](const StepReport& s) {
+        if (s.step == 1) return;  // the first step warms up
+        const double pause = s.checkpoint_pause_s.value_or(0);
+        times.push_back(s.seconds + pause);
+        if (checkpoints && s.step < steps) pauses.push_back(pause);  // the last waits for its write
+      };
+      const double cpu = process_cpu_s();
+      const double wall = time_once([&] { train_model(m, t); });
+      (checkpoints ? r.case_s : r.baseline_s).push_back(median(times));
+      if (checkpoints)
+        extra_cpu.push_back(process_cpu_s() - cpu);
+      else
+        extra_cpu.push_back(-(process_cpu_s() - cpu));
+      (void)wall;
+      floors.push_back(time_once([&] { std::memcpy(to.data(), from.data(), from.size()); }));
+      fs::remove_all(ck);
+    }
+  }
+  // The writer's CPU seconds per checkpoint: the runs' CPU time with checkpoints over that
+  // without, per step.
+  double cpu_diff = 0;
+  for (double x : extra_cpu) cpu_diff += x;
+  const double writer_cpu = std::max(0.0, cpu_diff / o.reps / steps);
+  const double step_s = median(r.baseline_s);
+  const int cores = available_cores();
+  r.baseline = "no_checkpoints";
+  r.extra["steps"] = steps;
+  r.extra["writer_cpu_s_per_checkpoint"] = writer_cpu;
+  r.extra["target_vs_baseline"] = 1.05 + writer_cpu / (cores * step_s);
+  double mean_pause = 0;
+  for (double p : pauses) mean_pause += p;
+  mean_pause /= std::max<std::size_t>(1, pauses.size());
+  r.extra["mean_checkpoint_pause_s"] = mean_pause;
+  r.extra["snapshot_memcpy_s"] = median(floors);
+  r.extra["pause_vs_memcpy"] = mean_pause / median(floors);
+  r.extra["model"] =
+      "GPT: 2 blocks, width 512, 8 heads, sequence 256, batch 8, vocabulary 8192, "
+      "AdamW, one device";
+  return r;
 }
 
 }  // namespace
@@ -255,6 +339,16 @@ BenchReport run_checkpoint_bench(const CheckpointBenchOptions& o) {
                 {"gbps", state.bytes / median(load.case_s) / 1e9}};
   add_result(report, std::move(save));
   add_result(report, std::move(load));
+  if (o.train_steps > 1) {
+    fs::create_directories(dir);
+    try {
+      add_result(report, every_step_case(o, dir));
+    } catch (...) {
+      fs::remove_all(dir);
+      throw;
+    }
+    fs::remove_all(dir);
+  }
   return report;
 }
 

@@ -11,6 +11,12 @@
 // same threads), measured in the same run; baseline `numpy`: np.save of every shard (save),
 // np.load of every file from the disk (load), in one Python process. `peak_extra_bytes`: the
 // process's peak resident memory during the case above what it held before (the state).
+//   train_ckpt_every_step  the bench GPT (bench/gpt_model.h) on one device with AdamW and a
+//         checkpoint after every step (written in the background), against the same run without
+//         checkpoints (baseline no_checkpoints), run after run: the median step (with its
+//         checkpoint_pause_s); the writer's CPU seconds per checkpoint (the runs' CPU time
+//         apart) and the target it sets, 1.05 + that / (cores x the step); the mean pause
+//         against memcpy of the snapshot's bytes
 #pragma once
 
 #include <filesystem>
@@ -25,6 +31,7 @@ struct CheckpointBenchOptions {
   int reps = 3;
   std::filesystem::path dir;  // where the files go (default: the system's temporary folder)
   std::filesystem::path python = "/usr/bin/python3";
+  int train_steps = 8;  // train_ckpt_every_step's steps per run (< 2: not run)
 };
 
 BenchReport run_checkpoint_bench(const CheckpointBenchOptions& options);

@@ -303,6 +303,10 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   k->add_option("--dir", ck->dir, "folder for the files (default: the temporary folder)");
+  k->add_option("--train-steps", ck->train_steps,
+                "train_ckpt_every_step: steps per run (below 2: the case does not run)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   add_output_flags(k, *ck_json, ck->progress);
   k->callback([ck, ck_json, ck_mib] {
     if (!runs_here()) return;

@@ -17,6 +17,7 @@
 #include "meshflow/core/file.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/core/sha256.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/mesh/folder_io.h"
 #include "meshflow/mesh/sharded_folder.h"
 #include "meshflow/mesh/sharding.h"
@@ -108,7 +109,8 @@ fs::path staged_path(const CheckpointOptions& options, int step) {
 }
 
 // The leader stages checkpoint `step`'s folders (clearing what a killed writer left); a failure
-// reaches every device.
+// reaches every device. The folders' layout.json files are the leader's writer's
+// (write_device_files).
 void stage_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                       int step, const std::vector<SavedTensor>& tensors) {
   const fs::path staged = staged_path(options, step);
@@ -120,10 +122,7 @@ void stage_checkpoint(Communicator& world, DeviceId leader, const CheckpointOpti
       for (const auto& entry : fs::directory_iterator(options.dir))
         if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path());
       fs::create_directories(staged);
-      for (const SavedTensor& t : tensors) {
-        fs::create_directory(staged / t.name);
-        write_durable(staged / t.name / "layout.json", layout_to_json(t.layout).dump(2) + "\n");
-      }
+      for (const SavedTensor& t : tensors) fs::create_directory(staged / t.name);
     } catch (const std::exception& e) {
       error = fmt::format("cannot stage checkpoint {}: {}",
                           (options.dir / fmt::format("step-{}", step)).string(), e.what());
@@ -133,12 +132,31 @@ void stage_checkpoint(Communicator& world, DeviceId leader, const CheckpointOpti
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
 }
 
-// Writes and syncs `me`'s files of `tensors` into the staged folder; returns
+// The leader drops the complete checkpoints beyond the newest keep_last. Each leaves the listing
+// by one rename before its files go, so a kill in between leaves no half-deleted step-<k>.
+void drop_old_checkpoints(const CheckpointOptions& options) {
+  if (options.keep_last <= 0) return;
+  std::vector<fs::path> complete = complete_checkpoints(options.dir);
+  for (std::size_t i = 0; i + static_cast<std::size_t>(options.keep_last) < complete.size(); ++i) {
+    const fs::path doomed = options.dir / ("." + complete[i].filename().string() + ".deleting");
+    fs::remove_all(doomed);
+    fs::rename(complete[i], doomed);
+    sync_directory(options.dir);
+    fs::remove_all(doomed);
+  }
+}
+
+// Writes and syncs `me`'s files of `tensors` into the staged folder (the leader: and every
+// tensor's layout.json); returns
 // "<tensor>\t<file>\t<sha256>\n" per file, or "!<error>". No communication.
-std::string write_device_files(const fs::path& staged, DeviceId me,
+std::string write_device_files(const fs::path& staged, DeviceId me, bool leading,
                                const std::vector<SavedTensor>& tensors) {
   std::string records;
   try {
+    if (leading) {
+      for (const SavedTensor& t : tensors)
+        write_durable(staged / t.name / "layout.json", layout_to_json(t.layout).dump(2) + "\n");
+    }
     // Every file written (the disk writing back behind the hashing), then every one synced.
     std::vector<File> written;
     for (const SavedTensor& t : tensors) {
@@ -160,11 +178,12 @@ std::string write_device_files(const fs::path& staged, DeviceId me,
 }
 
 // Every device's records gathered (its files are durable once it reports them); the leader
-// writes checkpoint.json and commits by a rename, then drops the oldest beyond keep_last.
+// writes checkpoint.json and commits by a rename (and with `drop_old` drops the oldest beyond
+// keep_last).
 void commit_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                        int step, const nlohmann::json& optimizer,
                        const std::vector<std::pair<std::string, Layout>>& tensors,
-                       const nlohmann::json& data, const std::string& records) {
+                       const nlohmann::json& data, const std::string& records, bool drop_old) {
   const fs::path staged = staged_path(options, step);
   const fs::path target = options.dir / fmt::format("step-{}", step);
   const std::vector<std::string> all = all_gather_strings(world, records);
@@ -195,20 +214,7 @@ void commit_checkpoint(Communicator& world, DeviceId leader, const CheckpointOpt
       sync_directory(staged);
       publish(staged, target);
       sync_directory(options.dir);
-      if (options.keep_last > 0) {
-        // Each old checkpoint leaves the listing by one rename before its files go, so a kill
-        // in between leaves no half-deleted step-<k>.
-        std::vector<fs::path> complete = complete_checkpoints(options.dir);
-        for (std::size_t i = 0; i + static_cast<std::size_t>(options.keep_last) < complete.size();
-             ++i) {
-          const fs::path doomed =
-              options.dir / ("." + complete[i].filename().string() + ".deleting");
-          fs::remove_all(doomed);
-          fs::rename(complete[i], doomed);
-          sync_directory(options.dir);
-          fs::remove_all(doomed);
-        }
-      }
+      if (drop_old) drop_old_checkpoints(options);
     } catch (const std::exception& e) {
       error = fmt::format("cannot commit checkpoint {}: {}", target.string(), e.what());
     }
@@ -229,9 +235,11 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
                      int step, const nlohmann::json& optimizer,
                      const std::vector<SavedTensor>& tensors, const nlohmann::json& data) {
   stage_checkpoint(world, leader, options, step, tensors);
+  const bool leading = world.device() == leader;
   const std::string records =
-      write_device_files(staged_path(options, step), world.device(), tensors);
-  commit_checkpoint(world, leader, options, step, optimizer, layouts_of(tensors), data, records);
+      write_device_files(staged_path(options, step), world.device(), leading, tensors);
+  commit_checkpoint(world, leader, options, step, optimizer, layouts_of(tensors), data, records,
+                    /*drop_old=*/true);
 }
 
 CheckpointWriter::CheckpointWriter(DeviceId leader, CheckpointOptions options)
@@ -264,18 +272,35 @@ double CheckpointWriter::start(Communicator& world, int step, const nlohmann::js
     Tensor& copy = snapshot_[i];
     if (copy.shape() != t.shard->shape() || copy.dtype() != t.shard->dtype())
       copy = Tensor::uninitialized(t.shard->dtype(), t.shard->shape());
-    if (t.shard->nbytes() > 0) std::memcpy(copy.bytes(), t.shard->bytes(), t.shard->nbytes());
+    // On the device's threads (its team, where the step's kernels run), a MiB at a time.
+    const std::byte* from = t.shard->bytes();
+    std::byte* to = copy.bytes();
+    const auto bytes = static_cast<std::int64_t>(t.shard->nbytes());
+    parallel_for(bytes, std::int64_t{1} << 20, [&](std::int64_t lo, std::int64_t hi) {
+      std::memcpy(to + lo, from + lo, static_cast<std::size_t>(hi - lo));
+    });
     copies.push_back({t.name, t.layout, &copy});
   }
   done_ = false;
-  writer_ = std::thread([this, staged = staged_path(options_, step), me, copies] {
-    records_ = write_device_files(staged, me, copies);
+  const bool leading = me == leader_;
+  writer_ = std::thread([this, staged = staged_path(options_, step), me, leading, copies] {
+    // The leader's writer first drops what the last commit left beyond keep_last.
+    if (leading) {
+      try {
+        drop_old_checkpoints(options_);
+      } catch (const std::exception& e) {
+        records_ = fmt::format("!cannot drop old checkpoints: {}", e.what());
+        done_ = true;
+        return;
+      }
+    }
+    records_ = write_device_files(staged, me, leading, copies);
     done_ = true;
   });
   return steady_seconds() - begin;
 }
 
-double CheckpointWriter::poll(Communicator& world, bool wait) {
+double CheckpointWriter::poll(Communicator& world, bool wait, bool last) {
   if (!pending_) return 0;
   const double begin = steady_seconds();
   if (wait) writer_.join();
@@ -290,7 +315,8 @@ double CheckpointWriter::poll(Communicator& world, bool wait) {
   if (writer_.joinable()) writer_.join();
   const Pending p = std::move(*pending_);
   pending_.reset();
-  commit_checkpoint(world, leader_, options_, p.step, p.optimizer, p.tensors, p.data, records_);
+  commit_checkpoint(world, leader_, options_, p.step, p.optimizer, p.tensors, p.data, records_,
+                    /*drop_old=*/last);
   return steady_seconds() - begin;
 }
 

@@ -91,9 +91,11 @@ class CheckpointWriter {
   double start(Communicator& world, int step, const nlohmann::json& optimizer,
                const std::vector<SavedTensor>& tensors, const nlohmann::json& data = nullptr);
   // At a step boundary: commits the write in flight once every device's writer is done (with
-  // `wait`, after waiting for this device's, so that it commits now). Returns the seconds held.
-  // Throws Error(kIo) on every device alike when a device could not write.
-  double poll(Communicator& world, bool wait);
+  // `wait`, after waiting for this device's, so that it commits now). The leader's next writer
+  // drops the checkpoints beyond keep_last; `last` (the run's last commit) drops them now.
+  // Returns the seconds held. Throws Error(kIo) on every device alike when a device could not
+  // write.
+  double poll(Communicator& world, bool wait, bool last = false);
   bool pending() const;
 
  private:

@@ -259,7 +259,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
         held += writer->poll(world, /*wait=*/false);
       }
       // train returns once the last checkpoint is committed.
-      if (step == last) held += writer->poll(world, /*wait=*/true);
+      if (step == last) held += writer->poll(world, /*wait=*/true, /*last=*/true);
       if (world.device() == p->leader) leader_pause = held;
     };
   }
