@@ -178,6 +178,33 @@ r = subprocess.run([*mpi, *(["-n", "4"] if mpirun else []), meshflow, *args,
                     *(["--backend", "mpi"] if mpirun else [])], capture_output=True, text=True, timeout=120)
 check(r.returncode == 0 and "no step to run" in r.stderr, f"--resume auto at the last step: {r.stderr[-300:]}")
 
+if not mpirun:
+    # Resumed elsewhere: 4 devices to step 4, then autoshard's layout on 3 from the checkpoint,
+    # which reads on from the saved data row: equal to the uninterrupted run and to one device
+    # resumed from the same checkpoint (--check).
+    small = os.path.join(tmp, "small")
+    subprocess.run(["/usr/bin/python3", os.path.join(examples, "gpt", "make_gpt.py"), small,
+                    "--vocab", "64", "--seq", "32", "--dim", "64", "--heads", "4", "--batch", "12",
+                    "--devices", "4"], check=True, capture_output=True)
+    m = os.path.join(small, "gpt_dp_data.json")
+    common = ["--optimizer", "adamw", "--lr", "3e-3", "--resume", "auto", "--json"]
+    whole = subprocess.run([meshflow, "train", m, "--steps", "6", "--checkpoint",
+                            os.path.join(tmp, "whole_ck"), *common], capture_output=True, text=True)
+    first = subprocess.run([meshflow, "train", m, "--steps", "4", "--checkpoint",
+                            os.path.join(tmp, "moved_ck"), *common], capture_output=True, text=True)
+    moved = subprocess.run([meshflow, "train", m, "--auto", "--mesh", "3", "--steps", "6",
+                            "--checkpoint", os.path.join(tmp, "moved_ck"), "--check", *common],
+                           capture_output=True, text=True)
+    ok = whole.returncode == 0 and first.returncode == 0 and moved.returncode == 0
+    check(ok, f"resumed on 3 devices: {moved.stderr[-400:]}")
+    if ok:
+        w = {s["step"]: s["loss"] for s in json.loads(whole.stdout)["steps"]}
+        r = json.loads(moved.stdout)
+        check([s["step"] for s in r["steps"]] == [5, 6], f"resumed on 3: steps {r['steps']}")
+        check(all(abs(s["loss"] - w[s["step"]]) < 1e-4 for s in r["steps"]),
+              f"resumed on 3: the same rows as the uninterrupted run: {r['steps']} vs {w}")
+        check(r["check"]["max_loss_diff"] < 1e-4, f"resumed on 3 against one device: {r['check']}")
+
 if mpirun:
     # One rank killed, one stopped: every process gone within the bound.
     for sig, bound in ((signal.SIGKILL, 30), (signal.SIGSTOP, 5 + 30)):
