@@ -11,11 +11,8 @@ std::int64_t MemoryBreakdown::total() const {
 }
 
 nlohmann::json to_json(const MemoryBreakdown& m) {
-  return {{"weights", m.bytes[0]},
-          {"gradients", m.bytes[1]},
-          {"optimizer_state", m.bytes[2]},
-          {"activations", m.bytes[3]},
-          {"gathered", m.bytes[4]}};
+  return {{"weights", m.bytes[0]},     {"gradients", m.bytes[1]}, {"optimizer_state", m.bytes[2]},
+          {"activations", m.bytes[3]}, {"gathered", m.bytes[4]},  {"snapshot", m.bytes[5]}};
 }
 
 std::vector<MemoryKind> memory_kinds(const Pcg& pcg) {

@@ -13,18 +13,20 @@
 
 namespace meshflow {
 
-enum class MemoryKind { kWeights, kGradients, kOptimizerState, kActivations, kGathered };
+// kSnapshot: a checkpoint's copy of a device's shards, held while it is written in the
+// background (train/checkpoint.h's CheckpointWriter), beside the step's values.
+enum class MemoryKind { kWeights, kGradients, kOptimizerState, kActivations, kGathered, kSnapshot };
 
 // Bytes per kind; the kinds sum to the total.
 struct MemoryBreakdown {
-  std::array<std::int64_t, 5> bytes{};
+  std::array<std::int64_t, 6> bytes{};
   std::int64_t total() const;
   std::int64_t& operator[](MemoryKind k) { return bytes[static_cast<std::size_t>(k)]; }
   std::int64_t operator[](MemoryKind k) const { return bytes[static_cast<std::size_t>(k)]; }
   bool operator==(const MemoryBreakdown&) const = default;
 };
 
-// Returns {"weights", "gradients", "optimizer_state", "activations", "gathered"}.
+// Returns {"weights", "gradients", "optimizer_state", "activations", "gathered", "snapshot"}.
 nlohmann::json to_json(const MemoryBreakdown& m);
 
 // Returns what each value of `pcg` is: kWeight sources, ZeRO-1's chunks of them and their

@@ -89,7 +89,7 @@ std::vector<std::int64_t> gather_records(Communicator& world,
 // Returns the device whose peak is the highest of every device's `mine` (one all-gather).
 DeviceMemory highest_peak(Communicator& world, DeviceMemory mine) {
   mine.device = world.device();
-  constexpr std::size_t kFields = 7;
+  constexpr std::size_t kFields = 2 + std::tuple_size_v<decltype(MemoryBreakdown::bytes)>;
   std::vector<std::int64_t> packed = {mine.device, mine.peak};
   packed.insert(packed.end(), mine.at_peak.bytes.begin(), mine.at_peak.bytes.end());
   const std::vector<std::int64_t> all = gather_records(world, packed);
@@ -184,6 +184,7 @@ struct Session {
         if (mine) {
           TaskRunOptions o = loop->options ? loop->options(step) : TaskRunOptions{};
           o.step = step;
+          if (loop->held_beside) o.beside[MemoryKind::kSnapshot] = loop->held_beside(me);
           o.trace = options->trace ? &events : nullptr;
           o.times = &times;
           o.memory = &memory;

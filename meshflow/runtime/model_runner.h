@@ -132,6 +132,9 @@ struct StepLoop {
   Feed eval_feed;
   std::function<void(int step, double loss)> on_eval;
   std::function<TaskRunOptions(int step)> options;
+  // The bytes device `device` holds beside its values through a step (a checkpoint's snapshot),
+  // counted in its measured memory as MemoryKind::kSnapshot.
+  std::function<std::int64_t(DeviceId device)> held_beside;
   std::function<int(const std::vector<Tensor>& values, bool leader)> stop_flag;
   std::function<void(int step, double seconds, const TaskTimes& times,
                      const std::vector<Tensor>& values)>

@@ -338,6 +338,7 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   const FlushDenormals flush;
   const DeviceTasks& dt = pipeline.tasks;
   const auto M = static_cast<std::size_t>(micro_batches);
+  const MemoryBreakdown base = options.beside;  // the caller's (a checkpoint's snapshot)
   // The values a micro-batch keeps apart from the others: its inputs and what its tasks make.
   std::vector<bool> accumulated(values.size(), false);
   for (ValueId v : dt.accumulated) accumulated[static_cast<std::size_t>(v)] = true;
@@ -400,7 +401,7 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
       if (in_place[i] && summed[i])
         values[static_cast<std::size_t>(dt.accumulated[i])] = std::exchange(sums[i], Tensor());
     if (kinds) {
-      MemoryBreakdown beside;
+      MemoryBreakdown beside = base;
       for (std::size_t o = 0; o < M; ++o)
         for (std::size_t i = 0; i < own.size(); ++i)
           beside[(*kinds)[static_cast<std::size_t>(own[i])]] +=
@@ -518,7 +519,7 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
     values[static_cast<std::size_t>(dt.accumulated[i])] = std::exchange(sums[i], Tensor());
   }
   options.part = TaskPart::kOncePerStep;
-  options.beside = MemoryBreakdown{};
+  options.beside = base;
   run_tasks(graph, dt, world, values, options);
 }
 

@@ -275,9 +275,11 @@ void run_step(const TaskGraph& graph, const DeviceTasks& tasks, Communicator& wo
     if (!micro_inputs[v].empty()) values[v] = Tensor();
   const std::vector<MemoryKind>* kinds = options.memory ? &options.memory->kinds() : nullptr;
   std::vector<Tensor> sums(tasks.accumulated.size());
-  // Returns the bytes held beside the values: the waiting micro-batches and the sums.
+  // Returns the bytes held beside the values: the caller's (a checkpoint's snapshot), the
+  // waiting micro-batches and the sums.
+  const MemoryBreakdown base = options.beside;
   auto beside = [&] {
-    MemoryBreakdown b;
+    MemoryBreakdown b = base;
     if (!kinds) return b;
     for (std::size_t v = 0; v < micro_inputs.size(); ++v)
       for (const Tensor& t : micro_inputs[v])

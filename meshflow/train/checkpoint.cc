@@ -322,6 +322,12 @@ double CheckpointWriter::poll(Communicator& world, bool wait, bool last) {
 
 bool CheckpointWriter::pending() const { return pending_.has_value(); }
 
+std::int64_t CheckpointWriter::snapshot_bytes() const {
+  std::int64_t bytes = 0;
+  for (const Tensor& t : snapshot_) bytes += static_cast<std::int64_t>(t.nbytes());
+  return bytes;
+}
+
 std::vector<Tensor> load_checkpoint(Communicator& world, const Checkpoint& c,
                                     const std::vector<LoadTarget>& targets,
                                     CheckpointLoadArea* area) {

@@ -97,6 +97,8 @@ class CheckpointWriter {
   // write.
   double poll(Communicator& world, bool wait, bool last = false);
   bool pending() const;
+  // The bytes of the snapshot's buffers (kept from one checkpoint to the next).
+  std::int64_t snapshot_bytes() const;
 
  private:
   struct Pending {

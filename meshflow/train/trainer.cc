@@ -262,6 +262,12 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
       if (step == last) held += writer->poll(world, /*wait=*/true, /*last=*/true);
       if (world.device() == p->leader) leader_pause = held;
     };
+    // The snapshot's buffers, held from the first checkpoint on, count in measured_memory.
+    loop.held_beside = [&](DeviceId device) -> std::int64_t {
+      std::lock_guard lock(writers_mu);
+      auto it = writers.find(device);
+      return it == writers.end() ? 0 : it->second->snapshot_bytes();
+    };
   }
   loop.options = [&](int step) {
     return TaskRunOptions{.lr = learning_rate(options.optimizer, step),

@@ -110,7 +110,8 @@ TrainReport train_model(const Model& model, const TrainOptions& options);
 // Returns {"steps": [{"step", "loss" (null when not finite), "seconds", "bubble", "lr",
 // "grad_norm", "data_wait_s", "samples_per_s", "tokens_per_s"}...], "evals": [{"step",
 // "val_loss"}], "check": {max_*_diff} or null, "measured_peak_bytes", "measured_memory":
-// {"weights", "gradients", "optimizer_state", "activations", "gathered"}}: what `meshflow train
+// {"weights", "gradients", "optimizer_state", "activations", "gathered", "snapshot"}}: what
+// `meshflow train
 // --json` prints and the Python module's Model.train returns.
 nlohmann::json to_json(const TrainReport& report);
 
