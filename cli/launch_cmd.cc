@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <regex>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -40,6 +39,15 @@ bool has_option(const std::vector<std::string>& args, const std::string& flag,
       return true;
   }
   return false;
+}
+
+// The digits right after the first `marker` in `line` (empty when none).
+std::string number_after(const std::string& line, const std::string& marker) {
+  const std::size_t at = line.find(marker);
+  if (at == std::string::npos) return "";
+  std::size_t end = at + marker.size();
+  while (end < line.size() && line[end] >= '0' && line[end] <= '9') ++end;
+  return line.substr(at + marker.size(), end - at - marker.size());
 }
 
 struct Ended {
@@ -100,12 +108,18 @@ Ended run_once(const std::vector<std::string>& argv) {
     e.why = error_line;
   } else if (!mpi_line.empty()) {
     // Open MPI: "... process rank 1 with PID 123 on node x exited on signal 9 (Killed)."
-    std::smatch m;
-    static const std::regex rank_signal(R"(rank (\d+) .*exited on signal (\d+)(?: \(([^)]*)\))?)");
-    e.why = std::regex_search(mpi_line, m, rank_signal)
-                ? fmt::format("rank {} ended by signal {}{}", m[1].str(), m[2].str(),
-                              m[3].matched ? " (" + m[3].str() + ")" : "")
-                : mpi_line;
+    const std::string rank = number_after(mpi_line, "rank ");
+    const std::string sig = number_after(mpi_line, "exited on signal ");
+    if (!rank.empty() && !sig.empty()) {
+      const std::size_t open = mpi_line.find('(', mpi_line.find("exited on signal "));
+      const std::size_t close = open == std::string::npos ? open : mpi_line.find(')', open);
+      e.why =
+          fmt::format("rank {} ended by signal {}{}", rank, sig,
+                      close == std::string::npos ? std::string()
+                                                 : " " + mpi_line.substr(open, close - open + 1));
+    } else {
+      e.why = mpi_line;
+    }
   } else if (e.status > 128) {
     const int sig = e.status - 128;
     e.why = fmt::format("signal {} ({})", sig, ::strsignal(sig));
