@@ -105,17 +105,6 @@ void run_generate(const GenerateArgs& args, Backend backend) {
 }  // namespace
 
 void add_generate(CLI::App& app) {
-  struct Args {
-    std::string model, weights, prompt, tokenizer, backend;
-    int max_new_tokens = 100, num_samples = 1, threads_per_device = 0;
-    double timeout_s = 60;
-    double temperature = 1;
-    std::optional<int> top_k;
-    std::optional<double> top_p;
-    std::uint64_t seed = 0;
-    std::vector<std::string> stop;
-    bool no_cache = false, json = false;
-  };
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand(
       "generate",

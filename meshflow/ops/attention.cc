@@ -225,16 +225,22 @@ std::vector<Tensor> attention_kernels(std::span<const Op> ops, const std::vector
                                            : run<float>(ops, in, q_off, k_off);
 }
 
+namespace {
+
+// Returns `lead` followed by labels a and b: an attention operand's dims.
+std::vector<int> lead_then(std::vector<int> lead, int a, int b) {
+  lead.push_back(a);
+  lead.push_back(b);
+  return lead;
+}
+
+}  // namespace
+
 DimLabels attention_labels(const Op& op, const std::vector<TensorSpec>& in) {
   const int nb = static_cast<int>(in[0].shape.size()) - 2;
   std::vector<int> lead = label_range(0, nb);
   const int sq = nb, dk = nb + 1, sk = nb + 2, dv = nb + 3;
-  auto with = [&](int a, int b) {
-    std::vector<int> l = lead;
-    l.push_back(a);
-    l.push_back(b);
-    return l;
-  };
+  auto with = [&](int a, int b) { return lead_then(lead, a, b); };
   DimLabels l;
   l.inputs = {with(sq, dk), with(sk, dk), with(sk, dv)};
   l.unshardable = {dk, sk};
@@ -349,12 +355,7 @@ DimLabels cached_attention_labels(const std::vector<TensorSpec>& in) {
   const int nb = static_cast<int>(in[0].shape.size()) - 2;
   const std::vector<int> lead = label_range(0, nb);
   const int rows = nb, dk = nb + 1, dv = nb + 2, cap = nb + 3;
-  auto with = [&](int a, int b) {
-    std::vector<int> l = lead;
-    l.push_back(a);
-    l.push_back(b);
-    return l;
-  };
+  auto with = [&](int a, int b) { return lead_then(lead, a, b); };
   DimLabels l;
   l.inputs = {with(rows, dk), with(rows, dk), with(rows, dv), with(cap, dk), with(cap, dv), {rows}};
   l.output = with(rows, dv);
