@@ -397,13 +397,15 @@ PYBIND11_MODULE(_meshflow, module) {
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
   module.def(
-      "train_model",
-      [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check, bool overlap,
-         bool allow_nonfinite, std::optional<int> micro_batches, std::optional<int> zero,
-         std::optional<std::string> checkpoint, std::optional<int> checkpoint_every,
-         std::optional<int> keep_last, std::optional<std::string> resume,
-         std::optional<int> threads_per_device, const std::string& schedule,
-         std::optional<int> eval_every, int eval_batches, std::optional<std::string> log_dir) {
+      "train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check,
+                        bool overlap, bool allow_nonfinite, std::optional<int> micro_batches,
+                        std::optional<int> zero, std::optional<std::string> checkpoint,
+                        std::optional<int> checkpoint_every, std::optional<int> keep_last,
+                        std::optional<std::string> resume, std::optional<int> threads_per_device,
+                        const std::string& schedule, std::optional<int> eval_every,
+                        int eval_batches, std::optional<std::string> log_dir, double timeout) {
+        if (!(timeout > 0))
+          fail(ErrorKind::kInvalidArgument, "timeout= {}: must be > 0 seconds", timeout);
         if (micro_batches && *micro_batches < 1)
           fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
         if (eval_batches < 1)
@@ -433,7 +435,9 @@ PYBIND11_MODULE(_meshflow, module) {
           resumed = read_checkpoint(resume_path(*resume));
         }
         const OptimizerOptions given = optimizer_options(optimizer);
-        TrainOptions o{.run = model_options(overlap, threads_per_device),
+        ModelRunOptions run = model_options(overlap, threads_per_device);
+        run.timeout = std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(timeout));
+        TrainOptions o{.run = run,
                        .steps = steps,
                        .optimizer = resolve_optimizer(
                            given,
@@ -463,48 +467,46 @@ PYBIND11_MODULE(_meshflow, module) {
         }
         return py::module_::import("json").attr("loads")(report);
       });
-  module.def("generate_model",
-             [](const LoadedModel& m, const std::string& weights, const py::object& prompt,
-                int max_new_tokens, int num_samples, double temperature, std::optional<int> top_k,
-                std::optional<double> top_p, std::uint64_t seed,
-                const std::vector<std::string>& stop, std::optional<std::string> tokenizer_dir,
-                bool cache) {
-               GenerateOptions o{.weights = weights,
-                                 .max_new_tokens = max_new_tokens,
-                                 .num_samples = num_samples,
-                                 .sampling = {.temperature = temperature,
-                                              .top_k = top_k,
-                                              .top_p = top_p,
-                                              .seed = seed},
-                                 .cache = cache};
-               o.run.backend = detect_backend();
-               for (const std::string& s : stop)
-                 if (s.empty()) fail(ErrorKind::kInvalidArgument, "stop= holds an empty string");
-               std::optional<Tokenizer> tok;
-               if (tokenizer_dir) tok = Tokenizer::load(*tokenizer_dir);
-               if (py::isinstance<py::str>(prompt)) {
-                 if (!tok)
-                   fail(ErrorKind::kInvalidArgument,
-                        "prompt= is text but no tokenizer= is given (or give a list of ids)");
-                 o.prompt = tok->encode(prompt.cast<std::string>());
-               } else {
-                 o.prompt = prompt.cast<std::vector<std::int64_t>>();
-               }
-               if (tok) o.tokenizer_vocabulary = tok->vocab_size();
-               std::vector<TextStream> texts(static_cast<std::size_t>(std::max(1, num_samples)),
-                                             TextStream{.tokenizer = tok ? &*tok : nullptr});
-               std::string report;
-               {
-                 py::gil_scoped_release release;
-                 const GenerateReport r = generate(m.model, o, [&](int sample, std::int64_t id) {
-                   TextStream& t = texts[static_cast<std::size_t>(sample)];
-                   push_token(t, id);
-                   return ends_with_any(t, stop);
-                 });
-                 report = shared_report(generation_json(r, o.prompt, texts).dump(), r.reporter);
-               }
-               return py::module_::import("json").attr("loads")(report);
-             });
+  module.def(
+      "generate_model",
+      [](const LoadedModel& m, const std::string& weights, const py::object& prompt,
+         int max_new_tokens, int num_samples, double temperature, std::optional<int> top_k,
+         std::optional<double> top_p, std::uint64_t seed, const std::vector<std::string>& stop,
+         std::optional<std::string> tokenizer_dir, bool cache) {
+        GenerateOptions o{
+            .weights = weights,
+            .max_new_tokens = max_new_tokens,
+            .num_samples = num_samples,
+            .sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed},
+            .cache = cache};
+        o.run.backend = detect_backend();
+        for (const std::string& s : stop)
+          if (s.empty()) fail(ErrorKind::kInvalidArgument, "stop= holds an empty string");
+        std::optional<Tokenizer> tok;
+        if (tokenizer_dir) tok = Tokenizer::load(*tokenizer_dir);
+        if (py::isinstance<py::str>(prompt)) {
+          if (!tok)
+            fail(ErrorKind::kInvalidArgument,
+                 "prompt= is text but no tokenizer= is given (or give a list of ids)");
+          o.prompt = tok->encode(prompt.cast<std::string>());
+        } else {
+          o.prompt = prompt.cast<std::vector<std::int64_t>>();
+        }
+        if (tok) o.tokenizer_vocabulary = tok->vocab_size();
+        std::vector<TextStream> texts(static_cast<std::size_t>(std::max(1, num_samples)),
+                                      TextStream{.tokenizer = tok ? &*tok : nullptr});
+        std::string report;
+        {
+          py::gil_scoped_release release;
+          const GenerateReport r = generate(m.model, o, [&](int sample, std::int64_t id) {
+            TextStream& t = texts[static_cast<std::size_t>(sample)];
+            push_token(t, id);
+            return ends_with_any(t, stop);
+          });
+          report = shared_report(generation_json(r, o.prompt, texts).dump(), r.reporter);
+        }
+        return py::module_::import("json").attr("loads")(report);
+      });
   module.def("data_prepare", [](const std::vector<std::string>& text, const std::string& out,
                                 const std::string& tokenizer, std::int64_t vocab_size,
                                 double val_fraction, std::optional<std::string> separator) {

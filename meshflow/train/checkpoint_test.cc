@@ -16,6 +16,7 @@
 #include "meshflow/core/random.h"
 #include "meshflow/graph/testing.h"
 #include "meshflow/mesh/sharded_folder.h"
+#include "meshflow/mesh/sharding.h"
 #include "meshflow/train/trainer.h"
 
 namespace meshflow {
@@ -225,6 +226,63 @@ TEST(Checkpoint, EveryDamageOrMismatchIsOneLineAndLoadsNothing) {
       resume_error(model, dir.path / "empty", kAdamW),
       fmt::format("--resume \"{}\": no complete checkpoint in it", (dir.path / "empty").string()))
       << "a half-written checkpoint is none";
+}
+
+TEST(Checkpoint, BackgroundWritesMakeTheFilesAForegroundWriteMakes) {
+  const Dir dir;
+  // Two tensors on a 2x2 mesh, one sharded both ways, one replicated over dim 1 (one copy per
+  // replica group), written by save_checkpoint and by CheckpointWriter.
+  const DeviceMesh mesh = make_mesh({2, 2}, {0, 1, 2, 3});
+  const Layout a = make_layout(mesh, {Placement::shard(0), Placement::shard(1)}, {6, 10});
+  const Layout b = make_layout(mesh, {Placement::shard(1), Placement::replicate()}, {3, 8});
+  const Tensor ga = random_tensor(DType::kFloat32, a.shape, 11);
+  const Tensor gb = random_tensor(DType::kFloat32, b.shape, 12);
+  const std::vector<Tensor> sa = shard_tensor(ga, a), sb = shard_tensor(gb, b);
+  const nlohmann::json optimizer = {{"kind", "adamw"}};
+  const nlohmann::json data = {{"rows", 12}};
+  for (const bool background : {false, true}) {
+    const fs::path ck = dir.path / (background ? "background" : "foreground");
+    launch({.devices = first_devices(4)}, [&](Communicator& world) {
+      const auto d = static_cast<std::size_t>(world.device());
+      const std::vector<SavedTensor> tensors = {{"a", a, &sa[d]}, {"b", b, &sb[d]}};
+      if (!background) {
+        save_checkpoint(world, 0, {.dir = ck}, 5, optimizer, tensors, data);
+        return;
+      }
+      CheckpointWriter writer(0, {.dir = ck});
+      writer.start(world, 5, optimizer, tensors, data);
+      writer.poll(world, /*wait=*/true, /*last=*/true);
+    });
+  }
+  const std::string foreground = read_file(dir.path / "foreground" / "step-5" / "checkpoint.json");
+  const std::string background = read_file(dir.path / "background" / "step-5" / "checkpoint.json");
+  EXPECT_EQ(background, foreground);  // the same files, layouts, hashes, optimizer and data
+  EXPECT_NE(foreground.find("\"rank1.npy\""), std::string::npos);
+  EXPECT_EQ(read_file(dir.path / "background" / "step-5" / "b" / "layout.json"),
+            read_file(dir.path / "foreground" / "step-5" / "b" / "layout.json"));
+  EXPECT_TRUE(damaged_files(read_checkpoint(dir.path / "background" / "step-5")).empty());
+}
+
+TEST(Checkpoint, AWriteNotCommittedIsNeverCommitted) {
+  const Dir dir;
+  const DeviceMesh mesh = make_mesh({2}, {0, 1});
+  const Layout a = make_layout(mesh, {Placement::shard(0)}, {8, 4});
+  const Tensor ga = random_tensor(DType::kFloat32, a.shape, 3);
+  const std::vector<Tensor> sa = shard_tensor(ga, a);
+  const fs::path ck = dir.path / "ck";
+  launch({.devices = first_devices(2)}, [&](Communicator& world) {
+    const std::vector<SavedTensor> tensors = {
+        {"a", a, &sa[static_cast<std::size_t>(world.device())]}};
+    CheckpointWriter writer(0, {.dir = ck});
+    writer.start(world, 2, {}, tensors);
+    writer.poll(world, /*wait=*/true);  // step 2 committed
+    writer.start(world, 4, {}, tensors);
+    // The run fails here: the writer goes with step 4 uncommitted.
+  });
+  const std::vector<fs::path> complete = complete_checkpoints(ck);
+  ASSERT_EQ(complete.size(), 1u);
+  EXPECT_EQ(complete.back().filename(), "step-2");
+  EXPECT_TRUE(damaged_files(read_checkpoint(complete.back())).empty());
 }
 
 }  // namespace

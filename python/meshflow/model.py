@@ -28,7 +28,7 @@ class Model:
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
               micro_batches=None, zero=None, checkpoint=None, checkpoint_every=None,
               keep_last=None, resume=None, threads_per_device=None, schedule="1f1b",
-              eval_every=None, eval_batches=20, log_dir=None):
+              eval_every=None, eval_batches=20, log_dir=None, timeout=60):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -53,7 +53,8 @@ class Model:
         A model with a "data" object reads each step's batch from its dataset (docs/data.md);
         ``eval_every`` evaluates the mean loss over ``eval_batches`` val batches after every
         such step and the last ("evals" in the dict); ``log_dir`` gains metrics.jsonl and
-        loss.svg.
+        loss.svg. ``timeout`` (``--timeout``) is how many seconds a device may keep its peers
+        waiting before the run fails on every device (docs/failures.md).
         """
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
@@ -70,7 +71,7 @@ class Model:
                                      else int(threads_per_device), str(schedule),
                                      None if eval_every is None else int(eval_every),
                                      int(eval_batches),
-                                     None if log_dir is None else str(log_dir))
+                                     None if log_dir is None else str(log_dir), float(timeout))
 
     def generate(self, weights, prompt, max_new_tokens=100, num_samples=1, temperature=1.0,
                  top_k=None, top_p=None, seed=0, stop=None, tokenizer=None, cache=True):

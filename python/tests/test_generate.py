@@ -63,6 +63,8 @@ def test_errors_are_one_line(trained):
         m.generate(ck, [], max_new_tokens=2)
     with pytest.raises(Exception, match="stop= holds an empty string"):
         m.generate(ck, [1], max_new_tokens=2, stop="")
+    with pytest.raises(Exception, match="timeout= 0"):
+        m.train(1, timeout=0)
 
 
 def test_stop_ends_a_sample(trained):
