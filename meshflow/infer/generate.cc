@@ -211,14 +211,17 @@ struct Session {
       if (step_tasks) {
         for (ValueId v : step_tasks->sources) {
           const Node& n = step->pcg.nodes[static_cast<std::size_t>(v)];
+          if (n.source.kind == Source::Kind::kProvided) continue;  // the tokens, the positions
+          Tensor& into = step_values[static_cast<std::size_t>(v)];
           auto it = first->pcg.names.find(n.name);
-          Tensor& held =
-              values[static_cast<std::size_t>(it == first->pcg.names.end() ? 0 : it->second)];
-          if (it != first->pcg.names.end() && n.source.kind != Source::Kind::kProvided &&
-              held.shape() == local_shape(*n.layout, me))
-            step_values[static_cast<std::size_t>(v)] = std::move(held);
-          else if (n.source.kind != Source::Kind::kProvided)
-            step_values[static_cast<std::size_t>(v)] = load_shard(n, *n.layout, me);
+          if (it != first->pcg.names.end()) {
+            Tensor& held = values[static_cast<std::size_t>(it->second)];
+            if (held.shape() == local_shape(*n.layout, me)) {
+              into = std::move(held);
+              continue;
+            }
+          }
+          into = load_shard(n, *n.layout, me);
         }
       }
       values.clear();
