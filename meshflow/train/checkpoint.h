@@ -76,8 +76,11 @@ void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptio
 // and goes on while a thread of its own hashes, writes and syncs them; the commit's handshake
 // (every device's files durable, then the leader's rename) runs on the device's own thread at a
 // later step boundary. At most one write is in flight: the next checkpoint waits for it first.
-// Every device of the launch calls start and poll at the same steps. A write not committed when
-// the writer is destroyed (a failed run) is never committed; the next save clears its folder.
+// Every device of the launch calls start and poll at the same steps. Once every device's files
+// are durable, the leader's commit (checkpoint.json, the rename) runs on a thread of its own,
+// settled (joined, its error reaching every device) at the next handshake or before the last
+// commit. A write not agreed when the writer is destroyed
+// (a failed run) is never committed; the next save clears its folder.
 class CheckpointWriter {
  public:
   CheckpointWriter(DeviceId leader, CheckpointOptions options);
@@ -113,6 +116,13 @@ class CheckpointWriter {
   std::thread writer_;
   std::atomic<bool> done_{false};
   std::string records_;  // written by the writer thread before done_
+  // The leader's commit of an agreed checkpoint (its files, the rename), on a thread of its own;
+  // every device settles it (its error broadcast) before the next stage or the last commit.
+  std::thread committer_;
+  std::string commit_error_;
+  bool committing_ = false;
+  bool staged_before_ = false;
+  void settle(Communicator& world);
 };
 
 // A tensor a resumed run loads: its name in the checkpoint and its layout in the model.

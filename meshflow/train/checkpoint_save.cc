@@ -86,15 +86,18 @@ fs::path staged_path(const CheckpointOptions& options, int step) {
 // reaches every device. The folders' layout.json files are the leader's writer's
 // (write_device_files).
 void stage_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
-                      int step, const std::vector<SavedTensor>& tensors) {
+                      int step, const std::vector<SavedTensor>& tensors, bool clear = true) {
   const fs::path staged = staged_path(options, step);
   std::string error;
   if (world.device() == leader) {
     try {
       fs::create_directories(options.dir);
-      // What killed writers left: checkpoints half-written or half-deleted.
-      for (const auto& entry : fs::directory_iterator(options.dir))
-        if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path());
+      // What killed writers left: checkpoints half-written or half-deleted (`clear`: a
+      // writer's first stage; later ones leave the commit under way alone).
+      if (clear) {
+        for (const auto& entry : fs::directory_iterator(options.dir))
+          if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path());
+      }
       fs::create_directories(staged);
       for (const SavedTensor& t : tensors) fs::create_directory(staged / t.name);
     } catch (const std::exception& e) {
@@ -151,48 +154,62 @@ std::string write_device_files(const fs::path& staged, DeviceId me, bool leading
   return records;
 }
 
-// Every device's records gathered (its files are durable once it reports them); the leader
-// writes checkpoint.json and commits by a rename (and with `drop_old` drops the oldest beyond
-// keep_last).
+// The leader's part of a commit, given every device's records: checkpoint.json written durably,
+// the staged folder renamed to step-<k> (and with `drop_old` the oldest beyond keep_last
+// dropped). Returns an error line, or "" when committed. No communication.
+std::string write_commit(const CheckpointOptions& options, int step,
+                         const nlohmann::json& optimizer,
+                         const std::vector<std::pair<std::string, Layout>>& tensors,
+                         const nlohmann::json& data, const std::vector<std::string>& all,
+                         bool drop_old) {
+  const fs::path staged = staged_path(options, step);
+  const fs::path target = options.dir / fmt::format("step-{}", step);
+  try {
+    nlohmann::json out_tensors = nlohmann::json::object();
+    for (const auto& [name, layout] : tensors)
+      out_tensors[name] = {{"layout", layout_to_json(layout)}, {"files", nlohmann::json::object()}};
+    for (const std::string& r : all) {
+      std::size_t at = 0;
+      while (at < r.size()) {
+        const std::size_t end = r.find('\n', at);
+        const std::string line = r.substr(at, end - at);
+        at = end + 1;
+        const std::size_t a = line.find('\t'), b = line.find('\t', a + 1);
+        out_tensors[line.substr(0, a)]["files"][line.substr(a + 1, b - a - 1)] = line.substr(b + 1);
+      }
+    }
+    for (const auto& [name, layout] : tensors) sync_directory(staged / name);
+    nlohmann::json doc = {{"step", step}, {"optimizer", optimizer}, {"tensors", out_tensors}};
+    if (!data.is_null()) doc["data"] = data;
+    write_durable(staged / "checkpoint.json", doc.dump(2) + "\n");
+    sync_directory(staged);
+    publish(staged, target);
+    sync_directory(options.dir);
+    if (drop_old) drop_old_checkpoints(options);
+  } catch (const std::exception& e) {
+    return fmt::format("cannot commit checkpoint {}: {}", target.string(), e.what());
+  }
+  return "";
+}
+
+// Every device's records gathered (its files are durable once it reports them); throws
+// Error(kIo) on every device alike when one could not write.
+std::vector<std::string> gather_records(Communicator& world, int step, const std::string& records) {
+  std::vector<std::string> all = all_gather_strings(world, records);
+  for (const std::string& r : all)
+    if (r.starts_with("!")) fail(ErrorKind::kIo, "checkpoint {}: {}", step, r.substr(1));
+  return all;
+}
+
+// The records gathered, then the leader's write_commit; its error reaches every device.
 void commit_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                        int step, const nlohmann::json& optimizer,
                        const std::vector<std::pair<std::string, Layout>>& tensors,
                        const nlohmann::json& data, const std::string& records, bool drop_old) {
-  const fs::path staged = staged_path(options, step);
-  const fs::path target = options.dir / fmt::format("step-{}", step);
-  const std::vector<std::string> all = all_gather_strings(world, records);
-  for (const std::string& r : all)
-    if (r.starts_with("!")) fail(ErrorKind::kIo, "checkpoint {}: {}", step, r.substr(1));
+  const std::vector<std::string> all = gather_records(world, step, records);
   std::string error;
-  if (world.device() == leader) {
-    try {
-      nlohmann::json out_tensors = nlohmann::json::object();
-      for (const auto& [name, layout] : tensors)
-        out_tensors[name] = {{"layout", layout_to_json(layout)},
-                             {"files", nlohmann::json::object()}};
-      for (const std::string& r : all) {
-        std::size_t at = 0;
-        while (at < r.size()) {
-          const std::size_t end = r.find('\n', at);
-          const std::string line = r.substr(at, end - at);
-          at = end + 1;
-          const std::size_t a = line.find('\t'), b = line.find('\t', a + 1);
-          out_tensors[line.substr(0, a)]["files"][line.substr(a + 1, b - a - 1)] =
-              line.substr(b + 1);
-        }
-      }
-      for (const auto& [name, layout] : tensors) sync_directory(staged / name);
-      nlohmann::json doc = {{"step", step}, {"optimizer", optimizer}, {"tensors", out_tensors}};
-      if (!data.is_null()) doc["data"] = data;
-      write_durable(staged / "checkpoint.json", doc.dump(2) + "\n");
-      sync_directory(staged);
-      publish(staged, target);
-      sync_directory(options.dir);
-      if (drop_old) drop_old_checkpoints(options);
-    } catch (const std::exception& e) {
-      error = fmt::format("cannot commit checkpoint {}: {}", target.string(), e.what());
-    }
-  }
+  if (world.device() == leader)
+    error = write_commit(options, step, optimizer, tensors, data, all, drop_old);
   error = broadcast_string(world, error, rank_of(world, leader));
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
 }
@@ -221,8 +238,9 @@ CheckpointWriter::CheckpointWriter(DeviceId leader, CheckpointOptions options)
 
 CheckpointWriter::~CheckpointWriter() {
   // A write still in flight is abandoned: its staged folder is never committed (the next save
-  // clears it).
+  // clears it). A commit under way (every device's files were durable) completes.
   if (writer_.joinable()) writer_.join();
+  if (committer_.joinable()) committer_.join();
 }
 
 double CheckpointWriter::start(Communicator& world, int step, const nlohmann::json& optimizer,
@@ -230,7 +248,8 @@ double CheckpointWriter::start(Communicator& world, int step, const nlohmann::js
                                const nlohmann::json& data) {
   const double begin = steady_seconds();
   poll(world, /*wait=*/true);  // at most one write in flight
-  stage_checkpoint(world, leader_, options_, step, tensors);
+  stage_checkpoint(world, leader_, options_, step, tensors, /*clear=*/!staged_before_);
+  staged_before_ = true;
   // The snapshot: this device's shards copied to buffers kept from the last checkpoint.
   const DeviceId me = world.device();
   snapshot_.resize(tensors.size());
@@ -287,11 +306,34 @@ double CheckpointWriter::poll(Communicator& world, bool wait, bool last) {
                      .op = ReduceOp::kMin});
   if (ready == 0) return steady_seconds() - begin;
   if (writer_.joinable()) writer_.join();
-  const Pending p = std::move(*pending_);
+  Pending p = std::move(*pending_);
   pending_.reset();
-  commit_checkpoint(world, leader_, options_, p.step, p.optimizer, p.tensors, p.data, records_,
-                    /*drop_old=*/last);
+  if (last) {
+    settle(world);
+    commit_checkpoint(world, leader_, options_, p.step, p.optimizer, p.tensors, p.data, records_,
+                      /*drop_old=*/true);
+    return steady_seconds() - begin;
+  }
+  // The handshake here; the leader's files and rename on a thread of its own, settled at the
+  // next handshake (or before the last commit).
+  settle(world);
+  std::vector<std::string> all = gather_records(world, p.step, records_);
+  if (world.device() == leader_) {
+    committer_ = std::thread([this, p = std::move(p), all = std::move(all)] {
+      commit_error_ = write_commit(options_, p.step, p.optimizer, p.tensors, p.data, all, false);
+    });
+  }
+  committing_ = true;
   return steady_seconds() - begin;
+}
+
+void CheckpointWriter::settle(Communicator& world) {
+  if (!committing_) return;
+  committing_ = false;
+  if (committer_.joinable()) committer_.join();
+  const std::string error = broadcast_string(world, commit_error_, rank_of(world, leader_));
+  commit_error_.clear();
+  if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
 }
 
 bool CheckpointWriter::pending() const { return pending_.has_value(); }
