@@ -86,18 +86,15 @@ fs::path staged_path(const CheckpointOptions& options, int step) {
 // reaches every device. The folders' layout.json files are the leader's writer's
 // (write_device_files).
 void stage_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
-                      int step, const std::vector<SavedTensor>& tensors, bool clear = true) {
+                      int step, const std::vector<SavedTensor>& tensors) {
   const fs::path staged = staged_path(options, step);
   std::string error;
   if (world.device() == leader) {
     try {
       fs::create_directories(options.dir);
-      // What killed writers left: checkpoints half-written or half-deleted (`clear`: a
-      // writer's first stage; later ones leave the commit under way alone).
-      if (clear) {
-        for (const auto& entry : fs::directory_iterator(options.dir))
-          if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path());
-      }
+      // What killed writers left: checkpoints half-written or half-deleted.
+      for (const auto& entry : fs::directory_iterator(options.dir))
+        if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path());
       fs::create_directories(staged);
       for (const SavedTensor& t : tensors) fs::create_directory(staged / t.name);
     } catch (const std::exception& e) {
@@ -130,9 +127,13 @@ std::string write_device_files(const fs::path& staged, DeviceId me, bool leading
                                const std::vector<SavedTensor>& tensors) {
   std::string records;
   try {
+    // The folders may not be staged yet (a background write makes its own; mkdir of an
+    // existing folder is nothing).
     if (leading) {
-      for (const SavedTensor& t : tensors)
+      for (const SavedTensor& t : tensors) {
+        fs::create_directories(staged / t.name);
         write_durable(staged / t.name / "layout.json", layout_to_json(t.layout).dump(2) + "\n");
+      }
     }
     // Every file written (the disk writing back behind the hashing), then every one synced.
     std::vector<File> written;
@@ -144,6 +145,7 @@ std::string write_device_files(const fs::path& staged, DeviceId me, bool leading
           t.shard->nbytes() >= (std::size_t{1} << 20) &&
           reinterpret_cast<std::uintptr_t>(t.shard->bytes()) % kDirectAlignment == 0;
       const fs::path path = staged / t.name / file;
+      if (!leading) fs::create_directories(path.parent_path());
       written.push_back(unbuffered ? File::create_direct(path) : File::create(path));
       records += fmt::format("{}\t{}\t{}\n", t.name, file, write_hashed(written.back(), *t.shard));
     }
@@ -248,7 +250,9 @@ double CheckpointWriter::start(Communicator& world, int step, const nlohmann::js
                                const nlohmann::json& data) {
   const double begin = steady_seconds();
   poll(world, /*wait=*/true);  // at most one write in flight
-  stage_checkpoint(world, leader_, options_, step, tensors, /*clear=*/!staged_before_);
+  // The first checkpoint clears what killed writers left, with every device waiting; later ones
+  // leave the folders to the writers (the commit under way alone).
+  if (!staged_before_) stage_checkpoint(world, leader_, options_, step, tensors);
   staged_before_ = true;
   // The snapshot: this device's shards copied to buffers kept from the last checkpoint.
   const DeviceId me = world.device();
