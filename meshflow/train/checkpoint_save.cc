@@ -300,7 +300,7 @@ double CheckpointWriter::start(Communicator& world, int step, const nlohmann::js
 double CheckpointWriter::poll(Communicator& world, bool wait, bool last) {
   if (!pending_) return 0;
   const double begin = steady_seconds();
-  if (wait) writer_.join();
+  if (wait && writer_.joinable()) writer_.join();
   // Every device's files durable: the devices agree before the commit's gather.
   std::int32_t ready = done_ ? 1 : 0;
   all_reduce(world, {.send = reinterpret_cast<const std::byte*>(&ready),
