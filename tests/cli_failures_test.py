@@ -177,6 +177,17 @@ check(r.returncode == 0 and [s["step"] for s in json.loads(r.stdout)["steps"]] =
 r = subprocess.run([*mpi, *(["-n", "4"] if mpirun else []), meshflow, *args,
                     *(["--backend", "mpi"] if mpirun else [])], capture_output=True, text=True, timeout=120)
 check(r.returncode == 0 and "no step to run" in r.stderr, f"--resume auto at the last step: {r.stderr[-300:]}")
+# A damaged newest checkpoint is an error naming the file, never a silent fall-back.
+newest = os.path.join(fresh, "step-2")
+victim = next(os.path.join(d, f) for d, _, fs in os.walk(newest) for f in fs if f.endswith(".npy"))
+with open(victim, "r+b") as f:
+    f.seek(-4, os.SEEK_END)
+    f.write(b"\xff\xff\xff\xff")
+args[3] = "3"
+r = subprocess.run([*mpi, *(["-n", "4"] if mpirun else []), meshflow, *args,
+                    *(["--backend", "mpi"] if mpirun else [])], capture_output=True, text=True, timeout=120)
+check(r.returncode == 1 and os.path.basename(victim) in r.stderr and "sha256" in r.stderr,
+      f"--resume auto with a damaged newest checkpoint: {r.returncode} {r.stderr[-300:]}")
 
 if not mpirun:
     # Resumed elsewhere: 4 devices to step 4, then autoshard's layout on 3 from the checkpoint,
