@@ -85,7 +85,7 @@ struct Builder {
   const DecoderShape& shape;
   const std::map<std::string, CacheLayouts>& layouts;
   DecoderGraph out;
-  std::int64_t batch0 = 0, seq0 = 0;         // the model's B and S
+  std::int64_t seq0 = 0;                     // the model's S
   std::vector<ValueId> remap;                // old id -> new id (-1: not built)
   std::vector<Roles> roles;                  // per old id
   std::map<ValueId, ValueId> position_read;  // old weight id -> its embedding at the positions
@@ -317,7 +317,6 @@ DecoderGraph decoder_graph(const Model& model, const GenerateNames& names,
   const ValueId tokens = find_value(g, names.tokens);
   const ValueId logits = find_value(g, names.logits);
   const Node& t = node_of(g, tokens);
-  b.batch0 = t.spec.shape[0];
   b.seq0 = t.spec.shape[1];
   b.out.context = b.seq0;
   b.out.vocabulary = node_of(g, logits).spec.shape.back();

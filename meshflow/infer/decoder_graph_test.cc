@@ -67,8 +67,8 @@ TEST(DecoderGraph, CachedAttentionReadsCachesInTheLayoutsGiven) {
 // A model over tokens [2, 4] of a vocabulary of 8 whose logits come through `nodes` from "h"
 // ([2, 4, 8], the embedding of the tokens).
 Model tiny(const std::string& nodes, const std::string& logits = "logits") {
-  const fs::path dir = fs::temp_directory_path() / ("meshflow_decoder_graph_test_" +
-                                                     std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("meshflow_decoder_graph_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   Tensor t(DType::kInt64, {2, 4});
   for (std::int64_t i = 0; i < 8; ++i) t.data<std::int64_t>()[static_cast<std::size_t>(i)] = i % 8;

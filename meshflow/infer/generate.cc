@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -47,10 +48,13 @@ struct Compiled {
   std::int64_t length = 0;
 };
 
-// Points every weight of `graph` at its folder in `dir`, checking each holds the weight's shape
-// and dtype (in any layout).
-void read_weights_from(Pcg& pcg, const fs::path& dir, const std::string& given) {
-  for (Node& n : pcg.nodes) {
+// Returns each weight of `pcg` by name with its folder in `dir`, checking that the folder holds
+// the weight's shape and dtype (in any layout). Every decoder graph has the same weights: their
+// layouts are read once, here.
+std::map<std::string, fs::path> weight_folders(const Pcg& pcg, const fs::path& dir,
+                                               const std::string& given) {
+  std::map<std::string, fs::path> folders;
+  for (const Node& n : pcg.nodes) {
     if (n.kind != NodeKind::kWeight) continue;
     const fs::path folder = dir / n.name;
     if (!fs::exists(folder / "layout.json"))
@@ -63,8 +67,14 @@ void read_weights_from(Pcg& pcg, const fs::path& dir, const std::string& given) 
            to_string(held.dtype), fmt::join(held.shape, ", "), to_string(n.spec.dtype),
            fmt::join(n.spec.shape, ", "));
     }
-    n.source = Source{.kind = Source::Kind::kFolder, .path = folder};
+    folders[n.name] = folder;
   }
+  return folders;
+}
+
+// The compile options of every decoder graph.
+CompileOptions decoder_compile_options(const ModelRunOptions& run) {
+  return {.plan = run.plan, .decompose = {.shared_memory = run.backend == Backend::kThreads}};
 }
 
 // Returns `graph` compiled; the leader (device 0 under mpi, else the graph's lowest device)
@@ -290,11 +300,13 @@ GenerateReport generate(const Model& model, const GenerateOptions& options,
     DecoderGraph probe = decoder_graph(model, names, {.batch = rows, .length = 1});
     check_options(options, probe);
     vocabulary = probe.vocabulary;
-    const fs::path dir = weights_folder(options.weights);
-    read_weights_from(probe.pcg, dir, options.weights.string());
+    const std::map<std::string, fs::path> folders =
+        weight_folders(probe.pcg, weights_folder(options.weights), options.weights.string());
     auto build = [&](DecoderShape shape, const std::map<std::string, CacheLayouts>& layouts) {
       DecoderGraph g = decoder_graph(model, names, shape, layouts);
-      read_weights_from(g.pcg, dir, options.weights.string());
+      for (Node& n : g.pcg.nodes)
+        if (n.kind == NodeKind::kWeight)
+          n.source = Source{.kind = Source::Kind::kFolder, .path = folders.at(n.name)};
       return g;
     };
     if (options.cache) {
@@ -302,10 +314,7 @@ GenerateReport generate(const Model& model, const GenerateOptions& options,
       const std::int64_t capacity = prompt + options.max_new_tokens - 1;
       // Where the model puts each causal attention's k and v: the caches' layouts.
       DecoderGraph plain = build({.batch = rows, .length = prompt}, {});
-      const Pcg laid_out =
-          compile(plain.pcg, Mode::kRun,
-                  {.plan = options.run.plan,
-                   .decompose = {.shared_memory = options.run.backend == Backend::kThreads}});
+      const Pcg laid_out = compile(plain.pcg, Mode::kRun, decoder_compile_options(options.run));
       const auto layouts = decoder_cache_layouts(laid_out, capacity);
       first =
           compile_decoder(build({.batch = rows, .length = prompt, .capacity = capacity}, layouts),
