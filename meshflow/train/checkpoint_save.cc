@@ -82,21 +82,17 @@ fs::path staged_path(const CheckpointOptions& options, int step) {
   return options.dir / fmt::format(".step-{}.partial", step);
 }
 
-// The leader stages checkpoint `step`'s folders (clearing what a killed writer left); a failure
-// reaches every device. The folders' layout.json files are the leader's writer's
-// (write_device_files).
+// The leader clears what killed writers left in options.dir (checkpoints half-written or
+// half-deleted) before checkpoint `step`'s files are written; a failure reaches every device.
+// Each device's writer makes the folders it writes into (write_device_files).
 void stage_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
-                      int step, const std::vector<SavedTensor>& tensors) {
-  const fs::path staged = staged_path(options, step);
+                      int step) {
   std::string error;
   if (world.device() == leader) {
     try {
       fs::create_directories(options.dir);
-      // What killed writers left: checkpoints half-written or half-deleted.
       for (const auto& entry : fs::directory_iterator(options.dir))
         if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path());
-      fs::create_directories(staged);
-      for (const SavedTensor& t : tensors) fs::create_directory(staged / t.name);
     } catch (const std::exception& e) {
       error = fmt::format("cannot stage checkpoint {}: {}",
                           (options.dir / fmt::format("step-{}", step)).string(), e.what());
@@ -127,8 +123,8 @@ std::string write_device_files(const fs::path& staged, DeviceId me, bool leading
                                const std::vector<SavedTensor>& tensors) {
   std::string records;
   try {
-    // The folders may not be staged yet (a background write makes its own; mkdir of an
-    // existing folder is nothing).
+    // Every writer makes the folders it writes into (another's mkdir of the same folder is
+    // nothing).
     if (leading) {
       for (const SavedTensor& t : tensors) {
         fs::create_directories(staged / t.name);
@@ -227,7 +223,7 @@ std::vector<std::pair<std::string, Layout>> layouts_of(const std::vector<SavedTe
 void save_checkpoint(Communicator& world, DeviceId leader, const CheckpointOptions& options,
                      int step, const nlohmann::json& optimizer,
                      const std::vector<SavedTensor>& tensors, const nlohmann::json& data) {
-  stage_checkpoint(world, leader, options, step, tensors);
+  stage_checkpoint(world, leader, options, step);
   const bool leading = world.device() == leader;
   const std::string records =
       write_device_files(staged_path(options, step), world.device(), leading, tensors);
@@ -252,7 +248,7 @@ double CheckpointWriter::start(Communicator& world, int step, const nlohmann::js
   poll(world, /*wait=*/true);  // at most one write in flight
   // The first checkpoint clears what killed writers left, with every device waiting; later ones
   // leave the folders to the writers (the commit under way alone).
-  if (!staged_before_) stage_checkpoint(world, leader_, options_, step, tensors);
+  if (!staged_before_) stage_checkpoint(world, leader_, options_, step);
   staged_before_ = true;
   // The snapshot: this device's shards copied to buffers kept from the last checkpoint.
   const DeviceId me = world.device();
