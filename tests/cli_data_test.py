@@ -5,9 +5,11 @@ layouts with evaluations; every mesh sees the same batches; a resumed run goes o
 row; a 2 GiB stream trains in bounded memory; metrics.jsonl and loss.svg; every data error is one
 line with exit 1.
 Usage: cli_data_test.py MESHFLOW EXAMPLES_DIR [--mpi MPIRUN]"""
+import atexit
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,7 @@ mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
 TOLERANCE = 1e-5
 make_gpt = os.path.join(examples, "gpt", "make_gpt.py")
 tmp = tempfile.mkdtemp(prefix="meshflow_data_test_")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # however the script ends
 
 
 def run(*args, ranks=None, timeout=300):

@@ -8,6 +8,7 @@ Under --mpi the same under mpirun -n 4, with one rank killed (SIGKILL) and one s
 --timeout 5): every process is gone within the bound, no checkpoint in progress is committed
 and the earlier ones verify.
 Usage: cli_failures_test.py MESHFLOW FAULT_PROGRAM EXAMPLES [--mpi MPIRUN]"""
+import atexit
 import json
 import os
 import random
@@ -24,6 +25,7 @@ meshflow, fault_program, examples = sys.argv[1:4]
 mpirun = sys.argv[5] if len(sys.argv) > 5 and sys.argv[4] == "--mpi" else None
 mpi = [mpirun, "--oversubscribe", "--allow-run-as-root"] if mpirun else []
 tmp = tempfile.mkdtemp(prefix="meshflow_failures_test_")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # however the script ends
 
 
 def our_lines(stderr):

@@ -5,9 +5,11 @@ rules (top-k 1, tiny top-p, seeds, --stop), streamed text that is valid UTF-8 at
 every error of DESIGN's list as one line, exit 1, no token printed. Under --mpi the tp, dp_tp and
 pp layouts run under mpirun -n 4 and must give the threads backend's tokens.
 Usage: cli_generate_test.py MESHFLOW EXAMPLES [--mpi MPIRUN]"""
+import atexit
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +19,7 @@ from checks import check, finish, run_meshflow
 meshflow, examples = sys.argv[1], sys.argv[2]
 mpirun = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--mpi" else None
 tmp = tempfile.mkdtemp(prefix="meshflow_generate_test_")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # however the script ends
 
 
 def run(*args, ranks=None, timeout=300):

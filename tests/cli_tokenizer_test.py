@@ -2,9 +2,11 @@
 documents and tokens DESIGN names, the bpe ids equal Python sentencepiece's for the same model
 file, and text round-trips through encode and decode under both tokenizers.
 Usage: cli_tokenizer_test.py MESHFLOW"""
+import atexit
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,6 +17,7 @@ from checks import check, finish
 
 meshflow = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="meshflow_tokenizer_test_")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # however the script ends
 
 
 def run(*args, stdin=b""):

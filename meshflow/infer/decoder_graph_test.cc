@@ -87,7 +87,9 @@ Model tiny(const std::string& nodes, const std::string& logits = "logits") {
     "generate": {"tokens": "tokens", "logits": ")" +
                            logits + R"("}
   })";
-  return parse_model(text, dir, "tiny.json");
+  Model m = parse_model(text, dir, "tiny.json");
+  fs::remove_all(dir);  // read while parsing; the decoder graph reads no file
+  return m;
 }
 
 std::string refusal(const Model& m) {

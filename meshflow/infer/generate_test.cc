@@ -27,8 +27,14 @@ Model gpt(const std::string& layout) {
   return m;
 }
 
-// A --save folder of `model`'s initial weights, each whole on device 0 (any layout is read).
-fs::path saved_weights(const Model& model) {
+// A --save folder of `model`'s initial weights, each whole on device 0 (any layout is read),
+// removed with this object.
+struct SavedWeights {
+  fs::path dir;
+  ~SavedWeights() { fs::remove_all(dir); }
+};
+
+SavedWeights saved_weights(const Model& model) {
   // One folder per test and process: ctest runs the tests at once.
   const fs::path dir =
       fs::temp_directory_path() /
@@ -44,7 +50,7 @@ fs::path saved_weights(const Model& model) {
     shards.push_back(load_global(n));
     write_sharded(dir / n.name, l, shards);
   }
-  return dir;
+  return {dir};
 }
 
 // The layouts of one model (the first is its one-device layout), and the pipelined models (of
@@ -54,7 +60,8 @@ const std::vector<std::vector<std::string>> kFamilies = {
 
 GenerateReport run(const std::string& layout, GenerateOptions o, const std::string& weights_of) {
   const Model m = gpt(layout);
-  o.weights = saved_weights(gpt(weights_of));
+  const SavedWeights weights = saved_weights(gpt(weights_of));
+  o.weights = weights.dir;
   o.run.threads_per_device = 1;
   return generate(m, o);
 }
@@ -150,7 +157,8 @@ std::string error_of(const GenerateOptions& o, const Model& m) {
 
 TEST(Generate, BadOptionsAreOneLineErrorsNamingThem) {
   const Model m = gpt("tp");
-  const fs::path w = saved_weights(gpt("one"));
+  const SavedWeights weights = saved_weights(gpt("one"));
+  const fs::path& w = weights.dir;
   auto with = [&](auto change) {
     GenerateOptions o{.weights = w, .prompt = {1, 2}, .max_new_tokens = 3};
     change(o);
@@ -178,7 +186,8 @@ TEST(Generate, BadOptionsAreOneLineErrorsNamingThem) {
 
 TEST(Generate, WeightsOfAnotherShapeAreNamed) {
   const Model m = gpt("one");
-  const fs::path w = saved_weights(m);
+  const SavedWeights weights = saved_weights(m);
+  const fs::path& w = weights.dir;
   fs::remove_all(w / "head");
   Tensor small(DType::kFloat32, {16, 31});
   std::vector<Tensor> shards;
