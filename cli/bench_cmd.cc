@@ -85,13 +85,12 @@ CLI::App* add_distributed(CLI::App* bench, const char* name, const char* help,
   add_output_flags(cmd, args->json, args->progress);
   const std::string cmd_name = name;
   cmd->callback([args, run, cmd_name] {
-    DistributedRun r{
-        .backend = args->backend.empty() ? detect_backend() : parse_backend(args->backend),
-        .devices = 0,
-        .sizes = {},
-        .subset = args->subset,
-        .reps = args->reps,
-        .progress = args->progress};
+    DistributedRun r{.backend = backend_option(args->backend),
+                     .devices = 0,
+                     .sizes = {},
+                     .subset = args->subset,
+                     .reps = args->reps,
+                     .progress = args->progress};
     if (r.backend == Backend::kMpi && detect_backend() != Backend::kMpi) {
       fail(ErrorKind::kInvalidArgument,
            "--backend mpi needs mpirun: start it as `mpirun -n 4 meshflow bench {} --backend "

@@ -40,7 +40,7 @@ void add_calibrate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--quiet", args->quiet, "no progress lines");
   cmd->callback([args] {
-    const Backend backend = args->backend.empty() ? detect_backend() : parse_backend(args->backend);
+    const Backend backend = backend_option(args->backend);
     if (backend == Backend::kMpi && detect_backend() != Backend::kMpi) {
       fail(ErrorKind::kInvalidArgument,
            "--backend mpi needs mpirun: start it as `mpirun -n 4 meshflow calibrate --backend "

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "meshflow/comm/backend.h"
 #include "meshflow/plan/cost_model.h"
 
 namespace meshflow::cli {
@@ -16,6 +17,13 @@ constexpr int kMostThreads = 1 << 12;
 // Returns the machine model named by --machine (the default when empty). The model must
 // outlive the plan options that point at it.
 std::shared_ptr<MachineModel> machine_option(const std::string& path);
+
+// Returns the backend --backend names, or where it is empty the one the process was started for
+// (mpi under mpirun, else threads).
+Backend backend_option(const std::string& name);
+
+// Returns --timeout's seconds as the communicators' timeout.
+Timeout timeout_option(double seconds);
 
 void add_shard(CLI::App& app);
 void add_gather(CLI::App& app);

@@ -53,7 +53,7 @@ void run_generate(const GenerateArgs& args, Backend backend) {
   GenerateOptions o;
   o.run.backend = backend;
   o.run.threads_per_device = a->threads_per_device;
-  o.run.timeout = std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(a->timeout_s));
+  o.run.timeout = timeout_option(a->timeout_s);
   o.weights = a->weights;
   o.max_new_tokens = a->max_new_tokens;
   o.num_samples = a->num_samples;
@@ -142,7 +142,7 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print JSON: the tokens, text and logprobs of every sample");
   cmd->callback([a] {
-    const Backend backend = a->backend.empty() ? detect_backend() : parse_backend(a->backend);
+    const Backend backend = backend_option(a->backend);
     try {
       run_generate(*a, backend);
     } catch (const Error& e) {

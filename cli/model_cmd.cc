@@ -174,9 +174,7 @@ std::optional<GatherForm> gather_form(const CommonArgs& a) {
   return std::nullopt;
 }
 
-Backend backend(const CommonArgs& a) {
-  return a.backend.empty() ? detect_backend() : parse_backend(a.backend);
-}
+Backend backend(const CommonArgs& a) { return backend_option(a.backend); }
 
 ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   ModelRunOptions o;
@@ -188,7 +186,7 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   if (!a.save.empty()) o.save = a.save;
   if (!a.trace.empty()) o.trace = a.trace;
   o.threads_per_device = a.threads_per_device;
-  o.timeout = std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(a.timeout_s));
+  o.timeout = timeout_option(a.timeout_s);
   return o;
 }
 

@@ -14,6 +14,14 @@ std::shared_ptr<MachineModel> machine_option(const std::string& path) {
   return std::make_shared<MachineModel>(path.empty() ? default_machine() : load_machine(path));
 }
 
+Backend backend_option(const std::string& name) {
+  return name.empty() ? detect_backend() : parse_backend(name);
+}
+
+Timeout timeout_option(double seconds) {
+  return std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(seconds));
+}
+
 void add_plan(CLI::App& app) {
   struct Args {
     std::string mesh, shape, dtype = "float32", from, to, to_mesh, machine;
@@ -75,7 +83,7 @@ void add_redistribute(CLI::App& app) {
     auto machine = machine_option(args->machine);
     RedistributeFolderOptions o{.in = args->in, .out = args->out, .to = parse_placements(args->to)};
     if (!args->to_mesh.empty()) o.to_mesh = parse_mesh(args->to_mesh);
-    o.backend = args->backend.empty() ? detect_backend() : parse_backend(args->backend);
+    o.backend = backend_option(args->backend);
     o.plan.machine = machine.get();
     if (!args->quiet && ::isatty(STDERR_FILENO)) {
       o.progress = [](std::string_view stage) { fmt::print(stderr, "redistribute: {}\n", stage); };
