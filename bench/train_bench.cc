@@ -124,16 +124,18 @@ int device_threads(const TrainBenchOptions& o, int devices) {
 }
 
 // Returns explain's estimate of the step train_model runs for `m` (threads, no overlap).
-StepTime estimated_step(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
-                        int micro_batches, int zero, int threads_per_device) {
-  const Explanation e = explain_compiled(m.pcg, {.plan = {.machine = o.machine},
-                                                 .decompose = {.shared_memory = true},
-                                                 .update = optimizer.rule,
-                                                 .micro_batches = micro_batches,
-                                                 .zero = zero,
-                                                 .threads_per_device = threads_per_device});
+Explanation estimated_step(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
+                           int micro_batches, int zero, int threads_per_device,
+                           Recompute recompute) {
+  Explanation e = explain_compiled(m.pcg, {.plan = {.machine = o.machine},
+                                           .decompose = {.shared_memory = true},
+                                           .update = optimizer.rule,
+                                           .micro_batches = micro_batches,
+                                           .zero = zero,
+                                           .recompute = recompute,
+                                           .threads_per_device = threads_per_device});
   MESHFLOW_CHECK(e.step_time.has_value(), "a training model without a step estimate");
-  return *e.step_time;
+  return e;
 }
 
 // Returns the task graph of a training step of `m` (what its products' floor reads).
@@ -150,13 +152,15 @@ TaskGraph training_tasks(const Model& m, const Optimizer& optimizer, int micro_b
 // estimate of the step against the measured median; with `products`, r's floor too.
 void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
                    std::int64_t weight_bytes, BenchResult& r, int micro_batches = 1,
-                   ProductFloor* products = nullptr, int zero = 0) {
+                   ProductFloor* products = nullptr, int zero = 0,
+                   Recompute recompute = Recompute::kNone) {
   OptimizerFloor floor(weight_bytes, static_cast<int>(state_names(optimizer.rule).size()));
   std::vector<double> floors;
   TrainOptions options{.steps = o.warmup + o.reps,
                        .optimizer = optimizer,
                        .micro_batches = micro_batches,
-                       .zero = zero};
+                       .zero = zero,
+                       .recompute = recompute};
   options.run.threads_per_device = device_threads(o, static_cast<int>(r.devices));
   r.extra["threads_per_device"] = options.run.threads_per_device;
   options.progress = [&](const StepReport& s) {
@@ -197,8 +201,11 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   }
   r.extra["measured_peak_bytes"] = t.measured.peak;
   r.extra["measured_memory"] = to_json(t.measured.at_peak);
-  const StepTime est =
-      estimated_step(m, o, optimizer, micro_batches, zero, options.run.threads_per_device);
+  const Explanation e = estimated_step(m, o, optimizer, micro_batches, zero,
+                                       options.run.threads_per_device, recompute);
+  const StepTime& est = *e.step_time;
+  r.extra["est_peak_bytes"] = e.memory->peak;
+  r.extra["est_memory"] = to_json(e.memory->at_peak);
   r.extra["est_step_s"] = est.total();
   r.extra["est_vs_measured"] = step_s > 0 ? est.total() / step_s : 0.0;
   r.extra["est_kernel_s"] = est.compute_s + est.update_s;  // as kernel_s counts them
@@ -407,6 +414,46 @@ BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_te
   add_pytorch_baseline(
       o, pytorch_gpt(c, adamw ? "torch.optim.AdamW(params)" : "torch.optim.SGD(params, lr=0.01)"),
       r);
+  return r;
+}
+
+// `gpt_step_selective` or `gpt_step_full`: the gpt_step model (SGD) with activation
+// recomputation against the same step without it, in the same run (baseline
+// "recompute_none"), each with its measured memory; the activations' ratio is the issue's
+// target (selective at most 0.85, full at most 0.5, at a step at most 1.10x and 1.40x).
+BenchResult recompute_case(const TrainBenchOptions& o, const std::string& mesh_text,
+                           Recompute policy) {
+  const GptConfig& c = o.gpt;
+  const int devices = static_cast<int>(size(parse_mesh(mesh_text)));
+  const GptFiles files(c, devices);
+  const Model m = files.load(devices == 1 ? "one" : "dp");
+  const Optimizer sgd = resolve_optimizer({.lr = 0.01});
+  BenchResult none{.case_name = "gpt_step", .mesh = mesh_text, .devices = devices};
+  BenchResult r{.case_name = fmt::format("gpt_step_{}", to_string(policy)),
+                .backend = "threads",
+                .mesh = mesh_text,
+                .devices = devices,
+                .bytes = c.batch * c.seq * c.width * 4};
+  // Alternated in two rounds, so that drift falls on both alike.
+  for (int round = 0; round < 2; ++round) {
+    time_training(m, o, sgd, weight_bytes(m), none);
+    time_training(m, o, sgd, weight_bytes(m), r, 1, nullptr, 0, policy);
+  }
+  r.baseline = "recompute_none";
+  r.baseline_s = none.case_s;
+  r.extra["recompute"] = std::string(to_string(policy));
+  r.extra["none_measured_peak_bytes"] = none.extra["measured_peak_bytes"];
+  r.extra["none_measured_memory"] = none.extra["measured_memory"];
+  r.extra["none_est_peak_bytes"] = none.extra["est_peak_bytes"];
+  const double act = r.extra["measured_memory"]["activations"].get<double>();
+  const double none_act = none.extra["measured_memory"]["activations"].get<double>();
+  r.extra["activations_vs_none"] = none_act > 0 ? act / none_act : 0.0;
+  r.extra["step_vs_none"] = median(r.case_s) / median(none.case_s);
+  r.extra["est_vs_measured_peak"] =
+      r.extra["est_peak_bytes"].get<double>() / r.extra["measured_peak_bytes"].get<double>();
+  r.extra["model"] = fmt::format(
+      "the gpt_step model (SGD) with --recompute {}, against --recompute none in the same run",
+      to_string(policy));
   return r;
 }
 
@@ -694,6 +741,10 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
       }
       if (sgd) add_result(report, std::move(*sgd));
       if (adamw) add_result(report, std::move(*adamw));
+      for (Recompute policy : {Recompute::kSelective, Recompute::kFull}) {
+        if (wanted(fmt::format("gpt_step_{}", to_string(policy))))
+          add_result(report, recompute_case(o, mesh, policy));
+      }
     }
     if (wanted("gpt_step_data")) {
       for (const std::string& mesh : o.gpt_meshes) {

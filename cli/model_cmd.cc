@@ -157,6 +157,18 @@ int zero_of(int given, const Model& model) {
                       train_defaults_from_json(model.train, model.source));
 }
 
+// Returns --schedule when given (empty: not given), else the model file's, else 1f1b.
+Schedule chosen_schedule(const std::string& given, const Model& model) {
+  if (!given.empty()) return parse_schedule(given);
+  return train_defaults_from_json(model.train, model.source).schedule.value_or(Schedule::k1f1b);
+}
+
+// Returns --recompute when given (empty: not given), else the model file's, else none.
+Recompute chosen_recompute(const std::string& given, const Model& model) {
+  if (!given.empty()) return parse_recompute(given);
+  return train_defaults_from_json(model.train, model.source).recompute.value_or(Recompute::kNone);
+}
+
 // Adds --zero.
 void add_zero_option(CLI::App* cmd, int& zero) {
   cmd->add_option("--zero", zero,
@@ -231,9 +243,19 @@ void add_schedule_option(CLI::App* cmd, std::string& schedule) {
                   "where the model's layers lie on different meshes (stages): the order each "
                   "stage runs its micro-batches in, all stages at once: gpipe (every forward, "
                   "then every backward), 1f1b (PipeDream-flush) or zb (zero-bubble ZB-H1, weight "
-                  "gradients deferred into the waits)")
-      ->capture_default_str()
+                  "gradients deferred into the waits) (default: the model file's \"train\", else "
+                  "1f1b)")
       ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}));
+}
+
+void add_recompute_option(CLI::App* cmd, std::string& recompute) {
+  cmd->add_option("--recompute", recompute,
+                  "activation recomputation: none (keep every activation backward reads), "
+                  "selective (keep products, adds and marked values; recompute norms, pointwise "
+                  "results and copies) or full (keep only inputs and the values of nodes marked "
+                  "\"checkpoint\": true; recompute each segment before its backward) (default: "
+                  "the model file's \"train\", else none)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
 }
 
 // Adds autoshard's --mesh and --memory-limit.
@@ -303,7 +325,7 @@ void add_train(CLI::App& app) {
     bool check = false, allow_nonfinite = false;
     std::string checkpoint, resume;
     int checkpoint_every = 0, keep_last = 0;  // 0: not given
-    std::string schedule = "1f1b";
+    std::string schedule, recompute;          // empty: not given
     OptimizerArgs optimizer;
     bool autoshard = false;
     std::string mesh;
@@ -326,6 +348,7 @@ void add_train(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   add_zero_option(cmd, args->zero);
   add_schedule_option(cmd, args->schedule);
+  add_recompute_option(cmd, args->recompute);
   cmd->add_flag("--allow-nonfinite", args->allow_nonfinite,
                 "train on through a step whose loss or gradient norm is not finite (by default "
                 "such a step stops training before its update, writing nothing)");
@@ -414,8 +437,11 @@ void add_train(CLI::App& app) {
             [&] { return optimizer_of(args->optimizer, model, resumed ? &*resumed : nullptr); }),
         .micro_batches = every_device(options.backend,
                                       [&] { return micro_batches_of(args->micro_batches, model); }),
-        .schedule = parse_schedule(args->schedule),
+        .schedule = every_device(options.backend,
+                                 [&] { return chosen_schedule(args->schedule, model); }),
         .zero = every_device(options.backend, [&] { return zero_of(args->zero, model); }),
+        .recompute = every_device(options.backend,
+                                  [&] { return chosen_recompute(args->recompute, model); }),
         .allow_nonfinite = args->allow_nonfinite,
         .check = args->check,
         .eval_every = args->eval_every,
@@ -468,7 +494,7 @@ void add_explain(CLI::App& app) {
     OptimizerArgs optimizer;
     int micro_batches = 0;  // 0: not given
     int zero = -1;          // -1: not given
-    std::string schedule = "1f1b";
+    std::string schedule, recompute;  // empty: not given
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -483,12 +509,15 @@ void add_explain(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   add_zero_option(cmd, args->zero);
   add_schedule_option(cmd, args->schedule);
+  add_recompute_option(cmd, args->recompute);
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
     const Model model = load(args->model, backend(*args));
     const PlanOptions plan{.machine = machine.get()};
     const Optimizer optimizer =
         every_device(backend(*args), [&] { return optimizer_of(args->optimizer, model); });
+    const Recompute recompute =
+        every_device(backend(*args), [&] { return chosen_recompute(args->recompute, model); });
     Explanation e = explain_compiled(
         model.pcg,
         {.plan = plan,
@@ -500,19 +529,22 @@ void add_explain(CLI::App& app) {
          .micro_batches = every_device(
              backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
          .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
+         .recompute = recompute,
          .threads_per_device = args->threads_per_device});
-    every_device(backend(*args), [&] {
-      add_loader_memory(model, e);
-      return 0;
-    });
-    // The pipeline's schedule, where the step runs on stages.
+    // The pipeline's schedule, where the step runs on stages: its memory is the pipeline's.
     const std::optional<ScheduleExplanation> schedule = explain_model_schedule(
         model, run_options(*args, machine.get()),
         {.update = optimizer.rule,
          .micro_batches = every_device(
              backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
-         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); })},
-        parse_schedule(args->schedule));
+         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
+         .recompute = recompute},
+        every_device(backend(*args), [&] { return chosen_schedule(args->schedule, model); }));
+    if (schedule && schedule->memory) e.memory = schedule->memory;
+    every_device(backend(*args), [&] {
+      add_loader_memory(model, e);
+      return 0;
+    });
     if (args->json) {
       nlohmann::json j = to_json(e);
       j.update(to_json(schedule));

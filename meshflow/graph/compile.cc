@@ -13,6 +13,7 @@ Pcg compile(const Pcg& pcg, Mode mode, const CompileOptions& options) {
     if (options.zero == 3) g = shard_weights(std::move(g));
   }
   g = insert_copies(expand_vocab_parallel(std::move(g), options.plan));
+  if (mode == Mode::kTrain) g = recompute_activations(std::move(g), options.recompute);
   return options.overlap ? decompose_collectives(std::move(g), options.plan, options.decompose) : g;
 }
 

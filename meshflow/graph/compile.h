@@ -1,7 +1,7 @@
 // The pass pipeline a model goes through before it runs, with the verifier between passes:
 // (to train) split_micro_batches, infer_layouts, then (to train) expand_backward, infer_layouts,
-// add_update (and at ZeRO-3 shard_weights), then expand_vocab_parallel, insert_copies, and with
-// `overlap` decompose_collectives. The result is Stage::kCopied, ready for expand_shards.
+// add_update (and at ZeRO-3 shard_weights), then expand_vocab_parallel, insert_copies, (to
+// train) recompute_activations, and with `overlap` decompose_collectives. The result is Stage::kCopied, ready for expand_shards.
 #pragma once
 
 #include "meshflow/graph/passes.h"
@@ -19,6 +19,7 @@ struct CompileOptions {
   UpdateRule update;           // kTrain: the optimizer every weight's update applies
   int micro_batches = 1;       // kTrain: split_micro_batches' M
   int zero = 0;                // kTrain: the ZeRO level (add_update; 3: shard_weights)
+  Recompute recompute = Recompute::kNone;  // kTrain: recompute_activations' policy
   // explain's step estimate: the threads each device computes with (0: the default).
   int threads_per_device = 0;
 };

@@ -91,6 +91,7 @@ Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options) {
   const Pcg g = compile(pcg, pcg.loss ? Mode::kTrain : Mode::kRun, options);
   Explanation e = explain(g, options.plan, options.overlap ? &options.decompose : nullptr);
   if (!pcg.loss) return e;
+  e.recompute = recomputed_segments(g);
   // The runtime keeps the loss and the squared norm for its report; the rest as the step runs.
   std::vector<ValueId> keep = {*g.loss};
   if (auto norm = find_grad_norm(g)) keep.push_back(*norm);
@@ -137,6 +138,10 @@ nlohmann::json to_json(const Explanation& e) {
   if (e.memory) {
     out["memory_per_device_bytes"] = e.memory->peak;
     out["memory"] = to_json(e.memory->at_peak);
+    nlohmann::json segments = nlohmann::json::array();
+    for (const RecomputedSegment& r : e.recompute)
+      segments.push_back({{"segment", r.segment}, {"nodes", r.nodes}});
+    out["recompute"] = segments;
   }
   return out;
 }
@@ -188,6 +193,10 @@ std::string to_text(const Explanation& e) {
         "memory per device: {} bytes at its peak (device {}): weights {}, gradients {}, "
         "optimizer state {}, activations {}, gathered {}\n",
         e.memory->peak, e.memory->device, b[0], b[1], b[2], b[3], b[4]);
+  }
+  for (const RecomputedSegment& r : e.recompute) {
+    out += fmt::format("recomputed in backward, segment {}: {}\n", r.segment,
+                       fmt::join(r.nodes, ", "));
   }
   return out;
 }

@@ -42,6 +42,9 @@ struct Explanation {
   std::optional<DeviceMemory> memory;
   // Training: the slowest device's estimated step (graph/step_time.h).
   std::optional<StepTime> step_time;
+  // Training: the nodes backward recomputes, per segment (graph/passes.h's recomputed_segments;
+  // empty under --recompute none).
+  std::vector<RecomputedSegment> recompute;
 };
 
 // Returns the explanation of `pcg` (Stage::kCopied); with `overlap` (the options it was
@@ -55,8 +58,8 @@ Explanation explain(const Pcg& pcg, const PlanOptions& options = {},
 Explanation explain_compiled(const Pcg& pcg, const CompileOptions& options);
 
 // DESIGN's `explain --json` object: {"values": {...}, "moves": [...]}, and for training
-// "est_step_s", "memory_per_device_bytes" and "memory": {"weights", "gradients", "optimizer_state",
-// "activations", "gathered"}.
+// "est_step_s", "memory_per_device_bytes", "memory": {"weights", "gradients", "optimizer_state",
+// "activations", "gathered", "snapshot"} and "recompute": [{"segment", "nodes"}].
 nlohmann::json to_json(const Explanation& e);
 
 // Returns the mesh's explicit text form, "2x2@0,1,2,3" (explain names meshes by it).

@@ -87,6 +87,7 @@ Pcg insert_copies(Pcg pcg) {
       kernel.name = c.unique(old.name + ":kernel");
       kernel.layout = n.result_layout;
       kernel.placements = std::nullopt;
+      kernel.checkpoint = false;  // the mark is the pinned value's
       const ValueId k = c.push(std::move(kernel));
       Node m{.name = old.name,
              .kind = NodeKind::kMove,
@@ -98,6 +99,7 @@ Pcg insert_copies(Pcg pcg) {
       m.moved_value = old.name;
       m.consumer = old.name + " (its pin)";
       m.layout = old.layout;
+      m.checkpoint = old.checkpoint;
       c.remap.push_back(c.push(std::move(m)));
       continue;
     }

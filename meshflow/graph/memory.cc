@@ -25,6 +25,8 @@ std::vector<MemoryKind> memory_kinds(const Pcg& pcg) {
       kinds.push_back(MemoryKind::kWeights);
     } else if (n.zero_gather) {
       kinds.push_back(MemoryKind::kGathered);
+    } else if (n.recomputes) {
+      kinds.push_back(MemoryKind::kActivations);
     } else if (n.kind == NodeKind::kState) {
       kinds.push_back(MemoryKind::kOptimizerState);
     } else if (n.phase != Phase::kForward) {

@@ -33,7 +33,7 @@ nlohmann::json to_json(const MemoryBreakdown& m);
 // all-gathers are weights; kState sources optimizer state; ZeRO-3's gathers of a weight for one
 // use (Node::zero_gather) gathered; every other value of the backward and update passes (the
 // gradients of weights and of activations, the gradient norm) a gradient; inputs and the other
-// forward values activations.
+// forward values, and their recomputations in backward (Node::recomputes), activations.
 std::vector<MemoryKind> memory_kinds(const Pcg& pcg);
 
 // A device's peak of held bytes and what they were at that moment.

@@ -157,7 +157,7 @@ struct Reader {
   void node(const JsonField& f) {
     only_keys(f,
               {"name", "op", "inputs", "dims", "dim", "shape", "eps", "causal", "degree", "mesh",
-               "placements"},
+               "placements", "checkpoint"},
               "a node");
     const std::string name = f.member("name").as_string();
     const std::string op_name = f.member("op").as_string();
@@ -169,6 +169,7 @@ struct Reader {
     if (auto mf = f.find("mesh")) m = mesh(*mf);
     std::optional<std::vector<Placement>> ps;
     if (auto pf = f.find("placements")) ps = placements_of(*pf);
+    const bool checkpoint = f.find("checkpoint") ? f.member("checkpoint").as_bool() : false;
     if (auto type = parse_parallel_type(op_name)) {
       ParallelOp p{.type = *type,
                    .degree = static_cast<int>(f.member("degree").as_int(1, 1 << 20))};
@@ -178,7 +179,8 @@ struct Reader {
       if (!ps)
         fail(ErrorKind::kInvalidArgument, "{}: node \"{}\" ({}) needs \"placements\"", source, name,
              op_name);
-      add_parallel(model.pcg, name, p, inputs[0], m, *ps);
+      model.pcg.nodes[static_cast<std::size_t>(add_parallel(model.pcg, name, p, inputs[0], m, *ps))]
+          .checkpoint = checkpoint;
       return;
     }
     Op op;
@@ -201,7 +203,8 @@ struct Reader {
       for (std::size_t i = 0; i < d->size(); ++i)
         op.shape.push_back(d->at(i).as_int(-1, kMaxTensorBytes));
     }
-    add_compute(model.pcg, name, op, std::move(inputs), std::move(m), std::move(ps));
+    const ValueId id = add_compute(model.pcg, name, op, std::move(inputs), std::move(m), std::move(ps));
+    model.pcg.nodes[static_cast<std::size_t>(id)].checkpoint = checkpoint;
   }
 
   const nlohmann::json* data_ = nullptr;

@@ -8,6 +8,8 @@
 //                    the squared global gradient norm the updates read
 //   expand_vocab_parallel  replaces each loss whose strategy shards the classes by its steps
 //   insert_copies    inserts a move wherever a value is needed in another layout or mesh
+//   recompute_activations  (--recompute) copies the forward values backward reads again into
+//                    backward, made just before their readers instead of kept
 //   decompose_collectives  (--overlap) runs all-gathers into and reduce-scatters out of matrix
 //                    products as loops overlapped with the product's blocks
 //
@@ -123,6 +125,45 @@ Pcg expand_vocab_parallel(Pcg pcg, const PlanOptions& options = {});
 // its pin (the node becomes "<name>:kernel" and the move takes its name); names, loss and
 // outputs follow.
 Pcg insert_copies(Pcg pcg);
+
+// Activation recomputation (--recompute; DESIGN's "Activation recomputation").
+enum class Recompute { kNone, kSelective, kFull };
+
+// Returns "none", "selective", "full".
+std::string_view to_string(Recompute r);
+
+// Returns the policy named `text`; throws Error naming it otherwise.
+Recompute parse_recompute(std::string_view text);
+
+// Returns whether a forward node of `pcg` is marked "checkpoint": true (full needs one).
+bool marks_checkpoint(const Pcg& pcg);
+
+// Before and after: Stage::kCopied, before decompose_collectives. Per forward value that a
+// backward node reads and `policy` does not keep, a copy of its node ("recompute:<node>",
+// Phase::kBackward, Node::recomputes) is inserted just before the first backward node that
+// reads it, with the copies of the unkept values it reads before it; every backward node
+// reads the copies. Every policy keeps sources and marked values (Node::checkpoint); selective
+// also keeps products (linear, matmul, attention), adds and moves, and recomputes the rest only
+// from sources, values backward reads anyway and other recomputed values (so it never keeps a
+// value that kNone drops: a view of a product backward does not read stays kept); full keeps
+// only moves that bring a value from other devices (a stage's input). So every copy reads kept
+// values or
+// copies, each copy is made once per micro-batch, and the forward value is dropped after its
+// last forward reader. kNone returns the graph unchanged. Throws Error naming the option for
+// kFull on a graph that marks nothing.
+Pcg recompute_activations(Pcg pcg, Recompute policy);
+
+// The recomputed nodes of one backward segment, in the order backward recomputes them. A
+// forward node's segment is the most marked values on a path from a source to it (a marked
+// node ends its segment): segment i lies between the i-th and the (i+1)-th marks.
+struct RecomputedSegment {
+  int segment = 0;
+  std::vector<std::string> nodes;
+  bool operator==(const RecomputedSegment&) const = default;
+};
+
+// Returns the segments of `pcg` (recompute_activations ran) that recompute a node, ascending.
+std::vector<RecomputedSegment> recomputed_segments(const Pcg& pcg);
 
 // Collective decomposition (--overlap). Before and after: Stage::kCopied. Sets `decomposed` on
 // every row product (ops/matmul.h) of a floating-point operand 0 of rank >= 2 that

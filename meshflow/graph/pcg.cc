@@ -268,6 +268,7 @@ std::string to_text(const Pcg& pcg) {
       }
       out += fmt::format("  needs {}", ops);
     }
+    if (n.checkpoint) out += "  checkpoint";
     if (const auto& d = n.decomposed) {
       const bool gather = d->kind == Decomposition::Kind::kGatherOperand;
       out += fmt::format("  overlaps {} of {} on mesh dim {}{}",
@@ -336,6 +337,14 @@ void verify_node(const Pcg& pcg, ValueId id, Stage stage) {
       check(ok, "an update is not (weight, gradient, squared norm, state of its spec...)");
       break;
     }
+  }
+  if (n.recomputes) {
+    const ValueId o = *n.recomputes;
+    const Node* original = o >= 0 && o < id ? &pcg.nodes[static_cast<std::size_t>(o)] : nullptr;
+    check(original && original->phase == Phase::kForward && n.phase == Phase::kBackward &&
+              original->kind == n.kind && original->op == n.op && original->spec == n.spec &&
+              original->layout == n.layout && original->inputs.size() == n.inputs.size(),
+          "a recomputation is not a backward copy of an earlier forward node");
   }
   if (stage == Stage::kBuilt) return;
   check(n.layout.has_value(), "no layout");

@@ -117,6 +117,12 @@ struct Node {
   // "gathered"), dropped after it.
   std::optional<ValueId> replaces;
   bool zero_gather = false;
+  // Activation recomputation (graph/passes.h's recompute_activations). `checkpoint`: the model
+  // file's "checkpoint": true, a value every policy keeps (the start of the next segment under
+  // full). `recomputes`: a backward copy of that forward node, run again just before the
+  // backward tasks that read it ("recompute:<node>", memory kind "activations").
+  bool checkpoint = false;
+  std::optional<ValueId> recomputes;
   bool operator==(const Node&) const = default;
 };
 

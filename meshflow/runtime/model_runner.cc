@@ -356,7 +356,8 @@ PreparedModel prepare_model(const Model& model, Mode mode, const ModelRunOptions
                                  .always = options.overlap_always},
                    .update = training.update,
                    .micro_batches = p.micro_batches,
-                   .zero = mode == Mode::kTrain ? training.zero : 0});
+                   .zero = mode == Mode::kTrain ? training.zero : 0,
+                   .recompute = training.recompute});
   const std::vector<DeviceId> used = pcg_devices(p.pcg);
   p.leader = options.backend == Backend::kMpi ? DeviceId{0} : used.front();
   std::vector<ValueId> keep;  // fetched values stay until the step ends

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
+#include "meshflow/graph/memory.h"
 #include "meshflow/graph/task_graph.h"
 #include "meshflow/runtime/task_runtime.h"
 
@@ -76,6 +77,16 @@ std::optional<std::string> pipeline_conflict(const TaskGraph& graph, const Pipel
 // Returns the bytes of one micro-batch's activation set on the device: the values its forward
 // group makes there and its backward groups read.
 std::int64_t activation_set_bytes(const TaskGraph& graph, const DevicePipeline& pipeline);
+
+// Returns each device's peak over one pipelined step of task graph `g` (of compiled graph
+// `pcg`) run as `pipelines` (device_pipelines', in g's device order), as run_pipeline_step
+// holds them: sources throughout, each micro-batch's inputs in its set until its last group,
+// the values a group makes in the micro-batch's set until their release (moved to the last
+// reader in group order) or the set's last group, the accumulated values' sums beside, then
+// the once-per-step tasks as graph/memory.h's estimate_memory walks them.
+std::vector<DeviceMemory> estimate_pipeline_memory(const Pcg& pcg, const TaskGraph& g,
+                                                   const std::vector<DevicePipeline>& pipelines,
+                                                   int micro_batches);
 
 // What a pipelined step measured on one device: the window from its first forward group's
 // start to its last backward group's end, the time its groups spent in tasks other than

@@ -182,10 +182,20 @@ TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_
     } else if (key == "zero") {
       defaults.zero = static_cast<int>(v.as_int(0, 3));
       if (*defaults.zero == 2) v.reject("must be 0, 1 or 3");
+    } else if (key == "schedule") {
+      const std::string text = v.as_string();
+      if (text != "gpipe" && text != "1f1b" && text != "zb") v.reject("must be \"gpipe\", \"1f1b\" or \"zb\"");
+      defaults.schedule = parse_schedule(text);
+    } else if (key == "recompute") {
+      const std::string text = v.as_string();
+      if (text != "none" && text != "selective" && text != "full")
+        v.reject("must be \"none\", \"selective\" or \"full\"");
+      defaults.recompute = parse_recompute(text);
     } else {
       f.reject(fmt::format(
           "has unknown field \"{}\" (allowed: optimizer, lr, momentum, betas, eps, weight_decay, "
-          "clip_grad_norm, warmup_steps, decay, decay_steps, micro_batches, zero)",
+          "clip_grad_norm, warmup_steps, decay, decay_steps, micro_batches, zero, schedule, "
+          "recompute)",
           key));
     }
   }

@@ -11,7 +11,9 @@
 #include <string_view>
 #include <utility>
 
+#include "meshflow/graph/passes.h"
 #include "meshflow/kernels/optimizer.h"
+#include "meshflow/train/schedule.h"
 
 namespace meshflow {
 
@@ -67,13 +69,15 @@ struct TrainDefaults {
   OptimizerOptions optimizer;
   std::optional<int> micro_batches;
   std::optional<int> zero;  // 0, 1 or 3
+  std::optional<Schedule> schedule;
+  std::optional<Recompute> recompute;
   bool operator==(const TrainDefaults&) const = default;
 };
 
 // Returns what a model file's "train" object holds (null: nothing). Its fields are the
 // options' names with '_' for '-': "optimizer", "lr", "momentum", "betas" ([b1, b2]), "eps",
 // "weight_decay", "clip_grad_norm", "warmup_steps", "decay", "decay_steps", "micro_batches",
-// "zero".
+// "zero", "schedule", "recompute".
 // Throws Error(kInvalidArgument) naming `source` and the field for an unknown field or a value
 // of the wrong type or out of its range.
 TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_view source);

@@ -212,6 +212,10 @@ std::optional<ScheduleExplanation> explain_schedule(const PreparedModel& prepare
   std::vector<std::vector<ScheduledGroup>> orders;
   for (const StageExplanation& st : e.stages) orders.push_back(st.tasks);
   e.est_bubble = simulated_bubble(orders, seconds);
+  for (const DeviceMemory& d :
+       estimate_pipeline_memory(prepared.pcg, g, prepared.pipelines, prepared.micro_batches)) {
+    if (!e.memory || d.peak > e.memory->peak) e.memory = d;
+  }
   return e;
 }
 

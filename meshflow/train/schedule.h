@@ -75,6 +75,8 @@ struct ScheduleExplanation {
   int micro_batches = 1;
   std::vector<StageExplanation> stages;
   double est_bubble = 0;
+  // The device whose tensors peak highest in the pipelined step (estimate_pipeline_memory).
+  std::optional<DeviceMemory> memory;
 };
 
 // Returns the explanation of `prepared`'s pipeline (nullopt when it runs on one stage), its

@@ -129,6 +129,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
                   {.update = options.optimizer.rule,
                    .micro_batches = options.micro_batches,
                    .zero = options.zero,
+                   .recompute = options.recompute,
                    .fetch_training_values = options.check,
                    .schedule = schedule_of(options.schedule),
                    .split_weights = options.schedule == Schedule::kZb});
@@ -347,6 +348,12 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
     report.check = check_against_one_device(
         model, options, *p, grads, weights, report.steps, resumed ? &*resumed : nullptr,
         {.data = data ? &*data : nullptr, .start = position, .evals = &report.evals});
+    for (std::size_t s = 0; s < grads.size(); ++s) {
+      std::map<std::string, Tensor>& g = report.check->grads.emplace_back();
+      std::map<std::string, Tensor>& w = report.check->weights.emplace_back();
+      for (std::size_t i = 0; i < p->grads.size(); ++i) g[p->grads[i].first] = std::move(grads[s][i]);
+      for (std::size_t i = 0; i < p->weights.size(); ++i) w[p->weights[i].first] = std::move(weights[s][i]);
+    }
   }
   return report;
 }

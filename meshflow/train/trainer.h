@@ -8,6 +8,8 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <string>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -46,6 +48,9 @@ struct EvalReport {
 struct CheckReport {
   double max_loss_diff = 0, max_weight_diff = 0, max_grad_diff = 0;
   std::optional<double> max_val_loss_diff;  // when evaluations ran
+  // What the run fetched to compare: per step, each weight's gradient and its value after the
+  // update, whole (two runs compared with each other, bit for bit).
+  std::vector<std::map<std::string, Tensor>> grads, weights;
 };
 
 struct TrainOptions {
@@ -61,6 +66,9 @@ struct TrainOptions {
   // The ZeRO level (DESIGN's "ZeRO"): 0, 1 (optimizer state sharded over the weight's ZeRO
   // dims) or 3 (FSDP: weights and gradients too, gathered for each use).
   int zero = 0;
+  // Activation recomputation (DESIGN's "Activation recomputation"): which forward values
+  // backward makes again instead of keeping them.
+  Recompute recompute = Recompute::kNone;
   // Train on through a step whose loss or gradient norm is not finite (its update applied, as
   // PyTorch would); by default such a step stops training before its update, writing nothing.
   bool allow_nonfinite = false;

@@ -133,8 +133,8 @@ def model(layout, data=None):
             attrs["placements"] = p[kind]
         return node(name, op, inputs, **attrs)
 
-    def residual(name, op, inputs):
-        return pinned(name, op, inputs, "residual")
+    def residual(name, op, inputs, **attrs):
+        return pinned(name, op, inputs, "residual", **attrs)
 
     def layer_norm(name, x):
         w = weight(f"{name}_w", [DIM], "vec", {"uniform": [0.9, 1.1]}, "scale")
@@ -164,7 +164,9 @@ def model(layout, data=None):
     tok = weight("tok", [VOCAB, DIM], "embed", {"normal": 0.5})
     pos = weight("pos", [SEQ, DIM], "vec", {"normal": 0.1})
     node("e", "embedding", ["tokens", tok])
-    x = residual("x0", "add", ["e", pos])
+    # Each block's input (and the final norm's) is marked "checkpoint": what --recompute full
+    # keeps, recomputing one block at a time from it in backward.
+    x = residual("x0", "add", ["e", pos], checkpoint=True)
     for i in range(blocks):
         if "stages" in p:
             at["mesh"] = f"s{i * len(stages) // blocks}"
@@ -188,7 +190,7 @@ def model(layout, data=None):
         pinned(f"{b}_h", "linear", [n, w1], "split")
         node(f"{b}_g", "gelu", [f"{b}_h"])
         node(f"{b}_m", "linear", [f"{b}_g", w2])
-        x = residual(f"{b}_x2", "add", [x, f"{b}_m"])
+        x = residual(f"{b}_x2", "add", [x, f"{b}_m"], checkpoint=True)
     at["mesh"] = last
     n = layer_norm("lnf", x)
     head = weight("head", [DIM, VOCAB], "head", {"normal": 0.3})
