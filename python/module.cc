@@ -266,6 +266,15 @@ py::dict run_outputs(const LoadedModel& m, bool overlap, std::optional<int> thre
   return out;
 }
 
+// schedule= and recompute= where given, else the model file's "train" object's, else the
+// defaults (1f1b, none).
+Schedule schedule_keyword(const std::optional<std::string>& given, const TrainDefaults& d) {
+  return given ? parse_schedule(*given) : d.schedule.value_or(Schedule::k1f1b);
+}
+Recompute recompute_keyword(const std::optional<std::string>& given, const TrainDefaults& d) {
+  return given ? parse_recompute(*given) : d.recompute.value_or(Recompute::kNone);
+}
+
 }  // namespace
 }  // namespace meshflow
 
@@ -402,8 +411,9 @@ PYBIND11_MODULE(_meshflow, module) {
                         std::optional<int> zero, std::optional<std::string> checkpoint,
                         std::optional<int> checkpoint_every, std::optional<int> keep_last,
                         std::optional<std::string> resume, std::optional<int> threads_per_device,
-                        const std::string& schedule, std::optional<int> eval_every,
-                        int eval_batches, std::optional<std::string> log_dir, double timeout) {
+                        std::optional<std::string> schedule, std::optional<int> eval_every,
+                        int eval_batches, std::optional<std::string> log_dir, double timeout,
+                        std::optional<std::string> recompute) {
         if (!(timeout > 0))
           fail(ErrorKind::kInvalidArgument, "timeout= {}: must be > 0 seconds", timeout);
         if (micro_batches && *micro_batches < 1)
@@ -446,8 +456,9 @@ PYBIND11_MODULE(_meshflow, module) {
                                    : defaults.optimizer,
                            OptionStyle::kKeyword),
                        .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-                       .schedule = parse_schedule(schedule),
+                       .schedule = schedule_keyword(schedule, defaults),
                        .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
+                       .recompute = recompute_keyword(recompute, defaults),
                        .allow_nonfinite = allow_nonfinite,
                        .check = check,
                        .eval_every = eval_every.value_or(0),
@@ -563,7 +574,8 @@ PYBIND11_MODULE(_meshflow, module) {
   module.def("explain_model", [](const LoadedModel& m, bool overlap, const py::dict& optimizer,
                                  std::optional<int> micro_batches, std::optional<int> zero,
                                  std::optional<int> threads_per_device,
-                                 const std::string& schedule) {
+                                 std::optional<std::string> schedule,
+                                 std::optional<std::string> recompute) {
     if (micro_batches && *micro_batches < 1)
       fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
     const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
@@ -571,19 +583,23 @@ PYBIND11_MODULE(_meshflow, module) {
         resolve_optimizer(optimizer_options(optimizer), defaults.optimizer, OptionStyle::kKeyword);
     const int m_batches = micro_batches.value_or(defaults.micro_batches.value_or(1));
     const int zero_level = resolve_zero(zero, defaults, OptionStyle::kKeyword);
+    const Recompute policy = recompute_keyword(recompute, defaults);
     Explanation e = explain_compiled(
         m.model.pcg, {.overlap = overlap,
                       .decompose = {.shared_memory = session().backend() == Backend::kThreads},
                       .update = o.rule,
                       .micro_batches = m_batches,
                       .zero = zero_level,
+                      .recompute = policy,
                       .threads_per_device = threads_option(threads_per_device)});
+    const std::optional<ScheduleExplanation> stages = explain_model_schedule(
+        m.model, model_options(overlap, threads_per_device),
+        {.update = o.rule, .micro_batches = m_batches, .zero = zero_level, .recompute = policy},
+        schedule_keyword(schedule, defaults));
+    if (stages && stages->memory) e.memory = stages->memory;
     add_loader_memory(m.model, e);
     nlohmann::json j = to_json(e);
-    j.update(to_json(
-        explain_model_schedule(m.model, model_options(overlap, threads_per_device),
-                               {.update = o.rule, .micro_batches = m_batches, .zero = zero_level},
-                               parse_schedule(schedule))));
+    j.update(to_json(stages));
     return json_to_python(j);
   });
   module.def(

@@ -126,6 +126,7 @@ struct SharedFacts {
   std::map<ValueId, int> tag;
   std::set<ValueId> read_anywhere;
   std::map<int, std::set<ValueId>> upstream;
+  std::map<int, std::set<ValueId>> weight;  // per stage, the values its W groups make
 };
 
 // Returns whether `values` holds the task's value or one it makes beside it (a fused kernel's).
@@ -133,6 +134,67 @@ bool holds_any(const std::set<ValueId>& values, const Task& t) {
   if (values.contains(t.out)) return true;
   const std::vector<ValueId> made = values_made(t);
   return std::any_of(made.begin(), made.end(), [&](ValueId v) { return values.contains(v); });
+}
+
+// Returns the values stage `stage`'s W groups make (zb), decided by value over its devices:
+// the weights' gradients (what the micro-batches accumulate) and every value made from one
+// (their reductions), then, back to a fixed point, the values only W tasks read that are made
+// from values held until W anyway (sources, or values a W task reads too: a recomputed norm
+// only a weight gradient reads). The rest of a backward (the input gradient, and on the first
+// stage the chain that releases the received gradient) stays in B, so that a set waiting for
+// its W holds only what W reads. Nothing B needs upstream is ever W.
+std::set<ValueId> weight_values(const TaskGraph& graph, const PipelineStages& stages, int stage,
+                                const std::set<ValueId>& upstream) {
+  std::set<ValueId> weight;
+  std::vector<const DeviceTasks*> devices;
+  for (const DeviceTasks& dt : graph.devices) {
+    auto at = stages.stage_of.find(dt.device);
+    if (at != stages.stage_of.end() && at->second == stage) devices.push_back(&dt);
+  }
+  auto candidate = [&](const Task& t) {
+    return per_micro_batch(t) && t.phase != Phase::kForward && !holds_any(upstream, t);
+  };
+  auto add = [&](const Task& t) {
+    weight.insert(t.out);
+    for (ValueId v : values_made(t)) weight.insert(v);
+  };
+  for (const DeviceTasks* dt : devices) {
+    const std::set<ValueId> accumulated(dt->accumulated.begin(), dt->accumulated.end());
+    for (const Task& t : dt->tasks) {
+      if (!candidate(t)) continue;
+      const std::vector<ValueId> reads = task_reads(t);
+      if (holds_any(accumulated, t) ||
+          std::any_of(reads.begin(), reads.end(), [&](ValueId v) { return weight.contains(v); }))
+        add(t);
+    }
+  }
+  for (std::size_t before = 0; before != weight.size();) {
+    before = weight.size();
+    for (const DeviceTasks* dt : devices) {
+      // Per value, whether a W task reads it, and whether any other per-micro-batch task does.
+      std::set<ValueId> read_by_w, read_by_other;
+      for (const Task& t : dt->tasks) {
+        if (!per_micro_batch(t)) continue;
+        for (ValueId v : task_reads(t)) (holds_any(weight, t) ? read_by_w : read_by_other).insert(v);
+      }
+      const std::set<ValueId> sources(dt->sources.begin(), dt->sources.end());
+      for (std::size_t i = dt->tasks.size(); i-- > 0;) {
+        const Task& t = dt->tasks[i];
+        if (!candidate(t) || holds_any(weight, t)) continue;
+        std::vector<ValueId> made = values_made(t);
+        made.push_back(t.out);
+        const bool only_w = std::all_of(made.begin(), made.end(), [&](ValueId v) {
+          return read_by_w.contains(v) && !read_by_other.contains(v);
+        });
+        const std::vector<ValueId> reads = task_reads(t);
+        const bool held = std::all_of(reads.begin(), reads.end(), [&](ValueId v) {
+          return sources.contains(v) || read_by_w.contains(v);
+        });
+        if (only_w && held) add(t);
+      }
+    }
+  }
+  return weight;
 }
 
 SharedFacts shared_facts(const TaskGraph& graph, const PipelineStages& stages, int micro_batches) {
@@ -182,6 +244,7 @@ SharedFacts shared_facts(const TaskGraph& graph, const PipelineStages& stages, i
         }
       }
     }
+    f.weight[stage] = weight_values(graph, stages, stage, upstream);
   }
   return f;
 }
@@ -201,7 +264,6 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
         find_device(mesh_of(graph, std::get<MoveTask>(t.work).input), device.device).has_value();
     p.cross[static_cast<int>(i)] = {.sends = sends, .tag = facts.tag.at(t.out)};
   }
-  const std::set<ValueId>& upstream = facts.upstream.at(p.stage);
   // A receive whose value no per-micro-batch task of this device reads (a fetch to the leader)
   // waits until the stage's own groups are done, so the stage never waits for it.
   std::set<ValueId> read;
@@ -230,11 +292,20 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
     } else if (t.phase == Phase::kForward || sends_forward_values(idx)) {
       p.forward.push_back(idx);
       in_forward[i] = true;
-    } else if (split_weights && !holds_any(upstream, t)) {
+    } else if (split_weights && holds_any(facts.weight.at(p.stage), t)) {
       p.weight.push_back(idx);
     } else {
       p.backward.push_back(idx);
     }
+  }
+  // B never reads what W makes (W runs after it).
+  std::set<ValueId> made_by_w;
+  for (int k : p.weight)
+    for (ValueId v : values_made(tasks[static_cast<std::size_t>(k)])) made_by_w.insert(v);
+  for (int k : p.backward) {
+    for (ValueId v : task_reads(tasks[static_cast<std::size_t>(k)]))
+      MESHFLOW_CHECK(!made_by_w.contains(v), "a B task reads \"{}\", which W makes",
+                     graph.names[static_cast<std::size_t>(v)]);
   }
   // Releases move to each value's last reader in group order (F, B, W); a reshape whose input
   // is read later no longer takes its buffer.
@@ -379,11 +450,14 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   for (std::size_t k = 0; k < pipeline.order.size(); ++k)
     last_group[static_cast<std::size_t>(pipeline.order[k].micro_batch)] = k;
   const std::vector<MemoryKind>* kinds = options.memory ? &options.memory->kinds() : nullptr;
-  // A set's activations: what its tasks made and keep (its inputs wait there from the start).
+  // A set's activations: the forward values (and their recomputations) its tasks made and keep
+  // (its inputs wait there from the start, uncounted). The gradients a set waiting for its W
+  // holds count as gradients (measured_memory), not here.
   auto set_bytes = [&](std::size_t m) {
     std::int64_t b = 0;
     for (std::size_t i = 0; i < own.size(); ++i) {
       const auto v = static_cast<std::size_t>(own[i]);
+      if (kinds && (*kinds)[v] != MemoryKind::kActivations) continue;
       if (v >= micro_inputs.size() || micro_inputs[v].empty())
         b += static_cast<std::int64_t>(sets[m][i].nbytes());
     }

@@ -91,7 +91,9 @@ std::vector<DeviceMemory> estimate_pipeline_memory(const Pcg& pcg, const TaskGra
 // What a pipelined step measured on one device: the window from its first forward group's
 // start to its last backward group's end, the time its groups spent in tasks other than
 // waiting for transfers (compute), and the most activation sets it held at once and the peak
-// bytes of the values they kept (the micro-batches' inputs not counted). The groups it ran, in
+// bytes of the activations they kept (forward values and their recomputations; the
+// micro-batches' inputs, and the gradients a set waiting for its W holds, not counted: these
+// are in the step's measured memory as gradients). The groups it ran, in
 // order, are in its trace (TraceKind::kGroup).
 struct PipelineStepStats {
   double window_s = 0, busy_s = 0;

@@ -35,6 +35,11 @@ int activation_set_limit(Schedule s, int stages, int stage, int micro_batches) {
   return s == Schedule::kGpipe ? micro_batches : std::min(stages - stage, micro_batches);
 }
 
+int held_set_limit(Schedule s, int stages, int stage, int micro_batches) {
+  const int limit = activation_set_limit(s, stages, stage, micro_batches);
+  return s == Schedule::kZb ? std::min(limit + 1, micro_batches) : limit;
+}
+
 double theory_bubble(Schedule s, int stages, int micro_batches) {
   const double p = stages, m = micro_batches;
   return s == Schedule::kZb ? (p - 1) / (3 * m + p - 1) : (p - 1) / (m + p - 1);
@@ -73,7 +78,8 @@ std::vector<std::vector<ScheduledGroup>> zero_bubble(int p, int M) {
       if (b < M && b < f && finished(0, s, b, t) && (s == p - 1 || finished(1, s + 1, b, t))) {
         pick = B(b);
         picked = true;
-      } else if (f < M && f - w < std::min(p - s, M) && (s == 0 || finished(0, s - 1, f, t))) {
+      } else if (f < M && f - b < std::min(p - s, M) && f - w <= std::min(p - s, M) &&
+                 (s == 0 || finished(0, s - 1, f, t))) {
         pick = F(f);
         picked = true;
       } else if (w < b) {

@@ -27,8 +27,8 @@ class Model:
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
               decay_steps=None, check=False, overlap=False, allow_nonfinite=False,
               micro_batches=None, zero=None, checkpoint=None, checkpoint_every=None,
-              keep_last=None, resume=None, threads_per_device=None, schedule="1f1b",
-              eval_every=None, eval_batches=20, log_dir=None, timeout=60):
+              keep_last=None, resume=None, threads_per_device=None, schedule=None,
+              eval_every=None, eval_batches=20, log_dir=None, timeout=60, recompute=None):
         """Trains ``steps`` steps; returns the dict ``meshflow train --json`` prints.
 
         The options are ``meshflow train``'s (torch.optim's names): ``optimizer`` "sgd" or
@@ -48,8 +48,11 @@ class Model:
         one (else starts at step 1) with ``steps`` the last step number, so one call serves the
         first run and every restart.
         ``threads_per_device`` is ``run``'s. Where the model's layers lie on different meshes
-        (stages), ``schedule`` ("gpipe", "1f1b" or "zb") is the order the stages run their
-        micro-batches in, all at once; each step's dict then has its measured "bubble".
+        (stages), ``schedule`` ("gpipe", "1f1b" or "zb"; None: the model file's, else "1f1b")
+        is the order the stages run their micro-batches in, all at once; each step's dict then
+        has its measured "bubble". ``recompute`` ("none", "selective" or "full"; None: the
+        model file's, else "none") is the activation recomputation (docs/training.md): which
+        forward values backward makes again instead of keeping them.
         A model with a "data" object reads each step's batch from its dataset (docs/data.md);
         ``eval_every`` evaluates the mean loss over ``eval_batches`` val batches after every
         such step and the last ("evals" in the dict); ``log_dir`` gains metrics.jsonl and
@@ -68,10 +71,12 @@ class Model:
                                      None if keep_last is None else int(keep_last),
                                      None if resume is None else str(resume),
                                      None if threads_per_device is None
-                                     else int(threads_per_device), str(schedule),
+                                     else int(threads_per_device),
+                                     None if schedule is None else str(schedule),
                                      None if eval_every is None else int(eval_every),
                                      int(eval_batches),
-                                     None if log_dir is None else str(log_dir), float(timeout))
+                                     None if log_dir is None else str(log_dir), float(timeout),
+                                     None if recompute is None else str(recompute))
 
     def generate(self, weights, prompt, max_new_tokens=100, num_samples=1, temperature=1.0,
                  top_k=None, top_p=None, seed=0, stop=None, tokenizer=None, cache=True):
@@ -97,11 +102,12 @@ class Model:
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
                 decay_steps=None, micro_batches=None, zero=None, threads_per_device=None,
-                schedule="1f1b"):
+                schedule=None, recompute=None):
         """Returns the dict ``meshflow explain --json`` prints for the step ``train`` with the
         same options would run: every value's layout (optimizer state included), every move,
-        for a model with a loss ``est_step_s`` and ``memory_per_device_bytes``, and
-        ``schedule`` and ``est_bubble`` (None unless the model runs on stages)."""
+        for a model with a loss ``est_step_s``, ``memory_per_device_bytes`` and ``recompute``
+        (the recomputed nodes per backward segment), and ``schedule`` and ``est_bubble`` (None
+        unless the model runs on stages)."""
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
@@ -109,7 +115,9 @@ class Model:
                                        None if micro_batches is None else int(micro_batches),
                                        None if zero is None else int(zero),
                                        None if threads_per_device is None
-                                       else int(threads_per_device), str(schedule))
+                                       else int(threads_per_device),
+                                       None if schedule is None else str(schedule),
+                                       None if recompute is None else str(recompute))
 
 
 def autoshard(path, mesh=None, memory_limit=None, out=None, optimizer=None, lr=None,

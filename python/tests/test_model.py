@@ -322,6 +322,34 @@ def test_pipeline_schedules_train_as_one_device_and_explain_their_order():
         raise AssertionError("no error")
 
 
+def test_recompute_trains_as_none_and_the_train_object_sets_it_and_the_schedule(tmp_path):
+    m = mf.Model.load(MODELS / "gpt" / "gpt_dp.json")
+    none = m.train(2, optimizer="adamw", recompute="none")
+    for policy in ["selective", "full"]:
+        r = m.train(2, optimizer="adamw", recompute=policy)
+        assert [s["loss"] for s in r["steps"]] == [s["loss"] for s in none["steps"]], policy
+        e = m.explain(recompute=policy)
+        assert e["recompute"] and all(s["nodes"] for s in e["recompute"]), policy
+    assert m.explain()["recompute"] == []
+    # The model file's "train" object: its schedule and recompute are used, and lose to the
+    # keywords.
+    model = __import__("json").loads((MODELS / "pipeline4_mlp.json").read_text())
+    model["train"] = {"micro_batches": 4, "schedule": "gpipe", "recompute": "full"}
+    model["tensors"]["x"]["input"] = str(MODELS / "x.npy")
+    model["tensors"]["y"]["input"] = str(MODELS / "y.npy")
+    path = tmp_path / "p.json"
+    path.write_text(__import__("json").dumps(model))
+    p = mf.Model.load(path)
+    e = p.explain()
+    assert e["schedule"][0]["tasks"] == ["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"]
+    assert e["recompute"]
+    e = p.explain(schedule="1f1b", recompute="none")
+    assert e["schedule"][0]["tasks"][:5] == ["F0", "F1", "F2", "F3", "B0"]
+    assert e["schedule"][3]["tasks"][:2] == ["F0", "B0"] and e["recompute"] == []
+    with pytest.raises(mf.Error, match="everything"):
+        p.train(1, recompute="everything")
+
+
 def test_autoshard_returns_the_cli_dict_and_writes_a_file_that_trains(tmp_path):
     out = tmp_path / "auto.json"
     r = mf.autoshard(MODELS / "dp_mlp.json", mesh="2x2", out=out)
