@@ -93,7 +93,9 @@ Layout zero_layout(const Layout& layout);
 // instead a gather made for it alone ("gather:<w>@<node>", Node::zero_gather, a move to the
 // layout the node needs, in the node's phase), dropped after that use. The gathers of the k-th
 // node that reads such weights are placed before the (k-1)-th (one use ahead: FSDP2's
-// prefetch, so at most two nodes' gathered weights are held at a time).
+// prefetch, so at most two nodes' gathered weights are held at a time). Each such weight's
+// gradient move into its shard (add_update's backward reduce-scatter) is placed right after the
+// gradient is made, so at most one unsharded gradient is held at a time.
 Pcg shard_weights(Pcg pcg);
 
 // The name of add_update's all-reduced squared gradient norm.

@@ -1,6 +1,6 @@
 // FSDP (graph/passes.h's shard_weights): weights that add_update updates in their ZeRO layout
-// come to live there, and every node that read one reads a gather made for it alone, issued one
-// reader ahead.
+// come to live there, every node that read one reads a gather made for it alone, issued one
+// reader ahead, and each gradient is reduce-scattered as soon as it is made.
 #include <fmt/format.h>
 
 #include <map>
@@ -46,14 +46,27 @@ Pcg shard_weights(Pcg pcg) {
     taken.insert(candidate);
     return candidate;
   };
+  // Each sharded weight's gradient is reduce-scattered into its shard (add_update's backward
+  // move) right after the gradient is made, so the unsharded gradient is dropped at once rather
+  // than held until every gradient is made.
+  std::map<ValueId, std::vector<ValueId>> scattered_after;  // gradient -> its moves
+  std::set<ValueId> scatters;
+  for (const Node& u : pcg.nodes) {
+    if (u.kind != NodeKind::kUpdate || !sharded.count(u.inputs[0])) continue;
+    const ValueId m = u.inputs[1];
+    if (node(m).kind != NodeKind::kMove || node(m).phase != Phase::kBackward) continue;
+    scattered_after[node(m).inputs[0]].push_back(m);
+    scatters.insert(m);
+  }
   Pcg out;
-  std::vector<ValueId> remap;
+  std::vector<ValueId> remap(pcg.nodes.size(), -1);
   std::map<std::pair<ValueId, ValueId>, ValueId> gathered;  // (reader, weight) -> new gather
   auto push = [&](Node n) {
     out.nodes.push_back(std::move(n));
     return static_cast<ValueId>(out.nodes.size() - 1);
   };
   for (ValueId id = 0; id < static_cast<ValueId>(pcg.nodes.size()); ++id) {
+    if (scatters.count(id)) continue;  // placed after its gradient
     if (auto g = gathers_before.find(id); g != gathers_before.end()) {
       for (ValueId r : g->second) {
         const Node& reader = node(r);
@@ -96,7 +109,14 @@ Pcg shard_weights(Pcg pcg) {
       n.mesh = s->second.mesh;
       n.placements = s->second.placements;
     }
-    remap.push_back(push(std::move(n)));
+    remap[static_cast<std::size_t>(id)] = push(std::move(n));
+    if (auto m = scattered_after.find(id); m != scattered_after.end()) {
+      for (ValueId scatter : m->second) {
+        Node moved = node(scatter);
+        moved.inputs = {remap[static_cast<std::size_t>(id)]};
+        remap[static_cast<std::size_t>(scatter)] = push(std::move(moved));
+      }
+    }
   }
   carry_names(pcg, remap, out);
   verify(out, Stage::kLaidOut);

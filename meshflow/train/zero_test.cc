@@ -173,6 +173,55 @@ TEST(Zero, TheMemoryEstimateIsWhatTheRuntimeHolds) {
   }
 }
 
+// A data-parallel chain of `layers` equal 128x128 tanh linear layers and a classifier on 4
+// devices, batch 16 (FSDP's own test model in the issue).
+Pcg chain(int layers) {
+  Pcg g;
+  const DeviceMesh dp = make_mesh({4}, {0, 1, 2, 3});
+  auto R = [] { return std::vector<Placement>{Placement::replicate()}; };
+  auto S0 = [] { return std::vector<Placement>{Placement::shard(0)}; };
+  ValueId h = add_input(g, "x", {{16, 128}}, dp, S0(), Source::normal(1, 7));
+  for (int i = 0; i < layers; ++i) {
+    const ValueId w = add_weight(g, fmt::format("w{}", i), {{128, 128}}, dp, R(),
+                                 Source::normal(0.1, static_cast<std::uint64_t>(10 + i)));
+    h = add_compute(g, fmt::format("l{}", i), Op{.type = OpType::kLinear}, {h, w});
+    h = add_compute(g, fmt::format("a{}", i), Op{.type = OpType::kTanh}, {h});
+  }
+  const ValueId wc = add_weight(g, "wc", {{128, 10}}, dp, R(), Source::normal(0.1, 9));
+  const ValueId o = add_compute(g, "o", Op{.type = OpType::kLinear}, {h, wc});
+  const ValueId t = add_input(g, "t", {{16, 10}}, dp, S0(), Source::normal(1, 8));
+  set_loss(g, add_compute(g, "loss", Op{.type = OpType::kMse}, {o, t}));
+  return g;
+}
+
+// FSDP holds no more than its bound: a quarter of --zero 0's weights, gradients, optimizer state
+// and gathered weights, plus two gathered weights (the one in use and the one prefetched) and
+// one unsharded gradient (waiting for its reduce-scatter), estimated and measured.
+TEST(Zero, FsdpHoldsAQuarterPlusTwoGathersAndOneGradient) {
+  const Optimizer adamw = resolve_optimizer({.kind = OptimizerKind::kAdamW});
+  constexpr std::int64_t kLargest = 128 * 128 * 4;
+  auto held = [](const MemoryBreakdown& m) {
+    return m[MemoryKind::kWeights] + m[MemoryKind::kGradients] +
+           m[MemoryKind::kOptimizerState] + m[MemoryKind::kGathered];
+  };
+  for (int layers : {6, 12}) {
+    const Model m{.pcg = chain(layers)};
+    std::map<int, MemoryBreakdown> est, measured;
+    for (int zero : {0, 3}) {
+      est[zero] = explain_compiled(m.pcg, {.update = adamw.rule, .zero = zero}).memory->at_peak;
+      measured[zero] = train_model(m, {.steps = 2, .optimizer = adamw, .zero = zero})
+                           .measured.at_peak;
+    }
+    for (auto* kind : {&est, &measured}) {
+      const std::string what =
+          fmt::format("{} layers, {}", layers, kind == &est ? "estimated" : "measured");
+      const std::int64_t bound = held((*kind)[0]) / 4 + 2 * kLargest + kLargest;
+      EXPECT_LE(held((*kind)[3]), bound) << what;
+      EXPECT_LE((*kind)[3][MemoryKind::kGathered], 2 * kLargest) << what;
+    }
+  }
+}
+
 TEST(Zero, FsdpSavesTheModelsLayouts) {
   const Models models;
   const Model model{.pcg = testing::sp_mlp(2, 2, 8)};
