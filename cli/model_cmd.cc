@@ -272,7 +272,7 @@ void add_search_options(CLI::App* cmd, std::string& mesh, std::optional<std::int
 AutoshardOptions search_options(const CommonArgs& a, const OptimizerArgs& optimizer,
                                 const Model& model, const std::string& mesh,
                                 std::optional<std::int64_t> limit, int zero, int micro_batches,
-                                const MachineModel* machine) {
+                                const std::string& recompute, const MachineModel* machine) {
   AutoshardOptions o{.memory_limit = limit,
                      .update = optimizer_of(optimizer, model).rule,
                      .plan = {.machine = machine},
@@ -280,6 +280,7 @@ AutoshardOptions search_options(const CommonArgs& a, const OptimizerArgs& optimi
   if (!mesh.empty()) o.mesh = mesh;
   if (zero >= 0) o.zero = zero;
   if (micro_batches > 0) o.micro_batches = micro_batches;
+  if (!recompute.empty()) o.recompute = parse_recompute(recompute);
   return o;
 }
 
@@ -382,7 +383,7 @@ void add_train(CLI::App& app) {
                   "plot train and val loss in DIR/loss.svg");
   cmd->add_flag("--auto", args->autoshard,
                 "train what `meshflow autoshard` chooses for the model (placements, ZeRO level, "
-                "micro-batches; each option given here stays fixed)");
+                "micro-batches, recomputation; each option given here stays fixed)");
   add_search_options(cmd, args->mesh, args->memory_limit);
   cmd->callback([args] {
     auto machine = machine_option(args->machine);
@@ -396,7 +397,8 @@ void add_train(CLI::App& app) {
         const AutoshardResult r =
             autoshard(args->model,
                       search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
-                                     args->zero, args->micro_batches, machine.get()),
+                                     args->zero, args->micro_batches, args->recompute,
+                                     machine.get()),
                       std::filesystem::path(args->model).parent_path());
         const std::filesystem::path base = std::filesystem::path(args->model).parent_path();
         return parse_model(r.model.dump(), base.empty() ? "." : base, args->model);
@@ -562,13 +564,15 @@ void add_autoshard(CLI::App& app) {
     int micro_batches = 0;  // 0: not given
     int zero = -1;          // -1: not given
     std::string mesh, out;
+    std::string recompute;  // empty: not given
     std::optional<std::int64_t> memory_limit;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "autoshard",
-      "Choose the placements of every tensor and node, the ZeRO level and the micro-batches "
-      "that make the estimated step fastest within a memory limit, and write the model file");
+      "Choose the placements of every tensor and node, the ZeRO level, the micro-batches and "
+      "the activation recomputation that make the estimated step fastest within a memory "
+      "limit, and write the model file");
   cmd->add_option("model", args->model, "the model file (JSON)")->required();
   add_search_options(cmd, args->mesh, args->memory_limit);
   add_optimizer_options(cmd, args->optimizer);
@@ -576,6 +580,10 @@ void add_autoshard(CLI::App& app) {
   cmd->add_option("--micro-batches", args->micro_batches,
                   "fix the micro-batches (default: searched, or the model file's \"train\")")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--recompute", args->recompute,
+                  "fix the activation recomputation: none, selective or full (default: searched "
+                  "under --memory-limit, else none; or the model file's \"train\")")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
   cmd->add_option("--threads-per-device", args->threads_per_device,
                   "estimate with this many threads per device (default: this machine's cores "
@@ -594,7 +602,7 @@ void add_autoshard(CLI::App& app) {
     const AutoshardResult r =
         autoshard(args->model,
                   search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
-                                 args->zero, args->micro_batches, machine.get()),
+                                 args->zero, args->micro_batches, args->recompute, machine.get()),
                   out_dir.empty() ? "." : out_dir);
     if (!args->out.empty()) write_file_atomic(args->out, r.model.dump(2) + "\n");
     if (args->json) {
@@ -603,10 +611,11 @@ void add_autoshard(CLI::App& app) {
     }
     fmt::print(
         "est_step_s {:.6g} (the model's own placements: {}), {} bytes per device, zero {}, "
-        "micro-batches {}; searched in {:.2f} s, priced in {:.2f} s{}\n",
+        "micro-batches {}, recompute {}; searched in {:.2f} s, priced in {:.2f} s{}\n",
         r.est_step_s,
         r.given_est_step_s ? fmt::format("{:.6g}", *r.given_est_step_s) : "do not fit",
-        r.memory_per_device_bytes, r.zero, r.micro_batches, r.search_s, r.priced_s,
+        r.memory_per_device_bytes, r.zero, r.micro_batches, to_string(r.recompute), r.search_s,
+        r.priced_s,
         r.exact ? "" : " (heuristic: the graph is far from series-parallel)");
     for (const auto& [name, layout] : r.values)
       fmt::print("{}  {} {}\n", name, explicit_text(layout.mesh), to_string(layout.placements));

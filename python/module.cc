@@ -607,7 +607,8 @@ PYBIND11_MODULE(_meshflow, module) {
       [](const std::string& path, std::optional<std::string> mesh,
          std::optional<std::int64_t> memory_limit, std::optional<std::string> out,
          const py::dict& optimizer, std::optional<int> zero, std::optional<int> micro_batches,
-         std::optional<std::string> machine, std::optional<int> threads_per_device) {
+         std::optional<std::string> machine, std::optional<int> threads_per_device,
+         std::optional<std::string> recompute) {
         if (memory_limit && *memory_limit < 1)
           fail(ErrorKind::kInvalidArgument, "memory_limit= {}: must be >= 1", *memory_limit);
         if (micro_batches && *micro_batches < 1)
@@ -625,6 +626,7 @@ PYBIND11_MODULE(_meshflow, module) {
                            .plan = {.machine = described ? &*described : nullptr},
                            .threads_per_device = threads_option(threads_per_device)};
         if (zero) o.zero = resolve_zero(zero, defaults, OptionStyle::kKeyword);
+        if (recompute) o.recompute = parse_recompute(*recompute);
         const std::filesystem::path folder = std::filesystem::path(out ? *out : path).parent_path();
         AutoshardResult r;
         {

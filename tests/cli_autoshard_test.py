@@ -2,7 +2,8 @@
 on 2x2, the chosen estimate is no worse than any hand-written layout's (each priced by `explain
 --json` with the same options), the written file's estimate is the one reported, and it trains
 equal to one device (`--check`), also from another folder; a memory limit nothing fits gives one
-line with the least memory any choice needs; a limit the data-parallel layout of an AdamW model
+line with the least memory any choice needs; a limit between the GPT's peaks with and without
+activation recomputation gets a recomputing choice that fits; a limit the data-parallel layout of an AdamW model
 with its inputs pinned (sharded folders) meets only with sharded optimizer state gets a ZeRO
 choice that trains equal to one device. Under mpirun (--mpi MPIRUN) `train --auto --check` runs
 on 4 ranks.
@@ -129,6 +130,33 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("train", os.path.join(examples, "dp_mlp.json"), "--memory-limit", "1000")
     check(r.returncode != 0 and "--memory-limit needs --auto" in r.stderr,
           f"--memory-limit without --auto: {r.stderr.strip()}")
+
+    # Recomputation: with no limit autoshard keeps none; with a limit between the GPT's full
+    # and none peaks (on its own placements) it picks a policy that fits, writes it in the
+    # "train" object, and that file trains equal to one device; --recompute fixes the policy.
+    one = os.path.join(gpt, "gpt_one.json")
+    r = json_of("autoshard gpt", "autoshard", one, "--json")
+    if r:
+        check(r["recompute"] == "none", f"no limit: recompute {r['recompute']}")
+    peaks = {p: (json_of(f"explain --recompute {p}", "explain", one, "--recompute", p, "--json")
+                 or {}).get("memory_per_device_bytes", 0) for p in ("none", "full")}
+    limit = (peaks["none"] + peaks["full"]) // 2
+    out = os.path.join(tmp, "gpt_recompute.json")
+    r = json_of("autoshard gpt under a limit", "autoshard", one, "--memory-limit", str(limit),
+                "--json", "--out", out)
+    if r:
+        check(r["recompute"] in ("selective", "full") and r["memory_per_device_bytes"] <= limit,
+              f"between the peaks ({peaks}, limit {limit}): {r['recompute']}, "
+              f"{r['memory_per_device_bytes']} bytes")
+        written = json.load(open(out))
+        check(written["train"]["recompute"] == r["recompute"],
+              f"the written train object: {written['train']}")
+        again = json_of("explain the written file", "explain", out, "--json")
+        check(again and again["recompute"] and again["memory_per_device_bytes"] <= limit,
+              "the written file's explain recomputes and fits")
+        trains_equal("gpt under a limit", out)
+    r = json_of("autoshard --recompute full", "autoshard", one, "--recompute", "full", "--json")
+    check(r is not None and r["recompute"] == "full", "--recompute fixes the policy")
 
     # AdamW with data-parallel inputs pinned (sharded folders): a limit below the data-parallel
     # layout's memory at ZeRO 0 is met by sharding the optimizer state.

@@ -113,6 +113,18 @@ struct Builder {
     return cache.seconds(cache.id(from), cache.id(to));
   }
 
+  // Whether the recomputation policy keeps compute node `n`'s result (graph/passes.h's
+  // recompute_activations: selective keeps products, adds and marked values; full only marked
+  // ones).
+  bool keeps(const Node& n) const {
+    const Recompute r = options.recompute.value_or(Recompute::kNone);
+    if (r == Recompute::kNone || n.checkpoint) return true;
+    if (r == Recompute::kFull) return false;
+    const OpType t = n.op.type;
+    return t == OpType::kLinear || t == OpType::kMatmul || t == OpType::kAttention ||
+           t == OpType::kAdd;
+  }
+
   double sharing(const DeviceMesh& mesh) const {
     return core_sharing(machine, size(mesh), options.threads_per_device);
   }
@@ -320,8 +332,12 @@ struct Builder {
                                     move_s(gradient_target(result), gradient_target(s.output)));
         // Per ZeRO level, summed in the same order for each: the weights the choice owns
         // differ.
+        // A value the policy recomputes is not held from forward to backward: its kernel runs
+        // once more instead.
+        const bool kept = keeps(node);
+        if (!kept) seconds += micro_batches * sharing(mesh) * forward;
         std::vector<double> level_s(zeros.size(), seconds);
-        std::vector<std::int64_t> level_b(zeros.size(), shard_bytes_of(result));
+        std::vector<std::int64_t> level_b(zeros.size(), kept ? shard_bytes_of(result) : 0);
         std::vector<std::pair<int, Layout>> sources;
         for (std::size_t k = 0; k < node.inputs.size(); ++k) {
           const auto a = static_cast<std::size_t>(node.inputs[k]);
@@ -444,7 +460,7 @@ struct Priced {
 // Prices model file `j` (paths relative to `base`) as `explain --json` does.
 std::optional<Priced> price(const nlohmann::json& j, const std::filesystem::path& base,
                             const std::string& source, int zero, int micro_batches,
-                            const AutoshardOptions& options) {
+                            Recompute recompute, const AutoshardOptions& options) {
   try {
     const Model m = parse_model(j.dump(), base, source);
     const Explanation e =
@@ -452,6 +468,7 @@ std::optional<Priced> price(const nlohmann::json& j, const std::filesystem::path
                                  .update = options.update,
                                  .micro_batches = micro_batches,
                                  .zero = zero,
+                                 .recompute = recompute,
                                  .threads_per_device = options.threads_per_device});
     if (!e.step_time || !e.memory) return std::nullopt;
     Priced p{e.step_time->total(), e.memory->peak, {}};
@@ -495,6 +512,7 @@ nlohmann::json apply(nlohmann::json j, const Pcg& pcg, const PlacementProblem& p
 
 struct Solved {
   int zero = 0, micro_batches = 1;
+  Recompute recompute = Recompute::kNone;
   SearchResult result;
   nlohmann::json model;
 };
@@ -577,12 +595,27 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
     counts = {train["micro_batches"].get<int>()};
   }
 
+  // The recomputation policies searched: the given one, else none alone without a memory limit
+  // (recomputing only adds work), else each (full where the model marks a node).
+  std::vector<Recompute> policies = {Recompute::kNone};
+  if (options.recompute) {
+    policies = {*options.recompute};
+  } else if (train.contains("recompute") && train["recompute"].is_string()) {
+    policies = {parse_recompute(train["recompute"].get<std::string>())};
+  } else if (options.memory_limit) {
+    policies = {Recompute::kNone, Recompute::kSelective};
+    if (marks_checkpoint(model.pcg)) policies.push_back(Recompute::kFull);
+  }
+
   AutoshardResult r;
-  SearchCache cache(options.plan);  // shared by every (ZeRO, M)
+  SearchCache cache(options.plan);  // shared by every (ZeRO, M, policy)
   std::vector<Solved> solved;
   // The least memory a choice priced by the compiler needs (for the error when none fits).
   std::int64_t least = std::numeric_limits<std::int64_t>::max();
   std::optional<Solved> smallest;  // the search's least-memory choice where none fitted
+  for (Recompute policy : policies) {
+  AutoshardOptions with = options;
+  with.recompute = policy;
   // Under the cost model more micro-batches never make a step faster on its own meshes (the
   // same work in more pieces): a larger M is tried only where a smaller one did not fit.
   for (int m : counts) {
@@ -597,7 +630,7 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
     // The levels' problems are built together and solved at once, each on a thread of its own
     // (solving is pure).
     const std::vector<PlacementProblem> problems =
-        placement_problems(split, zeros, m, options, cache);
+        placement_problems(split, zeros, m, with, cache);
     std::vector<std::future<std::optional<SearchResult>>> solving;
     for (const PlacementProblem& p : problems) {
       solving.push_back(std::async(std::launch::async, [&p, &options] {
@@ -612,16 +645,23 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
         // Kept to say how much memory the smallest choice needs, if nothing fits.
         const std::optional<SearchResult> small = solve(p.problem, {.minimise_bytes = true});
         if (small && (!smallest || small->bytes < smallest->result.bytes))
-          smallest = Solved{z, m, *small, apply(searched, split, p, *small)};
+          smallest = Solved{z, m, policy, *small, apply(searched, split, p, *small)};
+        // The memory model adds every kept value as if all were held at once: the compiler,
+        // which knows when each is dropped, may still find the fastest choice fits.
+        if (const std::optional<SearchResult> fastest = solve(p.problem, {});
+            fastest && fastest->seconds < kInfeasible) {
+          solved.push_back({z, m, policy, *fastest, apply(searched, split, p, *fastest)});
+        }
         continue;
       }
       if (best->seconds >= kInfeasible) continue;
       r.exact = r.exact && best->exact;
       fitted = true;
-      solved.push_back({z, m, *best, apply(searched, split, p, *best)});
+      solved.push_back({z, m, policy, *best, apply(searched, split, p, *best)});
     }
     if (fitted && options.memory_limit) break;
     if (!options.memory_limit) break;
+  }
   }
   r.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Price with the compiler in the search's order: the first that fits, and the next where the
@@ -632,41 +672,54 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
             [](const Solved& a, const Solved& b) { return a.result.seconds < b.result.seconds; });
   const int given_zero = options.zero.value_or(train.value("zero", 0));
   const int given_m = options.micro_batches.value_or(train.value("micro_batches", 1));
+  const Recompute given_recompute =
+      options.recompute ? *options.recompute
+      : train.contains("recompute") && train["recompute"].is_string()
+          ? parse_recompute(train["recompute"].get<std::string>())
+          : Recompute::kNone;
   std::optional<nlohmann::json> given;
   try {
     given = options.mesh ? on_one_mesh(original, *options.mesh, true, source) : original;
   } catch (const Error&) {
   }
-  auto price_later = [&](const nlohmann::json& j, int zero, int m) {
-    return std::async(std::launch::async, [&j, &base, &source, &options, zero, m] {
-      return price(j, base, source, zero, m, options);
+  auto price_later = [&](const nlohmann::json& j, int zero, int m, Recompute policy) {
+    return std::async(std::launch::async, [&j, &base, &source, &options, zero, m, policy] {
+      return price(j, base, source, zero, m, policy, options);
     });
   };
   std::vector<std::future<std::optional<Priced>>> ahead;
-  for (std::size_t i = 0; i < std::min<std::size_t>(2, solved.size()); ++i)
-    ahead.push_back(price_later(solved[i].model, solved[i].zero, solved[i].micro_batches));
+  for (std::size_t i = 0; i < std::min<std::size_t>(2, solved.size()); ++i) {
+    ahead.push_back(price_later(solved[i].model, solved[i].zero, solved[i].micro_batches,
+                                solved[i].recompute));
+  }
   std::future<std::optional<Priced>> given_priced;
-  if (given) given_priced = price_later(*given, given_zero, given_m);
+  if (given) given_priced = price_later(*given, given_zero, given_m, given_recompute);
+  // Per policy (the search prices recomputation roughly: the compiler compares the policies).
   std::optional<Priced> best;
-  std::optional<double> first_fit;
-  int near_ties = 0;
-  for (std::size_t i = 0; i < solved.size(); ++i) {
-    const Solved& s = solved[i];
-    if (first_fit && (s.result.seconds > 1.01 * *first_fit || ++near_ties > 1)) break;
-    const std::optional<Priced> priced =
-        i < ahead.size() ? ahead[i].get()
-                         : price(s.model, base, source, s.zero, s.micro_batches, options);
-    if (!priced) continue;
-    if (options.memory_limit && priced->memory > *options.memory_limit) {
-      least = std::min(least, priced->memory);
-      continue;
-    }
-    if (!first_fit) first_fit = s.result.seconds;
-    if (!best || priced->est_s < best->est_s) {
-      best = priced;
-      r.model = s.model;
-      r.zero = s.zero;
-      r.micro_batches = s.micro_batches;
+  for (Recompute policy : policies) {
+    std::optional<double> first_fit;
+    int near_ties = 0;
+    for (std::size_t i = 0; i < solved.size(); ++i) {
+      const Solved& s = solved[i];
+      if (s.recompute != policy) continue;
+      if (first_fit && (s.result.seconds > 1.01 * *first_fit || ++near_ties > 1)) break;
+      const std::optional<Priced> priced =
+          i < ahead.size()
+              ? ahead[i].get()
+              : price(s.model, base, source, s.zero, s.micro_batches, s.recompute, options);
+      if (!priced) continue;
+      if (options.memory_limit && priced->memory > *options.memory_limit) {
+        least = std::min(least, priced->memory);
+        continue;
+      }
+      if (!first_fit) first_fit = s.result.seconds;
+      if (!best || priced->est_s < best->est_s) {
+        best = priced;
+        r.model = s.model;
+        r.zero = s.zero;
+        r.micro_batches = s.micro_batches;
+        r.recompute = s.recompute;
+      }
     }
   }
   for (auto& f : ahead)
@@ -681,13 +734,15 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
         r.model = *given;
         r.zero = given_zero;
         r.micro_batches = given_m;
+        r.recompute = given_recompute;
         r.given_won = true;
       }
     }
   }
   if (!best && smallest) {
-    const std::optional<Priced> priced =
-        price(smallest->model, base, source, smallest->zero, smallest->micro_batches, options);
+    const std::optional<Priced> priced = price(smallest->model, base, source, smallest->zero,
+                                               smallest->micro_batches, smallest->recompute,
+                                               options);
     least = std::min(least, priced ? priced->memory : smallest->result.bytes);
   }
   if (!best && !options.memory_limit) {
@@ -708,6 +763,7 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   t["optimizer"] = std::string(to_string(options.update.kind));
   t["zero"] = r.zero;
   t["micro_batches"] = r.micro_batches;
+  t["recompute"] = std::string(to_string(r.recompute));
   r.model["train"] = t;
   rebase_paths(r.model, base, out_dir);
   r.priced_s =
@@ -724,6 +780,7 @@ nlohmann::json to_json(const AutoshardResult& r) {
           {"memory_per_device_bytes", r.memory_per_device_bytes},
           {"zero", r.zero},
           {"micro_batches", r.micro_batches},
+          {"recompute", std::string(to_string(r.recompute))},
           {"search_s", r.search_s},
           {"priced_s", r.priced_s},
           {"exact", r.exact},

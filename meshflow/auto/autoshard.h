@@ -18,9 +18,15 @@
 //     consumer's, and of moving the gradient back (Partial where the consumer's strategy shards
 //     a dim the operand lacks).
 // Per-micro-batch terms count M times. The memory model sums, per device, the largest shard of:
-// every forward value of one micro-batch (kept until its backward), every micro-batch of the
-// inputs, and each weight's bytes with its gradient and optimizer state (state and, at ZeRO 3,
-// weight and gradient in the ZeRO layout).
+// every forward value of one micro-batch that the recomputation policy keeps (kept until its
+// backward; a value it recomputes costs its kernel's forward seconds once more instead), every
+// micro-batch of the inputs, and each weight's bytes with its gradient and optimizer state
+// (state and, at ZeRO 3, weight and gradient in the ZeRO layout).
+//
+// The policy is searched too where it is not given (AutoshardOptions::recompute, the model's
+// "train" object): without a memory limit none (recomputation only adds work); with one, each
+// of none, selective and full (where the model marks a node) is searched and priced, and the
+// fastest choice that fits wins, so none whenever it fits at the lowest estimate.
 //
 // Every (ZeRO, M) pair searched is solved (the ZeRO levels at once, on threads); the best choice,
 // and the next where the search puts it within 1%, are written as model files and priced by the
@@ -39,6 +45,7 @@
 #include <vector>
 
 #include "meshflow/auto/search.h"
+#include "meshflow/graph/passes.h"
 #include "meshflow/graph/pcg.h"
 #include "meshflow/ops/strategy.h"
 #include "meshflow/plan/plan_cache.h"
@@ -53,6 +60,7 @@ struct AutoshardOptions {
   UpdateRule update;                         // the optimizer the step runs
   std::optional<int> zero;                   // fixed where given
   std::optional<int> micro_batches;          // fixed where given
+  std::optional<Recompute> recompute;        // fixed where given
   PlanOptions plan;                          // the machine description
   int threads_per_device = 0;
 };
@@ -120,6 +128,7 @@ struct AutoshardResult {
   std::optional<double> given_est_step_s;  // the model's own placements (null: they do not fit)
   std::int64_t memory_per_device_bytes = 0;
   int zero = 0, micro_batches = 1;
+  Recompute recompute = Recompute::kNone;
   double search_s = 0;     // reading the model, building and solving every (ZeRO, M) problem
   double priced_s = 0;     // the compiler pricing the choice and the model's own placements
   bool exact = true;       // the search was exact on every (ZeRO, M) it solved

@@ -21,7 +21,8 @@ class Model:
         with (None: this machine's cores divided by the devices, at least 1).
         """
         return _meshflow.run_model(self._h, overlap,
-                                   None if threads_per_device is None else int(threads_per_device))
+                                   None if threads_per_device is None else int(threads_per_device),
+                               None if recompute is None else str(recompute))
 
     def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
@@ -123,13 +124,14 @@ class Model:
 def autoshard(path, mesh=None, memory_limit=None, out=None, optimizer=None, lr=None,
               momentum=None, betas=None, eps=None, weight_decay=None, clip_grad_norm=None,
               warmup_steps=None, decay=None, decay_steps=None, zero=None, micro_batches=None,
-              machine=None, threads_per_device=None):
-    """Chooses the placements of every tensor and node of model file ``path``, its ZeRO level
-    and micro-batch count for the fastest estimated step within ``memory_limit`` bytes per
-    device (``meshflow autoshard``); returns the dict ``meshflow autoshard --json`` prints.
+              machine=None, threads_per_device=None, recompute=None):
+    """Chooses the placements of every tensor and node of model file ``path``, its ZeRO level,
+    micro-batch count and activation recomputation for the fastest estimated step within
+    ``memory_limit`` bytes per device (``meshflow autoshard``); returns the dict ``meshflow
+    autoshard --json`` prints.
 
     ``mesh`` ("4", "2x2") searches on one mesh of that shape instead of the model's own;
-    ``zero`` and ``micro_batches``, where given, are kept; the optimizer options are ``train``'s;
+    ``zero``, ``micro_batches`` and ``recompute``, where given, are kept; the optimizer options are ``train``'s;
     ``machine`` is a machine description file (``meshflow calibrate``). ``out`` writes the chosen
     model file, which ``Model.load(out).train(...)`` runs as it is. No choice fits: raises
     InvalidArgumentError giving the least memory any choice needs."""
@@ -142,4 +144,5 @@ def autoshard(path, mesh=None, memory_limit=None, out=None, optimizer=None, lr=N
                                None if zero is None else int(zero),
                                None if micro_batches is None else int(micro_batches),
                                None if machine is None else str(machine),
-                               None if threads_per_device is None else int(threads_per_device))
+                               None if threads_per_device is None else int(threads_per_device),
+                               None if recompute is None else str(recompute))
