@@ -5,7 +5,8 @@ both, also laid on a 4x1 mesh); every layout's losses are the one-device losses;
 moves, per block forward, two all-gathers into the products and two reduce-scatters out of them,
 and nothing else but its embedding's reduce-scatter and its logits' gathers; with a vocabulary
 wide enough the loss runs vocabulary-parallel, moving only per-row statistics; --zero 1 and 3
-train as --zero 0 does, and FSDP holds less.
+train as --zero 0 does, and FSDP holds less; --recompute selective and full train bit for bit
+as none (the TP, DP x TP and pipeline layouts under mpirun -n 4).
 Usage: cli_gpt_test.py MESHFLOW GPT_DIR [--mpi MPIRUN]"""
 import filecmp
 import json
@@ -229,5 +230,34 @@ with tempfile.TemporaryDirectory() as tmp:
               f"--threads-per-device 0: {r.returncode} {r.stderr}")
     train_checked([os.path.join(tmp, "gpt_dp.json"), "--steps", "2", "--threads-per-device",
                    "2"], "gpt_dp --threads-per-device 2")
+
+# Activation recomputation trains bit for bit as none: the same losses and gradient norms and the
+# same saved weights, byte for byte (threads: meshflow/train/recompute_test.cc runs every layout;
+# here the CLI on threads, and the tp, dp_tp and pp layouts under mpirun -n 4).
+with tempfile.TemporaryDirectory() as tmp:
+    for layout in (["tp", "dp_tp", "pp"] if mpirun else ["dp_tp", "pp"]):
+        runs = {}
+        for policy in ("none", "selective", "full"):
+            save = os.path.join(tmp, f"{layout}_{policy}")
+            r = run_meshflow(meshflow, ["train", model(layout), "--steps", "3", "--optimizer",
+                                        "adamw", "--micro-batches", "2", "--recompute", policy,
+                                        "--save", save, "--json"], mpirun, 4 if mpirun else None,
+                             timeout=300)
+            check(r.returncode == 0, f"{layout} --recompute {policy}: {r.stderr[-300:]}")
+            if r.returncode == 0:
+                steps = json.loads(r.stdout)["steps"]
+                runs[policy] = ([(s["loss"], s["grad_norm"]) for s in steps], save)
+        for policy in ("selective", "full"):
+            if policy not in runs or "none" not in runs:
+                continue
+            check(runs[policy][0] == runs["none"][0],
+                  f"{layout} --recompute {policy}: losses and norms {runs[policy][0]} against "
+                  f"{runs['none'][0]}")
+            a, b = runs[policy][1], runs["none"][1]
+            files = sorted(os.path.relpath(os.path.join(d, f), a) for d, _, fs in os.walk(a)
+                           for f in fs if f.endswith(".npy"))
+            check(files and all(filecmp.cmp(os.path.join(a, f), os.path.join(b, f),
+                                            shallow=False) for f in files),
+                  f"{layout} --recompute {policy}: the saved weights differ from none's")
 
 finish()

@@ -34,17 +34,19 @@ def design_order(schedule, p, s, m):
 
 
 def zb_rules(order, p, s, m):
-    """Each task once, F<i> before B<i> before W<i>, at most p - s sets held."""
+    """Each task once, F<i> before B<i> before W<i>, at most p - s sets between F and B
+    (ZB-H1's accounting) and at most one more held until W."""
     if sorted(order) != sorted(f"{k}{i}" for k in "FBW" for i in range(m)):
         return False
-    held = most = 0
+    held = most = before_b = most_before_b = 0
     for g in order:
         k, i = g[0], g[1:]
         if k != "F" and order.index(("F" if k == "B" else "B") + i) > order.index(g):
             return False
         held += {"F": 1, "B": 0, "W": -1}[k]
-        most = max(most, held)
-    return most <= min(p - s, m)
+        before_b += {"F": 1, "B": -1, "W": 0}[k]
+        most, most_before_b = max(most, held), max(most_before_b, before_b)
+    return most_before_b <= min(p - s, m) and most <= min(p - s + 1, m)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -157,7 +159,8 @@ with tempfile.TemporaryDirectory() as tmp:
         for s in stages:
             want = (zb_rules(s["tasks"], 4, s["stage"], 8) if schedule == "zb"
                     else s["tasks"] == design_order(schedule, 4, s["stage"], 8))
-            limit = 8 if schedule == "gpipe" else 4 - s["stage"]
+            # Sets held until their last group: under zb at most one more than 1F1B's.
+            limit = 8 if schedule == "gpipe" else 4 - s["stage"] + (schedule == "zb")
             check(want and s["activation_sets"] == limit and s["est_activation_bytes"] > 0,
                   f"explain --schedule {schedule}: stage {s}")
         theory = 3 / (3 * 8 + 3) if schedule == "zb" else 3 / (8 + 3)
@@ -166,6 +169,39 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run_meshflow(meshflow, ["explain", os.path.join(examples, "dp_mlp.json"), "--json"])
     j = json.loads(r.stdout)
     check(j["schedule"] is None and j["est_bubble"] is None, "explain of one stage: nulls")
+    # The model file's "train" object gives the schedule and the recomputation policy, and the
+    # command line wins over it: the groups each device ran, and the recomputed tasks, in the
+    # trace.
+    model = json.load(open(os.path.join(examples, "pipeline4_mlp.json")))
+    for t in model["tensors"].values():
+        if isinstance(t.get("input"), str):
+            t["input"] = os.path.join(os.path.abspath(examples), t["input"])
+    model["train"] = {"micro_batches": 4, "schedule": "gpipe", "recompute": "full"}
+    path = f"{tmp}/trained_by_file.json"
+    json.dump(model, open(path, "w"))
+    for extra, schedule, recomputes in [((), "gpipe", True),
+                                        (("--schedule", "1f1b", "--recompute", "none"), "1f1b",
+                                         False)]:
+        what = f"the train object with {' '.join(extra) or 'no options'}"
+        trace = f"{tmp}/trace_file.json"
+        r = run("train", path, "--steps", "2", "--check", "--json", "--trace", trace, *extra)
+        check(r.returncode == 0, f"{what}: exit {r.returncode} {r.stderr[-400:]}")
+        if r.returncode != 0:
+            continue
+        c = json.loads(r.stdout)["check"]
+        check(max(c["max_loss_diff"], c["max_weight_diff"]) < TOLERANCE, f"{what}: {c}")
+        events = [e for e in json.load(open(trace))["traceEvents"]
+                  if e.get("ph") == "X" and e["args"]["step"] == 2]
+        order = [e["name"] for e in sorted(events, key=lambda e: e["ts"])
+                 if e["cat"] == "group" and e["pid"] == 0]
+        check(order == design_order(schedule, 4, 0, 4), f"{what}: device 0 ran {order}")
+        names = {e["name"] for e in events}
+        check(any(n.startswith("recompute:") for n in names) == recomputes,
+              f"{what}: recomputed tasks {sorted(n for n in names if n.startswith('recompute:'))}")
+        e = run("explain", path, "--json", *extra)
+        check(e.returncode == 0 and (json.loads(e.stdout)["recompute"] != []) == recomputes,
+              f"{what}: explain's recompute")
+
     # A label out of range in the last stage: every stage stops, one line, non-zero exit.
     bad = f"{tmp}/bad"
     shutil.copytree(examples, bad, ignore=shutil.ignore_patterns("gpt"))
