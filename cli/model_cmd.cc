@@ -394,12 +394,11 @@ void add_train(CLI::App& app) {
     Model model = load(args->model, options.backend);
     if (args->autoshard) {
       model = every_device(options.backend, [&] {
-        const AutoshardResult r =
-            autoshard(args->model,
-                      search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
-                                     args->zero, args->micro_batches, args->recompute,
-                                     machine.get()),
-                      std::filesystem::path(args->model).parent_path());
+        const AutoshardResult r = autoshard(
+            args->model,
+            search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
+                           args->zero, args->micro_batches, args->recompute, machine.get()),
+            std::filesystem::path(args->model).parent_path());
         const std::filesystem::path base = std::filesystem::path(args->model).parent_path();
         return parse_model(r.model.dump(), base.empty() ? "." : base, args->model);
       });
@@ -439,11 +438,11 @@ void add_train(CLI::App& app) {
             [&] { return optimizer_of(args->optimizer, model, resumed ? &*resumed : nullptr); }),
         .micro_batches = every_device(options.backend,
                                       [&] { return micro_batches_of(args->micro_batches, model); }),
-        .schedule = every_device(options.backend,
-                                 [&] { return chosen_schedule(args->schedule, model); }),
+        .schedule =
+            every_device(options.backend, [&] { return chosen_schedule(args->schedule, model); }),
         .zero = every_device(options.backend, [&] { return zero_of(args->zero, model); }),
-        .recompute = every_device(options.backend,
-                                  [&] { return chosen_recompute(args->recompute, model); }),
+        .recompute =
+            every_device(options.backend, [&] { return chosen_recompute(args->recompute, model); }),
         .allow_nonfinite = args->allow_nonfinite,
         .check = args->check,
         .eval_every = args->eval_every,
@@ -494,8 +493,8 @@ void add_train(CLI::App& app) {
 void add_explain(CLI::App& app) {
   struct Args : CommonArgs {
     OptimizerArgs optimizer;
-    int micro_batches = 0;  // 0: not given
-    int zero = -1;          // -1: not given
+    int micro_batches = 0;            // 0: not given
+    int zero = -1;                    // -1: not given
     std::string schedule, recompute;  // empty: not given
   };
   auto args = std::make_shared<Args>();
@@ -615,8 +614,7 @@ void add_autoshard(CLI::App& app) {
         r.est_step_s,
         r.given_est_step_s ? fmt::format("{:.6g}", *r.given_est_step_s) : "do not fit",
         r.memory_per_device_bytes, r.zero, r.micro_batches, to_string(r.recompute), r.search_s,
-        r.priced_s,
-        r.exact ? "" : " (heuristic: the graph is far from series-parallel)");
+        r.priced_s, r.exact ? "" : " (heuristic: the graph is far from series-parallel)");
     for (const auto& [name, layout] : r.values)
       fmt::print("{}  {} {}\n", name, explicit_text(layout.mesh), to_string(layout.placements));
     if (!args->out.empty()) fmt::print("wrote {}\n", args->out);

@@ -406,14 +406,14 @@ PYBIND11_MODULE(_meshflow, module) {
   module.def("load_model", [](const std::string& path) { return LoadedModel{load_model(path)}; });
   module.def("run_model", &run_outputs);
   module.def(
-      "train_model", [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check,
-                        bool overlap, bool allow_nonfinite, std::optional<int> micro_batches,
-                        std::optional<int> zero, std::optional<std::string> checkpoint,
-                        std::optional<int> checkpoint_every, std::optional<int> keep_last,
-                        std::optional<std::string> resume, std::optional<int> threads_per_device,
-                        std::optional<std::string> schedule, std::optional<int> eval_every,
-                        int eval_batches, std::optional<std::string> log_dir, double timeout,
-                        std::optional<std::string> recompute) {
+      "train_model",
+      [](const LoadedModel& m, int steps, const py::dict& optimizer, bool check, bool overlap,
+         bool allow_nonfinite, std::optional<int> micro_batches, std::optional<int> zero,
+         std::optional<std::string> checkpoint, std::optional<int> checkpoint_every,
+         std::optional<int> keep_last, std::optional<std::string> resume,
+         std::optional<int> threads_per_device, std::optional<std::string> schedule,
+         std::optional<int> eval_every, int eval_batches, std::optional<std::string> log_dir,
+         double timeout, std::optional<std::string> recompute) {
         if (!(timeout > 0))
           fail(ErrorKind::kInvalidArgument, "timeout= {}: must be > 0 seconds", timeout);
         if (micro_batches && *micro_batches < 1)
@@ -603,12 +603,11 @@ PYBIND11_MODULE(_meshflow, module) {
     return json_to_python(j);
   });
   module.def(
-      "autoshard",
-      [](const std::string& path, std::optional<std::string> mesh,
-         std::optional<std::int64_t> memory_limit, std::optional<std::string> out,
-         const py::dict& optimizer, std::optional<int> zero, std::optional<int> micro_batches,
-         std::optional<std::string> machine, std::optional<int> threads_per_device,
-         std::optional<std::string> recompute) {
+      "autoshard", [](const std::string& path, std::optional<std::string> mesh,
+                      std::optional<std::int64_t> memory_limit, std::optional<std::string> out,
+                      const py::dict& optimizer, std::optional<int> zero,
+                      std::optional<int> micro_batches, std::optional<std::string> machine,
+                      std::optional<int> threads_per_device, std::optional<std::string> recompute) {
         if (memory_limit && *memory_limit < 1)
           fail(ErrorKind::kInvalidArgument, "memory_limit= {}: must be >= 1", *memory_limit);
         if (micro_batches && *micro_batches < 1)

@@ -36,7 +36,7 @@ void expect_trains_as_one_device(Schedule schedule, int stages, int tp, int m, b
   }
   ASSERT_EQ(r.pipeline.size(), 4u);
   for (const LoopEnd::StageDevice& d : r.pipeline)
-    EXPECT_LE(d.peak_sets, activation_set_limit(schedule, stages, d.stage, m)) << d.device;
+    EXPECT_LE(d.peak_sets, held_set_limit(schedule, stages, d.stage, m)) << d.device;
 }
 
 TEST(MpiPipeline, EveryScheduleTrainsAsOneDevice) {

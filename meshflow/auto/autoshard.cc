@@ -614,54 +614,54 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   std::int64_t least = std::numeric_limits<std::int64_t>::max();
   std::optional<Solved> smallest;  // the search's least-memory choice where none fitted
   for (Recompute policy : policies) {
-  AutoshardOptions with = options;
-  with.recompute = policy;
-  // Under the cost model more micro-batches never make a step faster on its own meshes (the
-  // same work in more pieces): a larger M is tried only where a smaller one did not fit.
-  for (int m : counts) {
-    Pcg split;
-    try {
-      split = split_micro_batches(model.pcg, m);
-    } catch (const Error&) {
-      if (counts.size() == 1) throw;
-      continue;
-    }
-    bool fitted = false;
-    // The levels' problems are built together and solved at once, each on a thread of its own
-    // (solving is pure).
-    const std::vector<PlacementProblem> problems =
-        placement_problems(split, zeros, m, with, cache);
-    std::vector<std::future<std::optional<SearchResult>>> solving;
-    for (const PlacementProblem& p : problems) {
-      solving.push_back(std::async(std::launch::async, [&p, &options] {
-        return solve(p.problem, {.memory_limit = options.memory_limit});
-      }));
-    }
-    for (std::size_t k = 0; k < zeros.size(); ++k) {
-      const int z = zeros[k];
-      const PlacementProblem& p = problems[k];
-      const std::optional<SearchResult> best = solving[k].get();
-      if (!best) {
-        // Kept to say how much memory the smallest choice needs, if nothing fits.
-        const std::optional<SearchResult> small = solve(p.problem, {.minimise_bytes = true});
-        if (small && (!smallest || small->bytes < smallest->result.bytes))
-          smallest = Solved{z, m, policy, *small, apply(searched, split, p, *small)};
-        // The memory model adds every kept value as if all were held at once: the compiler,
-        // which knows when each is dropped, may still find the fastest choice fits.
-        if (const std::optional<SearchResult> fastest = solve(p.problem, {});
-            fastest && fastest->seconds < kInfeasible) {
-          solved.push_back({z, m, policy, *fastest, apply(searched, split, p, *fastest)});
-        }
+    AutoshardOptions with = options;
+    with.recompute = policy;
+    // Under the cost model more micro-batches never make a step faster on its own meshes (the
+    // same work in more pieces): a larger M is tried only where a smaller one did not fit.
+    for (int m : counts) {
+      Pcg split;
+      try {
+        split = split_micro_batches(model.pcg, m);
+      } catch (const Error&) {
+        if (counts.size() == 1) throw;
         continue;
       }
-      if (best->seconds >= kInfeasible) continue;
-      r.exact = r.exact && best->exact;
-      fitted = true;
-      solved.push_back({z, m, policy, *best, apply(searched, split, p, *best)});
+      bool fitted = false;
+      // The levels' problems are built together and solved at once, each on a thread of its own
+      // (solving is pure).
+      const std::vector<PlacementProblem> problems =
+          placement_problems(split, zeros, m, with, cache);
+      std::vector<std::future<std::optional<SearchResult>>> solving;
+      for (const PlacementProblem& p : problems) {
+        solving.push_back(std::async(std::launch::async, [&p, &options] {
+          return solve(p.problem, {.memory_limit = options.memory_limit});
+        }));
+      }
+      for (std::size_t k = 0; k < zeros.size(); ++k) {
+        const int z = zeros[k];
+        const PlacementProblem& p = problems[k];
+        const std::optional<SearchResult> best = solving[k].get();
+        if (!best) {
+          // Kept to say how much memory the smallest choice needs, if nothing fits.
+          const std::optional<SearchResult> small = solve(p.problem, {.minimise_bytes = true});
+          if (small && (!smallest || small->bytes < smallest->result.bytes))
+            smallest = Solved{z, m, policy, *small, apply(searched, split, p, *small)};
+          // The memory model adds every kept value as if all were held at once: the compiler,
+          // which knows when each is dropped, may still find the fastest choice fits.
+          if (const std::optional<SearchResult> fastest = solve(p.problem, {});
+              fastest && fastest->seconds < kInfeasible) {
+            solved.push_back({z, m, policy, *fastest, apply(searched, split, p, *fastest)});
+          }
+          continue;
+        }
+        if (best->seconds >= kInfeasible) continue;
+        r.exact = r.exact && best->exact;
+        fitted = true;
+        solved.push_back({z, m, policy, *best, apply(searched, split, p, *best)});
+      }
+      if (fitted && options.memory_limit) break;
+      if (!options.memory_limit) break;
     }
-    if (fitted && options.memory_limit) break;
-    if (!options.memory_limit) break;
-  }
   }
   r.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Price with the compiler in the search's order: the first that fits, and the next where the
@@ -672,11 +672,10 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
             [](const Solved& a, const Solved& b) { return a.result.seconds < b.result.seconds; });
   const int given_zero = options.zero.value_or(train.value("zero", 0));
   const int given_m = options.micro_batches.value_or(train.value("micro_batches", 1));
-  const Recompute given_recompute =
-      options.recompute ? *options.recompute
-      : train.contains("recompute") && train["recompute"].is_string()
-          ? parse_recompute(train["recompute"].get<std::string>())
-          : Recompute::kNone;
+  const Recompute given_recompute = options.recompute ? *options.recompute
+                                    : train.contains("recompute") && train["recompute"].is_string()
+                                        ? parse_recompute(train["recompute"].get<std::string>())
+                                        : Recompute::kNone;
   std::optional<nlohmann::json> given;
   try {
     given = options.mesh ? on_one_mesh(original, *options.mesh, true, source) : original;
@@ -689,8 +688,8 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
   };
   std::vector<std::future<std::optional<Priced>>> ahead;
   for (std::size_t i = 0; i < std::min<std::size_t>(2, solved.size()); ++i) {
-    ahead.push_back(price_later(solved[i].model, solved[i].zero, solved[i].micro_batches,
-                                solved[i].recompute));
+    ahead.push_back(
+        price_later(solved[i].model, solved[i].zero, solved[i].micro_batches, solved[i].recompute));
   }
   std::future<std::optional<Priced>> given_priced;
   if (given) given_priced = price_later(*given, given_zero, given_m, given_recompute);
@@ -740,9 +739,9 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
     }
   }
   if (!best && smallest) {
-    const std::optional<Priced> priced = price(smallest->model, base, source, smallest->zero,
-                                               smallest->micro_batches, smallest->recompute,
-                                               options);
+    const std::optional<Priced> priced =
+        price(smallest->model, base, source, smallest->zero, smallest->micro_batches,
+              smallest->recompute, options);
     least = std::min(least, priced ? priced->memory : smallest->result.bytes);
   }
   if (!best && !options.memory_limit) {

@@ -1,7 +1,8 @@
 // The pass pipeline a model goes through before it runs, with the verifier between passes:
 // (to train) split_micro_batches, infer_layouts, then (to train) expand_backward, infer_layouts,
 // add_update (and at ZeRO-3 shard_weights), then expand_vocab_parallel, insert_copies, (to
-// train) recompute_activations, and with `overlap` decompose_collectives. The result is Stage::kCopied, ready for expand_shards.
+// train) recompute_activations, and with `overlap` decompose_collectives. The result is
+// Stage::kCopied, ready for expand_shards.
 #pragma once
 
 #include "meshflow/graph/passes.h"

@@ -203,7 +203,8 @@ struct Reader {
       for (std::size_t i = 0; i < d->size(); ++i)
         op.shape.push_back(d->at(i).as_int(-1, kMaxTensorBytes));
     }
-    const ValueId id = add_compute(model.pcg, name, op, std::move(inputs), std::move(m), std::move(ps));
+    const ValueId id =
+        add_compute(model.pcg, name, op, std::move(inputs), std::move(m), std::move(ps));
     model.pcg.nodes[static_cast<std::size_t>(id)].checkpoint = checkpoint;
   }
 

@@ -32,9 +32,8 @@ Recompute parse_recompute(std::string_view text) {
 }
 
 bool marks_checkpoint(const Pcg& pcg) {
-  return std::any_of(pcg.nodes.begin(), pcg.nodes.end(), [](const Node& n) {
-    return n.checkpoint && n.phase == Phase::kForward;
-  });
+  return std::any_of(pcg.nodes.begin(), pcg.nodes.end(),
+                     [](const Node& n) { return n.checkpoint && n.phase == Phase::kForward; });
 }
 
 namespace {
@@ -113,7 +112,8 @@ Pcg recompute_activations(Pcg pcg, Recompute policy) {
     const auto i = static_cast<std::size_t>(v);
     if (copy_of[i] >= 0) return copy_of[i];
     Node c = pcg.nodes[i];
-    for (ValueId& u : c.inputs) u = again[static_cast<std::size_t>(u)] ? copy(u) : remap[static_cast<std::size_t>(u)];
+    for (ValueId& u : c.inputs)
+      u = again[static_cast<std::size_t>(u)] ? copy(u) : remap[static_cast<std::size_t>(u)];
     std::string name = "recompute:" + c.name;
     for (int k = 2; taken.contains(name); ++k) name = fmt::format("recompute:{}#{}", c.name, k);
     taken.insert(name);

@@ -87,7 +87,7 @@ struct PreparedModel {
 struct TrainingCompile {
   UpdateRule update;
   int micro_batches = 1;
-  int zero = 0;  // the ZeRO level (graph/compile.h)
+  int zero = 0;                            // the ZeRO level (graph/compile.h)
   Recompute recompute = Recompute::kNone;  // activation recomputation (graph/passes.h)
   // Fetch each weight's gradient and value to the leader (train --check).
   bool fetch_training_values = false;

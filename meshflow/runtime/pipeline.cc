@@ -175,7 +175,8 @@ std::set<ValueId> weight_values(const TaskGraph& graph, const PipelineStages& st
       std::set<ValueId> read_by_w, read_by_other;
       for (const Task& t : dt->tasks) {
         if (!per_micro_batch(t)) continue;
-        for (ValueId v : task_reads(t)) (holds_any(weight, t) ? read_by_w : read_by_other).insert(v);
+        for (ValueId v : task_reads(t))
+          (holds_any(weight, t) ? read_by_w : read_by_other).insert(v);
       }
       const std::set<ValueId> sources(dt->sources.begin(), dt->sources.end());
       for (std::size_t i = dt->tasks.size(); i-- > 0;) {

@@ -184,7 +184,8 @@ TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_
       if (*defaults.zero == 2) v.reject("must be 0, 1 or 3");
     } else if (key == "schedule") {
       const std::string text = v.as_string();
-      if (text != "gpipe" && text != "1f1b" && text != "zb") v.reject("must be \"gpipe\", \"1f1b\" or \"zb\"");
+      if (text != "gpipe" && text != "1f1b" && text != "zb")
+        v.reject("must be \"gpipe\", \"1f1b\" or \"zb\"");
       defaults.schedule = parse_schedule(text);
     } else if (key == "recompute") {
       const std::string text = v.as_string();

@@ -103,7 +103,9 @@ TEST(TrainDefaultsFromJson, NamesTheFileAndTheField) {
   };
   EXPECT_NE(error(R"({"lr": -1})").find("m.json: \"train\" field \"lr\""), std::string::npos)
       << error(R"({"lr": -1})");
-  EXPECT_NE(error(R"({"schedule": "1f1b"})").find("unknown field \"schedule\""), std::string::npos);
+  EXPECT_NE(error(R"({"steps": 3})").find("unknown field \"steps\""), std::string::npos);
+  EXPECT_NE(error(R"({"schedule": "interleaved"})").find("\"schedule\""), std::string::npos);
+  EXPECT_EQ(error(R"({"schedule": "zb", "recompute": "full"})"), "");
   EXPECT_NE(error(R"({"zero": 2})").find("m.json: \"train\": \"zero\" must be 0, 1 or 3"),
             std::string::npos)
       << error(R"({"zero": 2})");

@@ -62,13 +62,13 @@ void expect_equal_to_none(const std::string& file, const Config& c) {
       EXPECT_EQ(got.steps[s].grad_norm, none.steps[s].grad_norm) << what << " step " << s + 1;
       for (const auto& [name, g] : none.check->grads[s]) {
         const auto diff = compare_exact(got.check->grads[s].at(name), g);
-        EXPECT_FALSE(diff.has_value()) << what << " step " << s + 1 << " grad " << name << ": "
-                                       << diff.value_or("");
+        EXPECT_FALSE(diff.has_value())
+            << what << " step " << s + 1 << " grad " << name << ": " << diff.value_or("");
       }
       for (const auto& [name, w] : none.check->weights[s]) {
         const auto diff = compare_exact(got.check->weights[s].at(name), w);
-        EXPECT_FALSE(diff.has_value()) << what << " step " << s + 1 << " weight " << name
-                                       << ": " << diff.value_or("");
+        EXPECT_FALSE(diff.has_value())
+            << what << " step " << s + 1 << " weight " << name << ": " << diff.value_or("");
       }
     }
   }
@@ -121,20 +121,22 @@ TEST(Recompute, HeldActivationsDropAsThePolicySaysAndTheEstimateFollows) {
     std::string file;
     Config config;
     bool selective_drops = true, full_drops = true;
+    // Whether full also holds fewer activations than selective at its peak (under zb the peak
+    // moves to where W's gradients wait, beside either policy's activations).
+    bool full_below_selective = true;
   };
-  const std::vector<Case> cases = {
-      {"gpt/gpt_one.json", {1, 0}},
-      {"gpt/gpt_one.json", {4, 0}},
-      {"gpt/gpt_dp.json", {1, 0}, false, false},
-      {"gpt/gpt_tp.json", {1, 0}},
-      {"gpt/gpt_sp.json", {1, 0}},
-      {"gpt/gpt_dp_tp.json", {4, 3}, true, false},
-      {"gpt/gpt_pp.json", {4, 0}},
-      {"gpt/gpt_pp.json", {4, 0, Schedule::kGpipe}},
-      {"gpt/gpt_pp.json", {4, 0, Schedule::kZb}},
-      {"gpt/gpt_pp_dp_tp.json", {4, 0}},
-      {"tp_mlp.json", {1, 0}, false, true},
-      {"pipeline4_mlp.json", {4, 0}, false, false}};
+  const std::vector<Case> cases = {{"gpt/gpt_one.json", {1, 0}},
+                                   {"gpt/gpt_one.json", {4, 0}},
+                                   {"gpt/gpt_dp.json", {1, 0}, false, false},
+                                   {"gpt/gpt_tp.json", {1, 0}},
+                                   {"gpt/gpt_sp.json", {1, 0}},
+                                   {"gpt/gpt_dp_tp.json", {4, 3}, true, false},
+                                   {"gpt/gpt_pp.json", {4, 0}},
+                                   {"gpt/gpt_pp.json", {4, 0, Schedule::kGpipe}},
+                                   {"gpt/gpt_pp.json", {4, 0, Schedule::kZb}, true, true, false},
+                                   {"gpt/gpt_pp_dp_tp.json", {4, 0}},
+                                   {"tp_mlp.json", {1, 0}, false, true},
+                                   {"pipeline4_mlp.json", {4, 0}, false, false}};
   for (const Case& k : cases) {
     const Model m = example(k.file);
     std::map<Recompute, DeviceMemory> held;
@@ -164,7 +166,7 @@ TEST(Recompute, HeldActivationsDropAsThePolicySaysAndTheEstimateFollows) {
         EXPECT_LE(activations(r), activations(Recompute::kNone)) << what << ", " << to_string(r);
       }
     }
-    if (k.selective_drops && k.full_drops) {
+    if (k.selective_drops && k.full_drops && k.full_below_selective) {
       EXPECT_LT(activations(Recompute::kFull), activations(Recompute::kSelective)) << what;
     }
   }
@@ -197,12 +199,13 @@ TEST(Recompute, EachRecomputedNodeRunsOnceMorePerMicroBatchInBackward) {
     ASSERT_EQ(ran.size(), 4u);
     const Explanation e = explain_compiled(m.pcg, {.micro_batches = kMicro, .recompute = r});
     std::set<std::string> recomputed;
-    for (const RecomputedSegment& s : e.recompute) recomputed.insert(s.nodes.begin(), s.nodes.end());
+    for (const RecomputedSegment& s : e.recompute)
+      recomputed.insert(s.nodes.begin(), s.nodes.end());
     ASSERT_FALSE(recomputed.empty());
     for (const auto& [device, counts] : ran) {
       for (const auto& [name, n] : counts) {
-        const std::string what = fmt::format("--recompute {}, device {}, {}", to_string(r),
-                                             device, name);
+        const std::string what =
+            fmt::format("--recompute {}, device {}, {}", to_string(r), device, name);
         if (name.starts_with("recompute:")) {
           EXPECT_TRUE(recomputed.contains(name.substr(10))) << what;
           EXPECT_EQ(n, kMicro) << what;
@@ -242,9 +245,8 @@ TEST(Recompute, TheTrainObjectGivesScheduleAndRecompute) {
   EXPECT_EQ(d.schedule, Schedule::kGpipe);
   EXPECT_EQ(d.recompute, Recompute::kSelective);
   EXPECT_EQ(d.micro_batches, 4);
-  for (const auto& [bad, field] :
-       std::vector<std::pair<nlohmann::json, std::string>>{{{{"schedule", "zz"}}, "schedule"},
-                                                           {{{"recompute", "all"}}, "recompute"}}) {
+  for (const auto& [bad, field] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"schedule", "zz"}}, "schedule"}, {{{"recompute", "all"}}, "recompute"}}) {
     try {
       train_defaults_from_json(bad, "m.json");
       FAIL() << field;

@@ -351,8 +351,10 @@ TrainReport train_model(const Model& model, const TrainOptions& options) {
     for (std::size_t s = 0; s < grads.size(); ++s) {
       std::map<std::string, Tensor>& g = report.check->grads.emplace_back();
       std::map<std::string, Tensor>& w = report.check->weights.emplace_back();
-      for (std::size_t i = 0; i < p->grads.size(); ++i) g[p->grads[i].first] = std::move(grads[s][i]);
-      for (std::size_t i = 0; i < p->weights.size(); ++i) w[p->weights[i].first] = std::move(weights[s][i]);
+      for (std::size_t i = 0; i < p->grads.size(); ++i)
+        g[p->grads[i].first] = std::move(grads[s][i]);
+      for (std::size_t i = 0; i < p->weights.size(); ++i)
+        w[p->weights[i].first] = std::move(weights[s][i]);
     }
   }
   return report;

@@ -9,9 +9,9 @@
 
 #include <functional>
 #include <map>
-#include <string>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "meshflow/graph/model_file.h"

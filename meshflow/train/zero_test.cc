@@ -201,16 +201,16 @@ TEST(Zero, FsdpHoldsAQuarterPlusTwoGathersAndOneGradient) {
   const Optimizer adamw = resolve_optimizer({.kind = OptimizerKind::kAdamW});
   constexpr std::int64_t kLargest = 128 * 128 * 4;
   auto held = [](const MemoryBreakdown& m) {
-    return m[MemoryKind::kWeights] + m[MemoryKind::kGradients] +
-           m[MemoryKind::kOptimizerState] + m[MemoryKind::kGathered];
+    return m[MemoryKind::kWeights] + m[MemoryKind::kGradients] + m[MemoryKind::kOptimizerState] +
+           m[MemoryKind::kGathered];
   };
   for (int layers : {6, 12}) {
     const Model m{.pcg = chain(layers)};
     std::map<int, MemoryBreakdown> est, measured;
     for (int zero : {0, 3}) {
       est[zero] = explain_compiled(m.pcg, {.update = adamw.rule, .zero = zero}).memory->at_peak;
-      measured[zero] = train_model(m, {.steps = 2, .optimizer = adamw, .zero = zero})
-                           .measured.at_peak;
+      measured[zero] =
+          train_model(m, {.steps = 2, .optimizer = adamw, .zero = zero}).measured.at_peak;
     }
     for (auto* kind : {&est, &measured}) {
       const std::string what =

@@ -21,8 +21,7 @@ class Model:
         with (None: this machine's cores divided by the devices, at least 1).
         """
         return _meshflow.run_model(self._h, overlap,
-                                   None if threads_per_device is None else int(threads_per_device),
-                               None if recompute is None else str(recompute))
+                                   None if threads_per_device is None else int(threads_per_device))
 
     def train(self, steps, lr=None, optimizer=None, momentum=None, betas=None, eps=None,
               weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
