@@ -1,6 +1,6 @@
 // Activation recomputation (DESIGN's "Activation recomputation"): selective and full train bit
 // for bit as none (losses, gradients, weights) on every GPT layout and the MLP examples, with
-// 1 and 4 micro-batches, ZeRO 0 and 3 and every pipeline schedule; the runtime holds fewer
+// 1 and 4 micro-batches, ZeRO 0 and 3, every pipeline schedule and --overlap; the runtime holds fewer
 // activations as the policy says and the estimate stays within 10% of what it holds; the trace
 // shows each recomputed node run once more per micro-batch, and no node more; the model file's
 // "train" object gives the schedule and the policy, and the command line wins.
@@ -29,10 +29,12 @@ Model example(const std::string& file) { return load_model(kExamples / file); }
 struct Config {
   int micro_batches = 1, zero = 0;
   Schedule schedule = Schedule::k1f1b;
+  bool overlap = false;  // every collective the patterns allow decomposed around its product
 };
 
 std::string text(const Config& c) {
-  return fmt::format("M = {}, --zero {}, {}", c.micro_batches, c.zero, to_string(c.schedule));
+  return fmt::format("M = {}, --zero {}, {}{}", c.micro_batches, c.zero, to_string(c.schedule),
+                     c.overlap ? ", --overlap" : "");
 }
 
 TrainReport train(const Model& m, const Config& c, Recompute r, int steps = 3) {
@@ -44,6 +46,7 @@ TrainReport train(const Model& m, const Config& c, Recompute r, int steps = 3) {
                  .recompute = r,
                  .check = true};
   o.run.threads_per_device = 1;
+  o.run.overlap = o.run.overlap_always = c.overlap;
   return train_model(m, o);
 }
 
@@ -94,6 +97,9 @@ TEST(Recompute, TheMlpExamplesTrainBitForBitAsNone) {
        {"dp_mlp.json", "tp_mlp.json", "dp_tp_mlp.json", "tp_sp_mlp.json", "dp_tp_sp_mlp.json"}) {
     for (const Config& c : {Config{1, 0}, Config{4, 3}}) expect_equal_to_none(file, c);
   }
+  // Recomputed products decomposed with their collectives, as the forward's are.
+  for (const char* file : {"tp_sp_mlp.json", "dp_tp_sp_mlp.json"})
+    expect_equal_to_none(file, {2, 0, Schedule::k1f1b, true});
   for (const char* file : {"pipeline_mlp.json", "pipeline4_mlp.json"}) {
     for (Schedule s : {Schedule::kGpipe, Schedule::k1f1b, Schedule::kZb})
       expect_equal_to_none(file, {4, s == Schedule::kZb ? 3 : 0, s});
