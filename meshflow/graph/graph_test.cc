@@ -114,6 +114,11 @@ TEST(ModelFile, EveryBadFileIsOneErrorNamingTheCulprit) {
        "m.json: name \"a/b\" cannot name a folder: use no '/', '.' or '..'"},
       {model(x, R"j({"name": "h", "op": "relu", "inputs": ["x"], "colour": 1})j"),
        "m.json: \"nodes[0]\" (a node) has unknown field \"colour\""},
+      {model(x, R"j({"name": "h", "op": "relu", "inputs": ["x"], "approximate": "tanh"})j"),
+       "m.json: \"nodes[0].approximate\" is gelu's (\"none\" or \"tanh\")"},
+      {model(x, R"j({"name": "h", "op": "gelu", "inputs": ["x"], "approximate": "fast"})j"),
+       "m.json: \"nodes[0].approximate\" must be \"none\" or \"tanh\""},
+      {model(x, R"j({"name": "h", "op": "gelu", "inputs": ["x"], "approximate": "tanh"})j"), ""},
   };
   for (const Case& c : cases) {
     const std::string e = error_of([&] { parse_structure(c.text); });
@@ -124,6 +129,27 @@ TEST(ModelFile, EveryBadFileIsOneErrorNamingTheCulprit) {
       EXPECT_EQ(e.find('\n'), std::string::npos) << e;
     }
   }
+}
+
+// gelu {"approximate": "tanh"} is PyTorch's tanh form, and its backward's gradient is too.
+TEST(ModelFile, GeluApproximateTanhReachesItsGradient) {
+  const Model m = parse_structure(R"j({"meshes": {"m": "2"}, "tensors": {
+    "x": {"shape": [4, 3], "input": {"normal": 1, "seed": 1}, "mesh": "m", "placements": ["S(0)"]},
+    "w": {"shape": [3, 3], "weight": {"normal": 1, "seed": 2}, "mesh": "m", "placements": ["R"]}},
+    "nodes": [{"name": "h", "op": "linear", "inputs": ["x", "w"]},
+              {"name": "a", "op": "gelu", "inputs": ["h"], "approximate": "tanh"},
+              {"name": "loss", "op": "mean", "inputs": ["a"], "dims": [0, 1]}],
+    "loss": "loss"})j");
+  EXPECT_TRUE(m.pcg.nodes[static_cast<std::size_t>(find_value(m.pcg, "a"))].op.approximate_tanh);
+  const Pcg g = expand_backward(infer_layouts(m.pcg));
+  int grads = 0;
+  for (const Node& n : g.nodes) {
+    if (n.kind == NodeKind::kCompute && n.op.type == OpType::kGeluGrad) {
+      EXPECT_TRUE(n.op.approximate_tanh) << n.name;
+      ++grads;
+    }
+  }
+  EXPECT_EQ(grads, 1);
 }
 
 TEST(ParallelOp, DegreesThatDoNotFitNameTheNode) {

@@ -157,7 +157,7 @@ struct Reader {
   void node(const JsonField& f) {
     only_keys(f,
               {"name", "op", "inputs", "dims", "dim", "shape", "eps", "causal", "degree", "mesh",
-               "placements", "checkpoint"},
+               "placements", "checkpoint", "approximate"},
               "a node");
     const std::string name = f.member("name").as_string();
     const std::string op_name = f.member("op").as_string();
@@ -199,6 +199,12 @@ struct Reader {
     if (auto d = f.find("dim")) op.dim = static_cast<int>(d->as_int(-64, 64));
     if (auto e = f.find("eps")) op.eps = e->as_number(1e-30, 1.0);
     if (auto c = f.find("causal")) op.causal = c->as_bool();
+    if (auto a = f.find("approximate")) {
+      const std::string form = a->as_string();
+      if (op.type != OpType::kGelu) a->reject("is gelu's (\"none\" or \"tanh\")");
+      if (form != "none" && form != "tanh") a->reject("must be \"none\" or \"tanh\"");
+      op.approximate_tanh = form == "tanh";
+    }
     if (auto d = f.find("shape")) {
       for (std::size_t i = 0; i < d->size(); ++i)
         op.shape.push_back(d->at(i).as_int(-1, kMaxTensorBytes));

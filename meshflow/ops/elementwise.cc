@@ -56,6 +56,21 @@ T gelu_derivative(T x) {
   return cdf + x * pdf;
 }
 
+// PyTorch's gelu(approximate="tanh"): 0.5 x (1 + tanh(u)), u = √(2/π) (x + 0.044715 x³), and
+// its derivative 0.5 (1 + t) + 0.5 x (1 - t²) √(2/π) (1 + 3 · 0.044715 x²), t = tanh(u).
+template <typename T>
+T gelu_tanh(T x) {
+  const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // √(2/π)
+  return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+}
+template <typename T>
+T gelu_tanh_derivative(T x) {
+  const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+  const T t = std::tanh(k * (x + T(0.044715) * x * x * x));
+  return T(0.5) * (T(1) + t) +
+         T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3 * 0.044715) * x * x);
+}
+
 // out = f(a, b) over the broadcast of a and b. The innermost dim is one loop with constant
 // strides; the outer dims walk an odometer.
 template <typename T, typename F>
@@ -138,7 +153,12 @@ void unary_loop(const Tensor& a, Tensor& out, F f) {
 }
 
 template <typename T>
-void binary(OpType type, const Tensor& a, const Tensor& b, Tensor& out) {
+void binary(const Op& op, const Tensor& a, const Tensor& b, Tensor& out) {
+  const OpType type = op.type;
+  if (type == OpType::kGeluGrad && op.approximate_tanh) {
+    return broadcast_loop<T>(a, b, out,
+                             [](T g, T x) { return T(g * gelu_tanh_derivative(x)); });
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (type == OpType::kGeluGrad) {  // g and x of one shape (infer_elementwise checks)
       const auto* g = reinterpret_cast<const float*>(a.bytes());
@@ -191,7 +211,10 @@ VectorUnary vector_unary(OpType type) {
 }
 
 template <typename T>
-void unary(OpType type, const Tensor& a, Tensor& out) {
+void unary(const Op& op, const Tensor& a, Tensor& out) {
+  const OpType type = op.type;
+  if (type == OpType::kGelu && op.approximate_tanh)
+    return unary_loop<T>(a, out, [](T x) { return gelu_tanh(x); });
   if constexpr (std::is_same_v<T, float>) {
     if (const VectorUnary f = vector_unary(type)) {
       const auto* x = reinterpret_cast<const float*>(a.bytes());
@@ -240,7 +263,7 @@ Tensor elementwise_kernel(const Op& op, const std::vector<const Tensor*>& in) {
     visit_dtype(a.dtype(), [&](auto t) {
       using T = decltype(t);
       if constexpr (std::is_floating_point_v<T>) {
-        unary<T>(op.type, a, out);
+        unary<T>(op, a, out);
       } else {
         MESHFLOW_CHECK(op.type == OpType::kNeg, "integer {}", to_string(op.type));
         unary_loop<T>(a, out, [](T x) { return T(-std::make_unsigned_t<T>(x)); });
@@ -253,7 +276,7 @@ Tensor elementwise_kernel(const Op& op, const std::vector<const Tensor*>& in) {
   visit_dtype(a.dtype(), [&](auto t) {
     using T = decltype(t);
     if constexpr (std::is_floating_point_v<T>) {
-      binary<T>(op.type, a, b, out);
+      binary<T>(op, a, b, out);
     } else {
       // Integers wrap around as NumPy's do: the arithmetic runs unsigned, where overflow is
       // defined.

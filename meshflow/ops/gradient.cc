@@ -58,7 +58,8 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
       grads = {b.op(OpType::kReluGrad, {kG, input(0)})};
       break;
     case OpType::kGelu:
-      grads = {b.op(OpType::kGeluGrad, {kG, input(0)})};
+      grads = {b.add(Op{.type = OpType::kGeluGrad, .approximate_tanh = op.approximate_tanh},
+                     {kG, input(0)})};
       break;
     case OpType::kTanh:
       grads = {b.op(OpType::kTanhGrad, {kG, kOut})};

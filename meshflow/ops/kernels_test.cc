@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <numbers>
+
 #include <cmath>
 #include <functional>
 
@@ -175,6 +177,37 @@ TEST(Kernels, UnaryOperatorsMatchTheirFormulas) {
     std::vector<double> want;
     for (int i = 0; i < 17; ++i) want.push_back(f(at(x, i)));
     expect_near(run({.type = t}, {&x}), want, 1e-12, std::string(to_string(t)));
+  }
+}
+
+// PyTorch's gelu(approximate="tanh"), in float64 and float32, and its gradient; the erf form
+// differs from it (by up to about 5e-4), so the attribute is what selects it.
+TEST(Kernels, GeluTanhFormIsPyTorchsFormula) {
+  const Tensor x = rnd({65}, 21);
+  auto form = [](double v) {
+    return 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
+  };
+  const Op op{.type = OpType::kGelu, .approximate_tanh = true};
+  std::vector<double> want;
+  for (int i = 0; i < 65; ++i) want.push_back(form(3 * at(x, i)));
+  Tensor x3 = Tensor::uninitialized(DType::kFloat64, {65});
+  for (int i = 0; i < 65; ++i) x3.data<double>()[i] = 3 * at(x, i);
+  expect_near(run(op, {&x3}), want, 1e-12, "gelu tanh float64");
+  Tensor x32 = Tensor::uninitialized(DType::kFloat32, {65});
+  for (int i = 0; i < 65; ++i) x32.data<float>()[i] = static_cast<float>(3 * at(x, i));
+  const Tensor y32 = run(op, {&x32});
+  for (int i = 0; i < 65; ++i)
+    EXPECT_NEAR(y32.data<float>()[i], form(x32.data<float>()[i]), 1e-6 * (1 + std::abs(want[i])));
+  const Tensor erf = run({.type = OpType::kGelu}, {&x3});
+  double most = 0;
+  for (int i = 0; i < 65; ++i) most = std::max(most, std::abs(at(erf, i) - want[i]));
+  EXPECT_GT(most, 1e-5);
+  // The gradient: g times the formula's derivative (a central difference in float64).
+  const Tensor g = rnd({65}, 22);
+  const Tensor dx = run({.type = OpType::kGeluGrad, .approximate_tanh = true}, {&g, &x3});
+  for (int i = 0; i < 65; ++i) {
+    const double v = at(x3, i), h = 1e-5;
+    EXPECT_NEAR(at(dx, i), at(g, i) * (form(v + h) - form(v - h)) / (2 * h), 1e-8) << i;
   }
 }
 
@@ -608,6 +641,7 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
   for (OpType t :
        {OpType::kNeg, OpType::kRelu, OpType::kGelu, OpType::kTanh, OpType::kSigmoid, OpType::kExp})
     check_gradients({.type = t}, tensors(rnd({3, 4}, 8)));
+  check_gradients({.type = OpType::kGelu, .approximate_tanh = true}, tensors(rnd({3, 4}, 8)));
   check_gradients({.type = OpType::kSum, .dims = {0, 2}}, tensors(rnd({2, 3, 4}, 9)));
   check_gradients({.type = OpType::kMean, .dims = {1}}, tensors(rnd({2, 3, 4}, 10)));
   check_gradients({.type = OpType::kSoftmax, .dim = 1}, tensors(rnd({3, 4}, 11)));

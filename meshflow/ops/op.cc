@@ -114,6 +114,7 @@ std::string to_string(const Op& op) {
   if (op.type == OpType::kLayerNorm || op.type == OpType::kLayerNormStats)
     attrs.push_back(fmt::format("eps={}", op.eps));
   if (op.causal) attrs.push_back("causal");
+  if (op.approximate_tanh) attrs.push_back("approximate=tanh");
   if (!attrs.empty()) s += fmt::format("({})", fmt::join(attrs, ", "));
   return s;
 }
@@ -127,6 +128,7 @@ std::size_t hash_value(const Op& op) {
   mix(std::hash<double>{}(op.scale));
   mix(std::hash<double>{}(op.eps));
   mix(op.causal ? 1 : 0);
+  mix(op.approximate_tanh ? 1 : 0);
   return h;
 }
 

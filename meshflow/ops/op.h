@@ -27,7 +27,7 @@ enum class OpType {
   kDiv,
   kNeg,
   kRelu,
-  kGelu,  // erf form
+  kGelu,  // erf form (or, with approximate_tanh, PyTorch's tanh form)
   kTanh,
   kSigmoid,
   kExp,
@@ -80,6 +80,9 @@ struct Op {
   double scale = 1;       // broadcast_to
   double eps = 1e-5;      // layer_norm and layer_norm_stats
   bool causal = false;    // attention and its gradients
+  // gelu and gelu_grad: PyTorch's approximate="tanh" form, 0.5 x (1 + tanh(√(2/π) (x + 0.044715
+  // x³))), instead of the erf form.
+  bool approximate_tanh = false;
   bool operator==(const Op&) const = default;
 };
 
