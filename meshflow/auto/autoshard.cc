@@ -113,18 +113,6 @@ struct Builder {
     return cache.seconds(cache.id(from), cache.id(to));
   }
 
-  // Whether the recomputation policy keeps compute node `n`'s result (graph/passes.h's
-  // recompute_activations: selective keeps products, adds and marked values; full only marked
-  // ones).
-  bool keeps(const Node& n) const {
-    const Recompute r = options.recompute.value_or(Recompute::kNone);
-    if (r == Recompute::kNone || n.checkpoint) return true;
-    if (r == Recompute::kFull) return false;
-    const OpType t = n.op.type;
-    return t == OpType::kLinear || t == OpType::kMatmul || t == OpType::kAttention ||
-           t == OpType::kAdd;
-  }
-
   double sharing(const DeviceMesh& mesh) const {
     return core_sharing(machine, size(mesh), options.threads_per_device);
   }
@@ -334,7 +322,7 @@ struct Builder {
         // differ.
         // A value the policy recomputes is not held from forward to backward: its kernel runs
         // once more instead.
-        const bool kept = keeps(node);
+        const bool kept = keeps_result(options.recompute.value_or(Recompute::kNone), node);
         if (!kept) seconds += micro_batches * sharing(mesh) * forward;
         std::vector<double> level_s(zeros.size(), seconds);
         std::vector<std::int64_t> level_b(zeros.size(), kept ? shard_bytes_of(result) : 0);
@@ -595,13 +583,15 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
     counts = {train["micro_batches"].get<int>()};
   }
 
-  // The recomputation policies searched: the given one, else none alone without a memory limit
-  // (recomputing only adds work), else each (full where the model marks a node).
+  // The recomputation policies searched: the given one (or the file's), else none alone
+  // without a memory limit (recomputing only adds work), else each (full where the model marks
+  // a node).
+  std::optional<Recompute> fixed_recompute = options.recompute;
+  if (!fixed_recompute && train.contains("recompute") && train["recompute"].is_string())
+    fixed_recompute = parse_recompute(train["recompute"].get<std::string>());
   std::vector<Recompute> policies = {Recompute::kNone};
-  if (options.recompute) {
-    policies = {*options.recompute};
-  } else if (train.contains("recompute") && train["recompute"].is_string()) {
-    policies = {parse_recompute(train["recompute"].get<std::string>())};
+  if (fixed_recompute) {
+    policies = {*fixed_recompute};
   } else if (options.memory_limit) {
     policies = {Recompute::kNone, Recompute::kSelective};
     if (marks_checkpoint(model.pcg)) policies.push_back(Recompute::kFull);
@@ -672,10 +662,7 @@ AutoshardResult autoshard(const std::filesystem::path& path, const AutoshardOpti
             [](const Solved& a, const Solved& b) { return a.result.seconds < b.result.seconds; });
   const int given_zero = options.zero.value_or(train.value("zero", 0));
   const int given_m = options.micro_batches.value_or(train.value("micro_batches", 1));
-  const Recompute given_recompute = options.recompute ? *options.recompute
-                                    : train.contains("recompute") && train["recompute"].is_string()
-                                        ? parse_recompute(train["recompute"].get<std::string>())
-                                        : Recompute::kNone;
+  const Recompute given_recompute = fixed_recompute.value_or(Recompute::kNone);
   std::optional<nlohmann::json> given;
   try {
     given = options.mesh ? on_one_mesh(original, *options.mesh, true, source) : original;

@@ -140,6 +140,12 @@ Recompute parse_recompute(std::string_view text);
 // Returns whether a forward node of `pcg` is marked "checkpoint": true (full needs one).
 bool marks_checkpoint(const Pcg& pcg);
 
+// Returns whether `policy` keeps compute node `n`'s result from forward to backward: kNone
+// every one; kSelective products (linear, matmul and the folded ones, attention), adds and
+// marked nodes; kFull marked nodes only. (recompute_activations also keeps sources, some moves,
+// and under selective what recomputing would not save.)
+bool keeps_result(Recompute policy, const Node& n);
+
 // Before and after: Stage::kCopied, before decompose_collectives. Per forward value that a
 // backward node reads and `policy` does not keep, a copy of its node ("recompute:<node>",
 // Phase::kBackward, Node::recomputes) is inserted just before the first backward node that

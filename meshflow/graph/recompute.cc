@@ -36,13 +36,15 @@ bool marks_checkpoint(const Pcg& pcg) {
                      [](const Node& n) { return n.checkpoint && n.phase == Phase::kForward; });
 }
 
-namespace {
-
-// The values selective recomputation keeps: products and the residual stream's adds.
-bool selective_keeps(OpType t) {
-  return t == OpType::kLinear || t == OpType::kMatmul || t == OpType::kMatmulGradA ||
-         t == OpType::kMatmulGradB || t == OpType::kAttention || t == OpType::kAdd;
+bool keeps_result(Recompute policy, const Node& n) {
+  if (policy == Recompute::kNone || n.checkpoint) return true;
+  const OpType t = n.op.type;
+  return policy == Recompute::kSelective &&
+         (t == OpType::kLinear || t == OpType::kMatmul || t == OpType::kMatmulGradA ||
+          t == OpType::kMatmulGradB || t == OpType::kAttention || t == OpType::kAdd);
 }
+
+namespace {
 
 std::vector<DeviceId> sorted_devices(const Layout& l) {
   std::vector<DeviceId> d = l.mesh.devices;
@@ -59,7 +61,7 @@ bool recomputed(const Pcg& pcg, ValueId id, Recompute policy) {
   if (n.phase != Phase::kForward || n.checkpoint) return false;
   switch (n.kind) {
     case NodeKind::kCompute:
-      return policy == Recompute::kFull || !selective_keeps(n.op.type);
+      return !keeps_result(policy, n);
     case NodeKind::kMove:
     case NodeKind::kParallel:
       return policy == Recompute::kFull && !n.replaces &&
