@@ -159,14 +159,14 @@ int zero_of(int given, const Model& model) {
 
 // Returns --schedule when given (empty: not given), else the model file's, else 1f1b.
 Schedule chosen_schedule(const std::string& given, const Model& model) {
-  if (!given.empty()) return parse_schedule(given);
-  return train_defaults_from_json(model.train, model.source).schedule.value_or(Schedule::k1f1b);
+  return resolve_schedule(given.empty() ? std::nullopt : std::optional(given),
+                          train_defaults_from_json(model.train, model.source));
 }
 
 // Returns --recompute when given (empty: not given), else the model file's, else none.
 Recompute chosen_recompute(const std::string& given, const Model& model) {
-  if (!given.empty()) return parse_recompute(given);
-  return train_defaults_from_json(model.train, model.source).recompute.value_or(Recompute::kNone);
+  return resolve_recompute(given.empty() ? std::nullopt : std::optional(given),
+                           train_defaults_from_json(model.train, model.source));
 }
 
 // Adds --zero.

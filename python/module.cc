@@ -266,15 +266,6 @@ py::dict run_outputs(const LoadedModel& m, bool overlap, std::optional<int> thre
   return out;
 }
 
-// schedule= and recompute= where given, else the model file's "train" object's, else the
-// defaults (1f1b, none).
-Schedule schedule_keyword(const std::optional<std::string>& given, const TrainDefaults& d) {
-  return given ? parse_schedule(*given) : d.schedule.value_or(Schedule::k1f1b);
-}
-Recompute recompute_keyword(const std::optional<std::string>& given, const TrainDefaults& d) {
-  return given ? parse_recompute(*given) : d.recompute.value_or(Recompute::kNone);
-}
-
 }  // namespace
 }  // namespace meshflow
 
@@ -456,9 +447,9 @@ PYBIND11_MODULE(_meshflow, module) {
                                    : defaults.optimizer,
                            OptionStyle::kKeyword),
                        .micro_batches = micro_batches.value_or(defaults.micro_batches.value_or(1)),
-                       .schedule = schedule_keyword(schedule, defaults),
+                       .schedule = resolve_schedule(schedule, defaults),
                        .zero = resolve_zero(zero, defaults, OptionStyle::kKeyword),
-                       .recompute = recompute_keyword(recompute, defaults),
+                       .recompute = resolve_recompute(recompute, defaults),
                        .allow_nonfinite = allow_nonfinite,
                        .check = check,
                        .eval_every = eval_every.value_or(0),
@@ -583,7 +574,7 @@ PYBIND11_MODULE(_meshflow, module) {
         resolve_optimizer(optimizer_options(optimizer), defaults.optimizer, OptionStyle::kKeyword);
     const int m_batches = micro_batches.value_or(defaults.micro_batches.value_or(1));
     const int zero_level = resolve_zero(zero, defaults, OptionStyle::kKeyword);
-    const Recompute policy = recompute_keyword(recompute, defaults);
+    const Recompute policy = resolve_recompute(recompute, defaults);
     Explanation e = explain_compiled(
         m.model.pcg, {.overlap = overlap,
                       .decompose = {.shared_memory = session().backend() == Backend::kThreads},
@@ -595,7 +586,7 @@ PYBIND11_MODULE(_meshflow, module) {
     const std::optional<ScheduleExplanation> stages = explain_model_schedule(
         m.model, model_options(overlap, threads_per_device),
         {.update = o.rule, .micro_batches = m_batches, .zero = zero_level, .recompute = policy},
-        schedule_keyword(schedule, defaults));
+        resolve_schedule(schedule, defaults));
     if (stages && stages->memory) e.memory = stages->memory;
     add_loader_memory(m.model, e);
     nlohmann::json j = to_json(e);

@@ -214,6 +214,15 @@ int resolve_zero(std::optional<int> given, const TrainDefaults& defaults, Option
   return *given;
 }
 
+Schedule resolve_schedule(const std::optional<std::string>& given, const TrainDefaults& defaults) {
+  return given ? parse_schedule(*given) : defaults.schedule.value_or(Schedule::k1f1b);
+}
+
+Recompute resolve_recompute(const std::optional<std::string>& given,
+                            const TrainDefaults& defaults) {
+  return given ? parse_recompute(*given) : defaults.recompute.value_or(Recompute::kNone);
+}
+
 nlohmann::json to_json(const Optimizer& o) {
   nlohmann::json j = {{"kind", std::string(to_string(o.rule.kind))}, {"lr", o.lr}};
   if (o.rule.kind == OptimizerKind::kSgd) {

@@ -87,6 +87,12 @@ TrainDefaults train_defaults_from_json(const nlohmann::json& train, std::string_
 int resolve_zero(std::optional<int> given, const TrainDefaults& defaults,
                  OptionStyle style = OptionStyle::kFlag);
 
+// Returns the pipeline schedule and the recomputation policy: `given` (--schedule, schedule=;
+// --recompute, recompute=) when set, else the model file's, else 1f1b and none. Throws Error
+// naming an unknown name.
+Schedule resolve_schedule(const std::optional<std::string>& given, const TrainDefaults& defaults);
+Recompute resolve_recompute(const std::optional<std::string>& given, const TrainDefaults& defaults);
+
 // Returns DESIGN's checkpoint "optimizer" object: {"kind", "lr", "momentum" | "betas", "eps",
 // "weight_decay", "clip_grad_norm" (null: none), "warmup_steps", "decay", "decay_steps"}.
 nlohmann::json to_json(const Optimizer& optimizer);
