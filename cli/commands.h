@@ -22,9 +22,6 @@ std::shared_ptr<MachineModel> machine_option(const std::string& path);
 // (mpi under mpirun, else threads).
 Backend backend_option(const std::string& name);
 
-// Returns --timeout's seconds as the communicators' timeout.
-Timeout timeout_option(double seconds);
-
 void add_shard(CLI::App& app);
 void add_gather(CLI::App& app);
 void add_bench(CLI::App& app);

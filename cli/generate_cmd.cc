@@ -53,7 +53,7 @@ void run_generate(const GenerateArgs& args, Backend backend) {
   GenerateOptions o;
   o.run.backend = backend;
   o.run.threads_per_device = a->threads_per_device;
-  o.run.timeout = timeout_option(a->timeout_s);
+  o.run.timeout = timeout_of_seconds(a->timeout_s);
   o.weights = a->weights;
   o.max_new_tokens = a->max_new_tokens;
   o.num_samples = a->num_samples;

@@ -198,7 +198,7 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   if (!a.save.empty()) o.save = a.save;
   if (!a.trace.empty()) o.trace = a.trace;
   o.threads_per_device = a.threads_per_device;
-  o.timeout = timeout_option(a.timeout_s);
+  o.timeout = timeout_of_seconds(a.timeout_s);
   return o;
 }
 
@@ -517,29 +517,27 @@ void add_explain(CLI::App& app) {
     const PlanOptions plan{.machine = machine.get()};
     const Optimizer optimizer =
         every_device(backend(*args), [&] { return optimizer_of(args->optimizer, model); });
-    const Recompute recompute =
-        every_device(backend(*args), [&] { return chosen_recompute(args->recompute, model); });
+    const TrainingCompile training{
+        .update = optimizer.rule,
+        .micro_batches = every_device(backend(*args),
+                                      [&] { return micro_batches_of(args->micro_batches, model); }),
+        .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
+        .recompute =
+            every_device(backend(*args), [&] { return chosen_recompute(args->recompute, model); })};
     Explanation e = explain_compiled(
-        model.pcg,
-        {.plan = plan,
-         .overlap = args->overlap,
-         .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
-                       .gather_form = gather_form(*args),
-                       .always = gather_form(*args).has_value()},
-         .update = optimizer.rule,
-         .micro_batches = every_device(
-             backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
-         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
-         .recompute = recompute,
-         .threads_per_device = args->threads_per_device});
+        model.pcg, {.plan = plan,
+                    .overlap = args->overlap,
+                    .decompose = {.shared_memory = backend(*args) == Backend::kThreads,
+                                  .gather_form = gather_form(*args),
+                                  .always = gather_form(*args).has_value()},
+                    .update = training.update,
+                    .micro_batches = training.micro_batches,
+                    .zero = training.zero,
+                    .recompute = training.recompute,
+                    .threads_per_device = args->threads_per_device});
     // The pipeline's schedule, where the step runs on stages: its memory is the pipeline's.
     const std::optional<ScheduleExplanation> schedule = explain_model_schedule(
-        model, run_options(*args, machine.get()),
-        {.update = optimizer.rule,
-         .micro_batches = every_device(
-             backend(*args), [&] { return micro_batches_of(args->micro_batches, model); }),
-         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
-         .recompute = recompute},
+        model, run_options(*args, machine.get()), training,
         every_device(backend(*args), [&] { return chosen_schedule(args->schedule, model); }));
     if (schedule && schedule->memory) e.memory = schedule->memory;
     every_device(backend(*args), [&] {

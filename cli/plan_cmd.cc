@@ -18,10 +18,6 @@ Backend backend_option(const std::string& name) {
   return name.empty() ? detect_backend() : parse_backend(name);
 }
 
-Timeout timeout_option(double seconds) {
-  return std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(seconds));
-}
-
 void add_plan(CLI::App& app) {
   struct Args {
     std::string mesh, shape, dtype = "float32", from, to, to_mesh, machine;

@@ -437,7 +437,7 @@ PYBIND11_MODULE(_meshflow, module) {
         }
         const OptimizerOptions given = optimizer_options(optimizer);
         ModelRunOptions run = model_options(overlap, threads_per_device);
-        run.timeout = std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(timeout));
+        run.timeout = timeout_of_seconds(timeout);
         TrainOptions o{.run = run,
                        .steps = steps,
                        .optimizer = resolve_optimizer(

@@ -24,6 +24,11 @@ namespace meshflow {
 // A timeout of 0 means "the communicator's default" (LaunchOptions::timeout).
 using Timeout = std::chrono::milliseconds;
 
+// Returns `seconds` (a --timeout, a timeout= keyword) as a Timeout.
+inline Timeout timeout_of_seconds(double seconds) {
+  return std::chrono::duration_cast<Timeout>(std::chrono::duration<double>(seconds));
+}
+
 // A member's position in a communicator's group (0 .. size - 1). Distinct from DeviceId (a
 // device's global label): rank_of converts one into the other.
 enum class Rank : int {};
