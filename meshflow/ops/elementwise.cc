@@ -59,16 +59,20 @@ T gelu_derivative(T x) {
 // PyTorch's gelu(approximate="tanh"): 0.5 x (1 + tanh(u)), u = √(2/π) (x + 0.044715 x³), and
 // its derivative 0.5 (1 + t) + 0.5 x (1 - t²) √(2/π) (1 + 3 · 0.044715 x²), t = tanh(u).
 template <typename T>
+constexpr T kSqrt2OverPi = T(std::numbers::sqrt2* std::numbers::inv_sqrtpi);  // √(2/π)
+template <typename T>
+T gelu_tanh_t(T x) {
+  return std::tanh(kSqrt2OverPi<T> * (x + T(0.044715) * x * x * x));
+}
+template <typename T>
 T gelu_tanh(T x) {
-  const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // √(2/π)
-  return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+  return T(0.5) * x * (T(1) + gelu_tanh_t(x));
 }
 template <typename T>
 T gelu_tanh_derivative(T x) {
-  const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
-  const T t = std::tanh(k * (x + T(0.044715) * x * x * x));
+  const T t = gelu_tanh_t(x);
   return T(0.5) * (T(1) + t) +
-         T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3 * 0.044715) * x * x);
+         T(0.5) * x * (T(1) - t * t) * kSqrt2OverPi<T> * (T(1) + T(3 * 0.044715) * x * x);
 }
 
 // out = f(a, b) over the broadcast of a and b. The innermost dim is one loop with constant
@@ -156,8 +160,7 @@ template <typename T>
 void binary(const Op& op, const Tensor& a, const Tensor& b, Tensor& out) {
   const OpType type = op.type;
   if (type == OpType::kGeluGrad && op.approximate_tanh) {
-    return broadcast_loop<T>(a, b, out,
-                             [](T g, T x) { return T(g * gelu_tanh_derivative(x)); });
+    return broadcast_loop<T>(a, b, out, [](T g, T x) { return T(g * gelu_tanh_derivative(x)); });
   }
   if constexpr (std::is_same_v<T, float>) {
     if (type == OpType::kGeluGrad) {  // g and x of one shape (infer_elementwise checks)

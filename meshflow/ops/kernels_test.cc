@@ -3,10 +3,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <numbers>
-
 #include <cmath>
 #include <functional>
+#include <numbers>
 
 #include "meshflow/core/box.h"
 #include "meshflow/core/compare.h"

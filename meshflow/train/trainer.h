@@ -119,8 +119,7 @@ TrainReport train_model(const Model& model, const TrainOptions& options);
 // "grad_norm", "data_wait_s", "samples_per_s", "tokens_per_s"}...], "evals": [{"step",
 // "val_loss"}], "check": {max_*_diff} or null, "measured_peak_bytes", "measured_memory":
 // {"weights", "gradients", "optimizer_state", "activations", "gathered", "snapshot"}}: what
-// `meshflow train
-// --json` prints and the Python module's Model.train returns.
+// `meshflow train --json` prints and the Python module's Model.train returns.
 nlohmann::json to_json(const TrainReport& report);
 
 // Returns one step's object of train --json's "steps" (and of metrics.jsonl).
