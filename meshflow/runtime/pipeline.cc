@@ -333,6 +333,12 @@ DevicePipeline device_pipeline(const TaskGraph& graph, const DeviceTasks& device
 
 }  // namespace
 
+const std::vector<int>& group_tasks(const DevicePipeline& pipeline, GroupKind kind) {
+  return kind == GroupKind::kForward    ? pipeline.forward
+         : kind == GroupKind::kBackward ? pipeline.backward
+                                        : pipeline.weight;
+}
+
 std::vector<DevicePipeline> device_pipelines(const TaskGraph& graph, const PipelineStages& stages,
                                              const std::vector<std::vector<ScheduledGroup>>& orders,
                                              bool split_weights, int micro_batches) {
@@ -525,9 +531,7 @@ void run_pipeline_step(const TaskGraph& graph, const DevicePipeline& pipeline, C
   for (std::size_t k = 0; k < pipeline.order.size(); ++k) {
     const ScheduledGroup& g = pipeline.order[k];
     const auto m = static_cast<std::size_t>(g.micro_batch);
-    const std::vector<int>& group = g.kind == GroupKind::kForward    ? pipeline.forward
-                                    : g.kind == GroupKind::kBackward ? pipeline.backward
-                                                                     : pipeline.weight;
+    const std::vector<int>& group = group_tasks(pipeline, g.kind);
     if (g.kind == GroupKind::kForward) open[m] = true;
     TaskTimes times;
     const double start = steady_seconds();

@@ -58,6 +58,9 @@ struct DevicePipeline {
   std::vector<ScheduledGroup> order;  // the schedule this device runs
 };
 
+// Returns the tasks (indices, in task order) of `pipeline`'s groups of `kind`.
+const std::vector<int>& group_tasks(const DevicePipeline& pipeline, GroupKind kind);
+
 // Returns every device's pipeline (graph order; stage -1 for a device on no stage) under
 // `stages`, stage s running orders[s]; with `split_weights` (zb) the backward tasks that no
 // transfer upstream needs form W groups (B keeps those and the gradient's receipt from

@@ -58,9 +58,7 @@ std::vector<DeviceMemory> estimate_pipeline_memory(const Pcg& pcg, const TaskGra
       for (std::size_t k = 0; k < p.order.size(); ++k) {
         const ScheduledGroup& grp = p.order[k];
         const auto m = static_cast<std::size_t>(grp.micro_batch);
-        const std::vector<int>& group = grp.kind == GroupKind::kForward    ? p.forward
-                                        : grp.kind == GroupKind::kBackward ? p.backward
-                                                                           : p.weight;
+        const std::vector<int>& group = group_tasks(p, grp.kind);
         std::vector<ValueId> made_sums;  // accumulated values this group makes
         for (int ti : group) {
           const Task& t = dt.tasks[static_cast<std::size_t>(ti)];
