@@ -80,7 +80,7 @@ OverlapCostInput overlap_cost_input(const Pcg& pcg, const Node& c, const Decompo
   const Shape local_b = local_shape(c.operand_layouts[1], first);
   std::int64_t inner = 1;
   for (std::size_t i = 1; i + 1 < local_a.size(); ++i) inner *= local_a[i];
-  const std::int64_t width_a = local_a.back(), width_out = row_product_width(c.op.type, local_b);
+  const std::int64_t width_a = local_a.back(), width_out = row_product_width(c.op, local_b);
   const auto elem = static_cast<std::int64_t>(size_of(c.spec.dtype));
   OverlapCostInput in{.mesh_dim = d.mesh_dim};
   for (std::int64_t rows : block_rows(local_shape(whole, first)[0], inner, n)) {

@@ -157,7 +157,7 @@ struct Reader {
   void node(const JsonField& f) {
     only_keys(f,
               {"name", "op", "inputs", "dims", "dim", "shape", "eps", "causal", "degree", "mesh",
-               "placements", "checkpoint", "approximate"},
+               "placements", "checkpoint", "approximate", "start", "end", "weight"},
               "a node");
     const std::string name = f.member("name").as_string();
     const std::string op_name = f.member("op").as_string();
@@ -204,6 +204,20 @@ struct Reader {
       if (op.type != OpType::kGelu) a->reject("is gelu's (\"none\" or \"tanh\")");
       if (form != "none" && form != "tanh") a->reject("must be \"none\" or \"tanh\"");
       op.approximate_tanh = form == "tanh";
+    }
+    if (auto w = f.find("weight")) {
+      const std::string form = w->as_string();
+      if (op.type != OpType::kLinear) w->reject("is linear's (\"in_out\" or \"out_in\")");
+      if (form != "in_out" && form != "out_in") w->reject("must be \"in_out\" or \"out_in\"");
+      op.weight_out_in = form == "out_in";
+    }
+    if (op.type == OpType::kSlice) {
+      op.dim = static_cast<int>(f.member("dim").as_int(-64, 64));
+      op.start = f.member("start").as_int(-kMaxDim, kMaxDim);
+      op.end = f.member("end").as_int(-kMaxDim, kMaxDim);
+    } else {
+      for (const char* key : {"start", "end"})
+        if (auto k = f.find(key)) k->reject("is slice's");
     }
     if (auto d = f.find("shape")) {
       for (std::size_t i = 0; i < d->size(); ++i)

@@ -113,6 +113,11 @@ struct Tracker {
                                 n.op.shape.empty() ? 0 : n.op.shape[0]));
         }
         return 0;
+      case OpType::kSlice: {
+        const int dim = n.op.dim < 0 ? n.op.dim + static_cast<int>(r) : n.op.dim;
+        if (dim == p) refuse(n, "slices the rows");
+        return p;
+      }
       case OpType::kTranspose: {
         std::vector<int> perm = n.op.dims;
         if (perm.empty())

@@ -206,6 +206,11 @@ struct Builder {
       case OpType::kAttention:
         r = first;  // the result's dims are q's but for the last (Dv)
         break;
+      case OpType::kSlice:
+        if (op.dim == first.batch || op.dim == first.position)
+          refuse(n, "slices the positions or the samples");
+        r = labelled_roles(n, op, specs, inputs);
+        break;
       default:
         r = labelled_roles(n, op, specs, inputs);
         break;

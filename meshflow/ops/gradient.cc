@@ -94,8 +94,14 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
       grads = {ga, b.op(OpType::kNeg, {ga})};
       break;
     }
-    case OpType::kMatmul:
     case OpType::kLinear:
+      if (op.weight_out_in) {  // y = x @ wᵀ: dx = g @ w, dw = Σ gᵀ x ([out, in])
+        grads = {b.op(OpType::kMatmul, {kG, input(1)}), b.op(OpType::kMatmulGradB, {kG, input(0)})};
+        if (in.size() == 3) grads.push_back(b.sum_to(kG, in[2].shape, out));
+        break;
+      }
+      [[fallthrough]];
+    case OpType::kMatmul:
       grads = {b.op(OpType::kMatmulGradA, {kG, input(1)}),
                b.op(OpType::kMatmulGradB, {input(0), kG})};
       if (in.size() == 3) grads.push_back(b.sum_to(kG, in[2].shape, out));
@@ -126,6 +132,18 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
     }
     case OpType::kReshape:
       grads = {b.add(Op{.type = OpType::kReshape, .shape = in[0].shape}, {kG})};
+      break;
+    case OpType::kSlice:
+      grads = {b.add(Op{.type = OpType::kSliceGrad,
+                        .dim = op.dim,
+                        .shape = in[0].shape,
+                        .start = op.start,
+                        .end = op.end},
+                     {kG})};
+      break;
+    case OpType::kSliceGrad:
+      grads = {b.add(Op{.type = OpType::kSlice, .dim = op.dim, .start = op.start, .end = op.end},
+                     {kG})};
       break;
     case OpType::kTranspose: {
       std::vector<int> inverse(op.dims.size());

@@ -43,11 +43,14 @@ TensorSpec infer_matmul(const Op& op, const std::vector<TensorSpec>& in) {
       return {out, in[0].dtype};
     }
     case OpType::kLinear: {
-      if (a.empty() || b.size() != 2 || a.back() != b[0] ||
-          (in.size() == 3 && in[2].shape != Shape{b[1]}))
-        mismatch(name, in, "x[..., in] @ w[in, out] + b[out]");
+      const std::size_t k = op.weight_out_in ? 1 : 0;  // w's in dim
+      if (a.empty() || b.size() != 2 || a.back() != b[k] ||
+          (in.size() == 3 && in[2].shape != Shape{b[1 - k]}))
+        mismatch(name, in,
+                 op.weight_out_in ? "x[..., in] @ w[out, in]ᵀ + b[out]"
+                                  : "x[..., in] @ w[in, out] + b[out]");
       Shape out = a;
-      out.back() = b[1];
+      out.back() = b[1 - k];
       return {out, in[0].dtype};
     }
     case OpType::kMatmulGradA: {  // (g[..., m, n], b[k, n]) -> [..., m, k]
@@ -72,23 +75,22 @@ bool is_row_product(OpType type) {
   return type == OpType::kMatmul || type == OpType::kLinear || type == OpType::kMatmulGradA;
 }
 
-std::int64_t row_product_width(OpType type, const Shape& b) {
-  MESHFLOW_CHECK(is_row_product(type) && b.size() == 2);
-  return type == OpType::kMatmulGradA ? b[0] : b[1];
+std::int64_t row_product_width(const Op& op, const Shape& b) {
+  MESHFLOW_CHECK(is_row_product(op.type) && b.size() == 2);
+  return op.type == OpType::kMatmulGradA || op.weight_out_in ? b[0] : b[1];
 }
 
 template <typename T>
-void row_product(OpType type, const T* a, std::int64_t m, std::int64_t a_width, const Tensor& b,
+void row_product(const Op& op, const T* a, std::int64_t m, std::int64_t a_width, const Tensor& b,
                  const Tensor* bias, T* out, bool accumulate) {
   const T* pb = reinterpret_cast<const T*>(b.bytes());
-  const std::int64_t n = row_product_width(type, b.shape());
+  const std::int64_t n = row_product_width(op, b.shape());
   const T beta = accumulate ? T(1) : T(0);
-  if (type == OpType::kMatmulGradA) {  // g[m, a_width] @ b[n, a_width]ᵀ
-    gemm<T>(false, true, m, n, a_width, a, a_width, pb, a_width, beta, out, n);
-    return;
-  }
+  // g[m, a_width] @ b[n, a_width]ᵀ: matmul_grad_a, and linear of an [out, in] weight
+  const bool b_transposed = op.type == OpType::kMatmulGradA || op.weight_out_in;
+  const std::int64_t ldb = b_transposed ? a_width : n;
   if (bias == nullptr) {
-    gemm<T>(false, false, m, n, a_width, a, a_width, pb, n, beta, out, n);
+    gemm<T>(false, b_transposed, m, n, a_width, a, a_width, pb, ldb, beta, out, n);
     return;
   }
   // Start from (or add) the bias in every row, then add the product.
@@ -101,13 +103,13 @@ void row_product(OpType type, const T* a, std::int64_t m, std::int64_t a_width, 
       std::memcpy(row, pbias, static_cast<std::size_t>(n) * sizeof(T));
     }
   }
-  gemm<T>(false, false, m, n, a_width, a, a_width, pb, n, T(1), out, n);
+  gemm<T>(false, b_transposed, m, n, a_width, a, a_width, pb, ldb, T(1), out, n);
 }
 
-template void row_product<float>(OpType, const float*, std::int64_t, std::int64_t, const Tensor&,
-                                 const Tensor*, float*, bool);
-template void row_product<double>(OpType, const double*, std::int64_t, std::int64_t, const Tensor&,
-                                  const Tensor*, double*, bool);
+template void row_product<float>(const Op&, const float*, std::int64_t, std::int64_t,
+                                 const Tensor&, const Tensor*, float*, bool);
+template void row_product<double>(const Op&, const double*, std::int64_t, std::int64_t,
+                                  const Tensor&, const Tensor*, double*, bool);
 
 namespace {
 
@@ -127,7 +129,7 @@ void matmul_into(const Op& op, const std::vector<const Tensor*>& in, Tensor& out
         case OpType::kMatmul:
         case OpType::kLinear:
         case OpType::kMatmulGradA:
-          row_product<T>(op.type, pa, leading(as, 1), as.back(), b,
+          row_product<T>(op, pa, leading(as, 1), as.back(), b,
                          in.size() == 3 ? in[2] : nullptr, pc, accumulate);
           break;
         case OpType::kMatmulGradB: {
@@ -182,7 +184,7 @@ DimLabels matmul_labels(const Op& op, const std::vector<TensorSpec>& in, const S
     case OpType::kLinear: {  // x[..., in] w[in, out] b[out]: in is label r
       std::vector<int> x = label_range(0, r - 1);
       x.push_back(r);
-      l.inputs = {x, {r, r - 1}};
+      l.inputs = {x, op.weight_out_in ? std::vector<int>{r - 1, r} : std::vector<int>{r, r - 1}};
       if (in.size() == 3) l.inputs.push_back({r - 1});
       l.output = label_range(0, r);
       l.factors = {0, 1};

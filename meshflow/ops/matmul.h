@@ -26,13 +26,13 @@ void matmul_kernel_accumulate(const Op& op, const std::vector<const Tensor*>& in
 bool is_row_product(OpType type);
 
 // Returns the width of a row product's result row, given operand 1's shape b.
-std::int64_t row_product_width(OpType type, const Shape& b);
+std::int64_t row_product_width(const Op& op, const Shape& b);
 
-// Writes m rows of row product `type`'s result to `out` (row_product_width wide), or adds them
+// Writes m rows of row product `op`'s result to `out` (row_product_width wide), or adds them
 // to what `out` holds when `accumulate`, from m rows of operand 0 at `a` (a_width wide),
 // operand 1 `b` whole and linear's `bias` (or nullptr). float32 and float64.
 template <typename T>
-void row_product(OpType type, const T* a, std::int64_t m, std::int64_t a_width, const Tensor& b,
+void row_product(const Op& op, const T* a, std::int64_t m, std::int64_t a_width, const Tensor& b,
                  const Tensor* bias, T* out, bool accumulate = false);
 
 // The family's sharding rule (op.h's DimLabels) for a result of shape `out`.

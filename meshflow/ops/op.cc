@@ -50,6 +50,7 @@ constexpr std::array kOps = {
     OpInfo{OpType::kLayerNorm, "layer_norm", 3, 3},
     OpInfo{OpType::kEmbedding, "embedding", 2, 2},
     OpInfo{OpType::kAttention, "attention", 3, 3},
+    OpInfo{OpType::kSlice, "slice", 1, 1},
     OpInfo{OpType::kMatmulGradA, "matmul_grad_a", 2, 2},
     OpInfo{OpType::kMatmulGradB, "matmul_grad_b", 2, 2},
     OpInfo{OpType::kReluGrad, "relu_grad", 2, 2},
@@ -68,6 +69,7 @@ constexpr std::array kOps = {
     OpInfo{OpType::kAttentionGradQ, "attention_grad_q", 4, 4},
     OpInfo{OpType::kAttentionGradK, "attention_grad_k", 4, 4},
     OpInfo{OpType::kAttentionGradV, "attention_grad_v", 4, 4},
+    OpInfo{OpType::kSliceGrad, "slice_grad", 1, 1},
     OpInfo{OpType::kLogitMax, "logit_max", 1, 1},
     OpInfo{OpType::kLogitStats, "logit_stats", 3, 3},
     OpInfo{OpType::kCrossEntropyFromStats, "cross_entropy_from_stats", 2, 2},
@@ -108,8 +110,11 @@ std::string to_string(const Op& op) {
   if (op.type == OpType::kSoftmax || op.type == OpType::kSoftmaxGrad)
     attrs.push_back(fmt::format("dim={}", op.dim));
   if (op.type == OpType::kSumTo || op.type == OpType::kBroadcastTo || op.type == OpType::kReshape ||
-      op.type == OpType::kEmbeddingGrad)
+      op.type == OpType::kEmbeddingGrad || op.type == OpType::kSliceGrad)
     attrs.push_back("shape=" + to_string(op.shape));
+  if (op.type == OpType::kSlice || op.type == OpType::kSliceGrad)
+    attrs.push_back(fmt::format("dim={}, start={}, end={}", op.dim, op.start, op.end));
+  if (op.weight_out_in) attrs.push_back("weight=out_in");
   if (op.scale != 1) attrs.push_back(fmt::format("scale={}", op.scale));
   if (op.type == OpType::kLayerNorm || op.type == OpType::kLayerNormStats)
     attrs.push_back(fmt::format("eps={}", op.eps));
@@ -129,6 +134,9 @@ std::size_t hash_value(const Op& op) {
   mix(std::hash<double>{}(op.eps));
   mix(op.causal ? 1 : 0);
   mix(op.approximate_tanh ? 1 : 0);
+  mix(static_cast<std::size_t>(op.start));
+  mix(static_cast<std::size_t>(op.end));
+  mix(op.weight_out_in ? 1 : 0);
   return h;
 }
 

@@ -20,7 +20,7 @@ namespace meshflow {
 enum class OpType {
   // forward
   kMatmul,  // a[..., m, k] @ b[k, n]
-  kLinear,  // x[..., in] @ w[in, out] (+ b[out])
+  kLinear,  // x[..., in] @ w[in, out] (+ b[out]); with weight_out_in, x @ w[out, in]ᵀ (+ b[out])
   kAdd,     // NumPy broadcasting, as are sub, mul and div
   kSub,
   kMul,
@@ -41,6 +41,7 @@ enum class OpType {
   kLayerNorm,            // (x[..., D], w[D], b[D]) over the last dim, `eps`
   kEmbedding,            // (ids[...] int32/int64, table[V, D]) -> table[ids], [..., D]
   kAttention,            // (q[..., Sq, Dk], k[..., Sk, Dk], v[..., Sk, Dv]), `causal`
+  kSlice,                // x[..., start:end, ...] on `dim` (NumPy's basic slice, step 1)
   // gradients
   kMatmulGradA,  // (g[..., m, n], b[k, n]) -> g @ bᵀ, [..., m, k]
   kMatmulGradB,  // (a[..., m, k], g[..., m, n]) -> Σ over leading dims of aᵀ @ g, [k, n]
@@ -60,6 +61,7 @@ enum class OpType {
   kAttentionGradQ,  // (q, k, v, g) -> the gradient of q, `causal`
   kAttentionGradK,  // (q, k, v, g) -> the gradient of k, `causal`
   kAttentionGradV,  // (q, k, v, g) -> the gradient of v, `causal`
+  kSliceGrad,       // (g) -> zeros of `shape` with g at [start, end) on `dim`
   // the vocabulary-parallel cross-entropy's steps (ops/vocab_parallel.h)
   kLogitMax,                   // (logits[B, C]) -> max over C, [B]
   kLogitStats,                 // (logits, max[B], labels[B]) -> [B, 2]: Σ exp(x - max), x[label]
@@ -75,7 +77,7 @@ struct Op {
   OpType type = OpType::kAdd;
   std::vector<int> dims;  // sum, mean: reduced dims; broadcast_to: inserted dims (sorted);
                           // transpose: the permutation
-  int dim = -1;           // softmax, softmax_grad
+  int dim = -1;           // softmax, softmax_grad, slice, slice_grad
   Shape shape;            // sum_to, broadcast_to, reshape, embedding_grad: the result's shape
   double scale = 1;       // broadcast_to
   double eps = 1e-5;      // layer_norm and layer_norm_stats
@@ -83,6 +85,11 @@ struct Op {
   // gelu and gelu_grad: PyTorch's approximate="tanh" form, 0.5 x (1 + tanh(√(2/π) (x + 0.044715
   // x³))), instead of the erf form.
   bool approximate_tanh = false;
+  // slice and slice_grad: the range [start, end) on `dim` (NumPy's: negative counts from the end,
+  // clamped to the extent; normalize resolves them to 0 <= start <= end <= extent).
+  std::int64_t start = 0, end = 0;
+  // linear: the weight is PyTorch's [out, in] (x @ wᵀ + b) instead of [in, out].
+  bool weight_out_in = false;
   bool operator==(const Op&) const = default;
 };
 

@@ -11,7 +11,10 @@
 
 namespace meshflow {
 
-bool is_view_family(OpType t) { return t == OpType::kReshape || t == OpType::kTranspose; }
+bool is_view_family(OpType t) {
+  return t == OpType::kReshape || t == OpType::kTranspose || t == OpType::kSlice ||
+         t == OpType::kSliceGrad;
+}
 
 namespace {
 
@@ -49,6 +52,60 @@ Shape resolve_reshape(const Shape& from, DType dtype, const Shape& want) {
          to_string(from), count, to_string(want), numel(to));
   }
   return to;
+}
+
+// Resolves slice's NumPy range (negative from the end, clamped) against its operand (slice) or
+// its result (slice_grad, whose `shape` is the sliced operand's).
+Op normalize_slice(const Op& op, const std::vector<TensorSpec>& in) {
+  const std::string_view name = to_string(op.type);
+  const Shape& whole = op.type == OpType::kSlice ? in[0].shape : op.shape;
+  const int rank = static_cast<int>(whole.size());
+  if (op.dim < -rank || op.dim >= rank) {
+    fail(ErrorKind::kInvalidArgument, "{}: dim {} is out of range for a {}-d operand", name,
+         op.dim, rank);
+  }
+  Op out = op;
+  out.dim = op.dim < 0 ? op.dim + rank : op.dim;
+  const std::int64_t n = whole[static_cast<std::size_t>(out.dim)];
+  auto resolve = [n](std::int64_t i) { return std::clamp<std::int64_t>(i < 0 ? i + n : i, 0, n); };
+  out.start = resolve(op.start);
+  out.end = std::max(out.start, resolve(op.end));
+  if (op.type == OpType::kSliceGrad) {
+    Shape expect = whole;
+    expect[static_cast<std::size_t>(out.dim)] = out.end - out.start;
+    if (in[0].shape != expect) {
+      fail(ErrorKind::kShapeMismatch, "slice_grad: operand {} is not a slice [{}, {}) of {} on dim {}",
+           to_string(in[0].shape), out.start, out.end, to_string(whole), out.dim);
+    }
+  }
+  return out;
+}
+
+// slice: copies the range out of each outer row; slice_grad: zeros with the rows copied in. The
+// sliced dim is never sharded (view_labels), so a shard's range is the global one.
+Tensor slice_kernel(const Op& op, const Tensor& x) {
+  const bool forward = op.type == OpType::kSlice;
+  Shape out_shape = x.shape();
+  const auto d = static_cast<std::size_t>(op.dim);
+  out_shape[d] = forward ? op.end - op.start : op.shape[d];
+  Tensor y = forward ? Tensor::uninitialized(x.dtype(), out_shape) : Tensor(x.dtype(), out_shape);
+  const Shape& whole = forward ? x.shape() : out_shape;
+  const std::int64_t outer = product(whole, 0, op.dim);
+  const std::int64_t inner = product(whole, op.dim + 1, static_cast<int>(whole.size())) *
+                             static_cast<std::int64_t>(size_of(x.dtype()));
+  const std::int64_t row = whole[d] * inner;
+  const std::int64_t piece = (op.end - op.start) * inner;
+  if (piece == 0) return y;
+  const std::byte* src = x.bytes();
+  std::byte* dst = y.bytes();
+  for (std::int64_t o = 0; o < outer; ++o) {
+    if (forward) {
+      std::memcpy(dst + o * piece, src + o * row + op.start * inner, static_cast<std::size_t>(piece));
+    } else {
+      std::memcpy(dst + o * row + op.start * inner, src + o * piece, static_cast<std::size_t>(piece));
+    }
+  }
+  return y;
 }
 
 std::vector<int> resolve_perm(const std::vector<int>& dims, std::size_t rank) {
@@ -190,6 +247,7 @@ std::vector<DimGroup> reshape_groups(const Shape& from, const Shape& to) {
 
 Op normalize_view(const Op& op, const std::vector<TensorSpec>& in) {
   Op out = op;
+  if (op.type == OpType::kSlice || op.type == OpType::kSliceGrad) return normalize_slice(op, in);
   if (op.type == OpType::kReshape) {
     out.shape = resolve_reshape(in[0].shape, in[0].dtype, op.shape);
   } else {
@@ -200,7 +258,13 @@ Op normalize_view(const Op& op, const std::vector<TensorSpec>& in) {
 
 TensorSpec infer_view(const Op& raw, const std::vector<TensorSpec>& in) {
   const Op op = normalize_view(raw, in);
-  if (op.type == OpType::kReshape) return {op.shape, in[0].dtype};
+  if (op.type == OpType::kReshape || op.type == OpType::kSliceGrad)
+    return {op.shape, in[0].dtype};
+  if (op.type == OpType::kSlice) {
+    Shape out = in[0].shape;
+    out[static_cast<std::size_t>(op.dim)] = op.end - op.start;
+    return {out, in[0].dtype};
+  }
   Shape out;
   for (int d : op.dims) out.push_back(in[0].shape[static_cast<std::size_t>(d)]);
   return {out, in[0].dtype};
@@ -209,6 +273,7 @@ TensorSpec infer_view(const Op& raw, const std::vector<TensorSpec>& in) {
 Tensor view_kernel(const Op& op, const std::vector<const Tensor*>& in,
                    const std::vector<TensorSpec>& globals) {
   const Tensor& x = *in[0];
+  if (op.type == OpType::kSlice || op.type == OpType::kSliceGrad) return slice_kernel(op, x);
   if (op.type == OpType::kReshape) {
     Tensor y =
         Tensor::uninitialized(x.dtype(), local_reshape(globals[0].shape, op.shape, x.shape()));
@@ -231,6 +296,16 @@ DimLabels view_labels(const Op& op, const std::vector<TensorSpec>& in, const Sha
   DimLabels l;
   l.terms = {0};  // linear: a Partial operand gives a Partial result
   const int rank = static_cast<int>(in[0].shape.size());
+  if (op.type == OpType::kSlice || op.type == OpType::kSliceGrad) {
+    // Every dim but the sliced one carries its label through; the sliced dim has one label on
+    // each side (they index different ranges), neither shardable: a shard of it would need the
+    // global offsets the range is cut at.
+    l.inputs = {label_range(0, rank)};
+    l.output = label_range(0, rank);
+    l.output[static_cast<std::size_t>(op.dim)] = rank;
+    l.unshardable = {op.dim, rank};
+    return l;
+  }
   if (op.type == OpType::kTranspose) {
     l.inputs = {label_range(0, rank)};
     l.output = op.dims;

@@ -63,12 +63,12 @@ std::vector<T*> addresses(Communicator& g, T* mine) {
 }
 
 template <typename T>
-Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64_t dim0,
+Tensor allgather_typed(Communicator& g, const Op& op, const Tensor& a, std::int64_t dim0,
                        const Tensor& b, const Tensor* bias, const OverlapOptions& o) {
   const int n = g.size(), r = g.rank();
   const Blocks blocks(n, dim0, a.shape());
   MESHFLOW_CHECK(a.shape()[0] == chunk(dim0, n, r).extent);
-  const std::int64_t width = row_product_width(type, b.shape());
+  const std::int64_t width = row_product_width(op, b.shape());
   Shape out_shape = a.shape(), gathered_shape = a.shape();
   out_shape[0] = gathered_shape[0] = dim0;
   out_shape.back() = width;
@@ -76,7 +76,7 @@ Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64
   Recorder rec(o.events);
   auto multiply = [&](int block, const T* data) {
     const double start = rec.start();
-    row_product<T>(type, data, blocks.rows(block), blocks.width, b, bias,
+    row_product<T>(op, data, blocks.rows(block), blocks.width, b, bias,
                    rows_at<T>(y, blocks.first_row(block), width));
     rec.add(OverlapEvent::Kind::kProduct, block, start);
   };
@@ -161,7 +161,7 @@ Tensor allgather_typed(Communicator& g, OpType type, const Tensor& a, std::int64
 // block per step, a barrier between steps, and the last step is r's own block, after which no
 // peer touches it. Nothing is copied and no partial result is held.
 template <typename T>
-Tensor reduce_scatter_in_place(Communicator& g, OpType type, const Tensor& a, const Tensor& b,
+Tensor reduce_scatter_in_place(Communicator& g, const Op& op, const Tensor& a, const Tensor& b,
                                const Tensor* bias, Tensor y, const Blocks& blocks, Recorder& rec) {
   const int n = g.size(), r = g.rank();
   const std::vector<T*> where = addresses(g, y.data<T>().data());
@@ -170,7 +170,7 @@ Tensor reduce_scatter_in_place(Communicator& g, OpType type, const Tensor& a, co
     if (step > 0) barrier(g);
     T* out = where[static_cast<std::size_t>(block)];
     const double start = rec.start();
-    row_product<T>(type, a.data<T>().data() + blocks.first_row(block) * blocks.width,
+    row_product<T>(op, a.data<T>().data() + blocks.first_row(block) * blocks.width,
                    blocks.rows(block), blocks.width, b, bias, out, /*accumulate=*/step > 0);
     rec.add(OverlapEvent::Kind::kProduct, block, start);
   }
@@ -178,18 +178,18 @@ Tensor reduce_scatter_in_place(Communicator& g, OpType type, const Tensor& a, co
 }
 
 template <typename T>
-Tensor reduce_scatter_typed(Communicator& g, OpType type, const Tensor& a, const Tensor& b,
+Tensor reduce_scatter_typed(Communicator& g, const Op& op, const Tensor& a, const Tensor& b,
                             const Tensor* bias, const OverlapOptions& o) {
   const int n = g.size(), r = g.rank();
   const Blocks blocks(n, a.shape()[0], a.shape());
-  const std::int64_t width = row_product_width(type, b.shape());
+  const std::int64_t width = row_product_width(op, b.shape());
   Shape out_shape = a.shape();
   out_shape[0] = chunk(a.shape()[0], n, r).extent;
   out_shape.back() = width;
   Tensor y = Tensor::uninitialized(a.dtype(), out_shape);
   Recorder rec(o.events);
   if (o.form == GatherForm::kInPlace)
-    return reduce_scatter_in_place<T>(g, type, a, b, bias, std::move(y), blocks, rec);
+    return reduce_scatter_in_place<T>(g, op, a, b, bias, std::move(y), blocks, rec);
   // The ring. The last step (block r) accumulates straight into the result.
   Tensor part[2] = {Tensor::uninitialized(a.dtype(), {blocks.rows(0), width}),
                     Tensor::uninitialized(a.dtype(), {blocks.rows(0), width})};
@@ -201,7 +201,7 @@ Tensor reduce_scatter_typed(Communicator& g, OpType type, const Tensor& a, const
     const std::int64_t count = blocks.rows(block) * width;
     T* p = step == n - 1 ? y.data<T>().data() : part[step % 2].data<T>().data();
     const double start = rec.start();
-    row_product<T>(type, a.data<T>().data() + blocks.first_row(block) * blocks.width,
+    row_product<T>(op, a.data<T>().data() + blocks.first_row(block) * blocks.width,
                    blocks.rows(block), blocks.width, b, bias, p);
     rec.add(OverlapEvent::Kind::kProduct, block, start);
     if (step > 0) {
@@ -238,35 +238,35 @@ void check_in_place(const Communicator& group, GatherForm form, std::string_view
 }
 
 // Checks the operands of a decomposed row product; returns {b, bias}.
-std::pair<const Tensor*, const Tensor*> operands(OpType type, const Tensor& a,
+std::pair<const Tensor*, const Tensor*> operands(const Op& op, const Tensor& a,
                                                  std::span<const Tensor* const> rest) {
-  MESHFLOW_CHECK(is_row_product(type) && !rest.empty() && rest.size() <= 2 &&
+  MESHFLOW_CHECK(is_row_product(op.type) && !rest.empty() && rest.size() <= 2 &&
                      a.shape().size() >= 2 && rest[0]->shape().size() == 2,
-                 "{} is not a row product the decomposed collectives take", to_string(type));
+                 "{} is not a row product the decomposed collectives take", to_string(op.type));
   for (const Tensor* t : rest) MESHFLOW_CHECK(t->dtype() == a.dtype());
   MESHFLOW_CHECK(a.dtype() == DType::kFloat32 || a.dtype() == DType::kFloat64,
-                 "decomposed {} on {}", to_string(type), to_string(a.dtype()));
+                 "decomposed {} on {}", to_string(op.type), to_string(a.dtype()));
   return {rest[0], rest.size() == 2 ? rest[1] : nullptr};
 }
 
 }  // namespace
 
-Tensor allgather_product(Communicator& group, OpType type, const Tensor& a_local, std::int64_t rows,
+Tensor allgather_product(Communicator& group, const Op& op, const Tensor& a_local, std::int64_t rows,
                          std::span<const Tensor* const> rest, const OverlapOptions& options) {
-  const auto [b, bias] = operands(type, a_local, rest);
+  const auto [b, bias] = operands(op, a_local, rest);
   check_in_place(group, options.form, "allgather_product", "reads peers' blocks");
   if (a_local.dtype() == DType::kFloat64)
-    return allgather_typed<double>(group, type, a_local, rows, *b, bias, options);
-  return allgather_typed<float>(group, type, a_local, rows, *b, bias, options);
+    return allgather_typed<double>(group, op, a_local, rows, *b, bias, options);
+  return allgather_typed<float>(group, op, a_local, rows, *b, bias, options);
 }
 
-Tensor product_reduce_scatter(Communicator& group, OpType type, const Tensor& a_local,
+Tensor product_reduce_scatter(Communicator& group, const Op& op, const Tensor& a_local,
                               std::span<const Tensor* const> rest, const OverlapOptions& options) {
-  const auto [b, bias] = operands(type, a_local, rest);
+  const auto [b, bias] = operands(op, a_local, rest);
   check_in_place(group, options.form, "product_reduce_scatter", "adds into peers' results");
   if (a_local.dtype() == DType::kFloat64)
-    return reduce_scatter_typed<double>(group, type, a_local, *b, bias, options);
-  return reduce_scatter_typed<float>(group, type, a_local, *b, bias, options);
+    return reduce_scatter_typed<double>(group, op, a_local, *b, bias, options);
+  return reduce_scatter_typed<float>(group, op, a_local, *b, bias, options);
 }
 
 }  // namespace meshflow

@@ -51,15 +51,15 @@ struct OverlapOptions {
   std::vector<OverlapEvent>* events = nullptr;  // appended to when set
 };
 
-// Returns type(gather(a_local), rest...) whole on every rank of `group`: a_local is this rank's
+// Returns op(gather(a_local), rest...) whole on every rank of `group`: a_local is this rank's
 // chunk (chunk(rows, n, rank)) of operand 0's dim 0, `rest` the other operands (b, and linear's
 // bias), whole. float32 or float64.
-Tensor allgather_product(Communicator& group, OpType type, const Tensor& a_local, std::int64_t rows,
+Tensor allgather_product(Communicator& group, const Op& op, const Tensor& a_local, std::int64_t rows,
                          std::span<const Tensor* const> rest, const OverlapOptions& options = {});
 
-// Returns this rank's chunk of dim 0 of the sum over ranks of type(a_local, rest...), every
+// Returns this rank's chunk of dim 0 of the sum over ranks of op(a_local, rest...), every
 // rank's term being of the same shape.
-Tensor product_reduce_scatter(Communicator& group, OpType type, const Tensor& a_local,
+Tensor product_reduce_scatter(Communicator& group, const Op& op, const Tensor& a_local,
                               std::span<const Tensor* const> rest,
                               const OverlapOptions& options = {});
 

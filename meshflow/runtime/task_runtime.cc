@@ -32,16 +32,15 @@ void run_overlap(const OverlapTask& o, ValueId out, Communicator& world,
   const std::shared_ptr<Communicator> group = world.group(o.group);
   std::vector<const Tensor*> rest;
   for (std::size_t i = 1; i < o.call->args.size(); ++i) rest.push_back(&value(o.call->args[i]));
-  const OpType type = o.call->op.type;
   OverlapOptions options{.form = o.decomposition.form, .events = blocks};
   Tensor result;
   if (o.decomposition.kind == Decomposition::Kind::kGatherOperand) {
     Tensor gathered;
     options.gathered = &gathered;
-    result = allgather_product(*group, type, value(o.source), o.rows, rest, options);
+    result = allgather_product(*group, o.call->op, value(o.source), o.rows, rest, options);
     value(o.call->args[0]) = std::move(gathered);
   } else {
-    result = product_reduce_scatter(*group, type, value(o.call->args[0]), rest, options);
+    result = product_reduce_scatter(*group, o.call->op, value(o.call->args[0]), rest, options);
   }
   MESHFLOW_CHECK(result.shape() == o.local_out, "overlapped loop gave {}, expected {}",
                  to_string(result.shape()), to_string(o.local_out));

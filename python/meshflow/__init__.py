@@ -20,9 +20,11 @@ from ._meshflow import (  # noqa: F401  (re-exported)
 from .placement import Partial, Placement, Replicate, Shard
 from .tensor import DTensor, DeviceMesh, distribute_tensor, plan
 from .model import Model, autoshard
+from .torch_import import from_torch, to_torch_state_dict
 from . import checkpoint, data, ops
 
 __all__ = [
     "DTensor", "DeviceMesh", "Error", "Model", "Partial", "Placement", "Replicate", "Shard",
-    "autoshard", "backend", "checkpoint", "distribute_tensor", "ops", "plan", "rank",
+    "autoshard", "backend", "checkpoint", "distribute_tensor", "from_torch", "ops", "plan",
+    "rank", "to_torch_state_dict",
 ]

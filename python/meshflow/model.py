@@ -7,12 +7,13 @@ class Model:
     """A model file. ``Model.load(path)``; ``.run()``, ``.train(steps)``, ``.generate(weights,
     prompt)``, ``.explain()``."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, path=None):
         self._h = handle
+        self.path = path  # the model file it was loaded from
 
     @classmethod
     def load(cls, path):
-        return cls(_meshflow.load_model(str(path)))
+        return cls(_meshflow.load_model(str(path)), str(path))
 
     def run(self, overlap=False, threads_per_device=None):
         """Runs the forward pass; returns {name: numpy.ndarray} of the model's outputs.
