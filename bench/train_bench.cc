@@ -13,6 +13,7 @@
 #include "bench/collectives_bench.h"
 #include "bench/floor.h"
 #include "bench/gpt_model.h"
+#include "bench/torch_gpt.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/core/random.h"
@@ -667,6 +668,39 @@ std::optional<BenchResult> gpt_text_case(const TrainBenchOptions& o) {
   return r;
 }
 
+// torch_gpt: examples/torch/gpt.py at the bench GPT's size (its q/k/v fused, biases, tied
+// embeddings) converted by from_torch, data parallel on `mesh_text`, AdamW, against the same
+// module trained by PyTorch eager on the same batches with the devices' threads together.
+std::optional<BenchResult> torch_gpt_case(const TrainBenchOptions& o, const std::string& mesh_text) {
+  const int devices = static_cast<int>(size(parse_mesh(mesh_text)));
+  const int threads = devices * device_threads(o, devices);
+  const TempFolder dir("meshflow_torch_gpt");
+  const std::optional<TorchGpt> t = convert_torch_gpt(
+      {.config = o.gpt, .mesh = mesh_text, .threads = threads, .steps = o.reps, .warmup = o.warmup},
+      dir.path());
+  if (!t) return std::nullopt;
+  const Model m = load_model(t->model);
+  BenchResult r{.case_name = "torch_gpt",
+                .backend = "threads",
+                .mesh = mesh_text,
+                .devices = devices,
+                .bytes = o.gpt.batch * o.gpt.seq * o.gpt.width * 4};
+  const Optimizer optimizer = resolve_optimizer({.kind = OptimizerKind::kAdamW});
+  ProductFloor products(training_tasks(m, optimizer, 1), 1, device_threads(o, devices));
+  time_training(m, o, optimizer, weight_bytes(m), r, 1, &products);
+  r.extra["floor_products"] = products.products();
+  r.baseline = "pytorch";
+  r.baseline_s = t->pytorch_s;
+  r.extra["pytorch_threads"] = threads;
+  r.extra["convert_s"] = t->convert_s;
+  r.extra["convert_12_blocks_s"] = t->convert_12_blocks_s;
+  r.extra["model"] = fmt::format(
+      "examples/torch/gpt.py converted by from_torch: {} blocks, width {}, {} heads, sequence {}, "
+      "batch {}, vocabulary {}, fused q/k/v, biases, tied embeddings, AdamW, data parallel",
+      o.gpt.blocks, o.gpt.width, o.gpt.heads, o.gpt.seq, o.gpt.batch, o.gpt.vocab);
+  return r;
+}
+
 BenchResult compile_case(const TrainBenchOptions& o) {
   const Pcg g = deep_mlp(o.layers);
   BenchResult r{
@@ -760,6 +794,10 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
                                     o.gpt.batch * o.gpt.seq * o.gpt.width * 4));
     }
     if (wanted("gpt_sp_bytes")) add_result(report, gpt_sp_bytes_case(o));
+    if (wanted("torch_gpt")) {
+      for (const std::string& mesh : o.gpt_meshes)
+        if (std::optional<BenchResult> r = torch_gpt_case(o, mesh)) add_result(report, std::move(*r));
+    }
     if (wanted("gpt_text"))
       if (std::optional<BenchResult> text = gpt_text_case(o)) add_result(report, std::move(*text));
   } catch (...) {

@@ -397,12 +397,12 @@ void add_bench(CLI::App& app) {
                 "only these cases: train_step, mlp_step_data, mlp_step_micro4, "
                 "mlp_step_adamw_zero1, mlp_step_adamw_zero3, gpt_step, gpt_step_adamw, "
                 "gpt_step_selective, gpt_step_full, gpt_step_data, gpt_step_micro4, gpt_sp_bytes, "
-                "gpt_text, compile")
+                "torch_gpt, gpt_text, compile")
       ->check(
           CLI::IsMember({"train_step", "mlp_step_data", "mlp_step_micro4", "mlp_step_adamw_zero1",
                          "mlp_step_adamw_zero3", "gpt_step", "gpt_step_adamw", "gpt_step_selective",
                          "gpt_step_full", "gpt_step_data", "gpt_step_micro4", "gpt_sp_bytes",
-                         "gpt_text", "compile"}));
+                         "torch_gpt", "gpt_text", "compile"}));
   t->add_option("--text-steps", train->text_steps,
                 "gpt_text: the steps meshflow and PyTorch each train (needs Debian's fortunes)")
       ->check(CLI::Range(2, 1 << 20))

@@ -66,6 +66,21 @@ const VectorMath kScalar{
             y[i] = g[i] * (cdf + x[i] * pdf);
           }
         },
+    .gelu_tanh =
+        [](const float* x, float* y, std::int64_t n) {
+          std::transform(x, x + n, y, [](float v) {
+            return 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+          });
+        },
+    .gelu_tanh_grad =
+        [](const float* g, const float* x, float* y, std::int64_t n) {
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float v = x[i];
+            const float t = std::tanh(0.7978845608f * (v + 0.044715f * v * v * v));
+            const float du = 0.7978845608f * (1.0f + 3 * 0.044715f * v * v);
+            y[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+          }
+        },
     .max =
         [](const float* x, std::int64_t n) {
           float m = -std::numeric_limits<float>::infinity();

@@ -35,6 +35,10 @@ struct VectorMath {
   void (*gelu)(const float* x, float* y, std::int64_t n);     // x Φ(x), Φ the normal CDF (erf)
   // y = g * d/dx gelu(x) = g (Φ(x) + x φ(x)), φ the normal density.
   void (*gelu_grad)(const float* g, const float* x, float* y, std::int64_t n);
+  // PyTorch's gelu(approximate="tanh"): 0.5 x (1 + tanh(u)) = x σ(2u), u = √(2/π) (x + 0.044715
+  // x³); and y = g times its derivative, σ(2u) + 2 x σ(2u) (1 − σ(2u)) u'.
+  void (*gelu_tanh)(const float* x, float* y, std::int64_t n);
+  void (*gelu_tanh_grad)(const float* g, const float* x, float* y, std::int64_t n);
   float (*max)(const float* x, std::int64_t n);  // -inf for n = 0; NaN if any is NaN
   float (*sum)(const float* x, std::int64_t n);  // Σ x
   float (*dot)(const float* a, const float* b, std::int64_t n);  // Σ a b

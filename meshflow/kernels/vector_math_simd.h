@@ -114,18 +114,18 @@ struct SimdLoops {
     map(x, y, n, [](R v) { return exp(v); });
   }
   static void tanh(const float* x, float* y, std::int64_t n) { map(x, y, n, V::tanh); }
-  static void sigmoid(const float* x, float* y, std::int64_t n) {
-    map(x, y, n, [](R v) {
-      const R one = V::set1(1.0f);
-      // exp(-x) stops at exp(-87) (x above 87, where 1 + it is 1): no denormal operand.
-      const R neg = V::max(V::set1(-87.0f), V::sub(V::set1(0.0f), v));
-      return V::div(one, V::add(one, exp(neg)));
-    });
+  static R sigmoid_of(R v) {
+    const R one = V::set1(1.0f);
+    // exp(-x) stops at exp(-87) (x above 87, where 1 + it is 1): no denormal operand.
+    const R neg = V::max(V::set1(-87.0f), V::sub(V::set1(0.0f), v));
+    return V::div(one, V::add(one, exp(neg)));
   }
+  static void sigmoid(const float* x, float* y, std::int64_t n) { map(x, y, n, sigmoid_of); }
   static void gelu(const float* x, float* y, std::int64_t n) { map(x, y, n, gelu_of); }
 
-  static void gelu_grad(const float* g, const float* x, float* y, std::int64_t n) {
-    auto f = [](R gv, R xv) { return V::mul(gv, gelu_slope(xv)); };
+  // y[i] = f(g[i], x[i]); the tail's padding lanes hold 0.
+  template <class F>
+  static void map2(const float* g, const float* x, float* y, std::int64_t n, F f) {
     std::int64_t i = 0;
     for (; i + kWidth <= n; i += kWidth) V::store(y + i, f(V::load(g + i), V::load(x + i)));
     if (i == n) return;
@@ -134,6 +134,39 @@ struct SimdLoops {
     std::copy(x + i, x + n, bx);
     V::store(bx, f(V::load(bg), V::load(bx)));
     std::copy(bx, bx + (n - i), y + i);
+  }
+
+  static void gelu_grad(const float* g, const float* x, float* y, std::int64_t n) {
+    map2(g, x, y, n, [](R gv, R xv) { return V::mul(gv, gelu_slope(xv)); });
+  }
+
+  // The tanh form through σ(2u) (VectorMath::gelu_tanh): the inline exp instead of SLEEF's
+  // tanh, and no cancellation where tanh(u) nears ±1. 2u = 2√(2/π) x (1 + 0.044715 x²); with
+  // e = exp(-2u) (clamped to ±87: no denormal), σ(2u) = 1 / (1 + e) and 1 − σ(2u) = e σ(2u).
+  static constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;
+  struct Sigma {
+    R s, one_minus_s;
+  };
+  static Sigma sigma_of_two_u(R x) {
+    const R two_u = V::mul(V::mul(x, V::set1(kTwoSqrt2OverPi)),
+                           V::fmadd(V::mul(x, x), V::set1(0.044715f), V::set1(1.0f)));
+    const R neg = V::min(V::set1(87.0f), V::max(V::set1(-87.0f), V::sub(V::set1(0.0f), two_u)));
+    const R e = exp(neg);
+    const R s = V::div(V::set1(1.0f), V::add(V::set1(1.0f), e));
+    return {s, V::mul(e, s)};
+  }
+  static void gelu_tanh(const float* x, float* y, std::int64_t n) {
+    map(x, y, n, [](R v) { return V::mul(v, sigma_of_two_u(v).s); });
+  }
+  static void gelu_tanh_grad(const float* g, const float* x, float* y, std::int64_t n) {
+    map2(g, x, y, n, [](R gv, R xv) {
+      const Sigma sg = sigma_of_two_u(xv);
+      // (2u)' = 2√(2/π) (1 + 3 · 0.044715 x²)
+      const R du = V::mul(V::set1(kTwoSqrt2OverPi),
+                          V::fmadd(V::mul(xv, xv), V::set1(3 * 0.044715f), V::set1(1.0f)));
+      const R slope = V::fmadd(V::mul(V::mul(xv, sg.s), sg.one_minus_s), du, sg.s);
+      return V::mul(gv, slope);
+    });
   }
 
   static float max(const float* x, std::int64_t n) {
@@ -381,6 +414,8 @@ struct SimdLoops {
             .sigmoid = sigmoid,
             .gelu = gelu,
             .gelu_grad = gelu_grad,
+            .gelu_tanh = gelu_tanh,
+            .gelu_tanh_grad = gelu_tanh_grad,
             .max = max,
             .sum = sum,
             .dot = dot,

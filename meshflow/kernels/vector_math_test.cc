@@ -49,6 +49,16 @@ double gelu_grad(double x) {
          x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
 }
 
+// PyTorch's gelu(approximate="tanh") and its derivative.
+double gelu_tanh(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double gelu_tanh_grad(double x) {
+  const double t = std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) +
+         0.5 * x * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+}
+
 TEST(VectorMath, EveryIsaMatchesTheFloat64Functions) {
   for (const VectorMath* m : vector_math_all()) {
     for (std::int64_t n : {0, 1, 3, 7, 15, 17, 1000}) {
@@ -74,6 +84,14 @@ TEST(VectorMath, EveryIsaMatchesTheFloat64Functions) {
         // Φ(x) + x φ(x) cancels near x = -0.75: absolute error against g's scale.
         EXPECT_NEAR(y[i], g[i] * gelu_grad(x[i]), 1e-6 * (1 + std::abs(g[i])))
             << "gelu_grad " << m->isa << " x=" << x[i];
+      }
+      m->gelu_tanh(x.data(), y.data(), len);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        expect_close(y[i], gelu_tanh(x[i]), "gelu_tanh", m->isa, x[i], std::abs(x[i]));
+      m->gelu_tanh_grad(g.data(), x.data(), y.data(), len);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        EXPECT_NEAR(y[i], g[i] * gelu_tanh_grad(x[i]), 1e-6 * (1 + std::abs(g[i])))
+            << "gelu_tanh_grad " << m->isa << " x=" << x[i];
       }
     }
   }

@@ -159,19 +159,20 @@ void unary_loop(const Tensor& a, Tensor& out, F f) {
 template <typename T>
 void binary(const Op& op, const Tensor& a, const Tensor& b, Tensor& out) {
   const OpType type = op.type;
-  if (type == OpType::kGeluGrad && op.approximate_tanh) {
-    return broadcast_loop<T>(a, b, out, [](T g, T x) { return T(g * gelu_tanh_derivative(x)); });
-  }
   if constexpr (std::is_same_v<T, float>) {
     if (type == OpType::kGeluGrad) {  // g and x of one shape (infer_elementwise checks)
       const auto* g = reinterpret_cast<const float*>(a.bytes());
       const auto* x = reinterpret_cast<const float*>(b.bytes());
       auto* y = reinterpret_cast<float*>(out.bytes());
+      const auto f = op.approximate_tanh ? vector_math().gelu_tanh_grad : vector_math().gelu_grad;
       parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
-        vector_math().gelu_grad(g + begin, x + begin, y + begin, end - begin);
+        f(g + begin, x + begin, y + begin, end - begin);
       });
       return;
     }
+  }
+  if (type == OpType::kGeluGrad && op.approximate_tanh) {
+    return broadcast_loop<T>(a, b, out, [](T g, T x) { return T(g * gelu_tanh_derivative(x)); });
   }
   switch (type) {
     case OpType::kAdd:
@@ -216,10 +217,10 @@ VectorUnary vector_unary(OpType type) {
 template <typename T>
 void unary(const Op& op, const Tensor& a, Tensor& out) {
   const OpType type = op.type;
-  if (type == OpType::kGelu && op.approximate_tanh)
-    return unary_loop<T>(a, out, [](T x) { return gelu_tanh(x); });
   if constexpr (std::is_same_v<T, float>) {
-    if (const VectorUnary f = vector_unary(type)) {
+    if (const VectorUnary f = type == OpType::kGelu && op.approximate_tanh
+                                  ? vector_math().gelu_tanh
+                                  : vector_unary(type)) {
       const auto* x = reinterpret_cast<const float*>(a.bytes());
       auto* y = reinterpret_cast<float*>(out.bytes());
       parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {
@@ -228,6 +229,8 @@ void unary(const Op& op, const Tensor& a, Tensor& out) {
       return;
     }
   }
+  if (type == OpType::kGelu && op.approximate_tanh)
+    return unary_loop<T>(a, out, [](T x) { return gelu_tanh(x); });
   switch (type) {
     case OpType::kNeg:
       return unary_loop<T>(a, out, [](T x) { return T(-x); });

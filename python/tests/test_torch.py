@@ -318,6 +318,8 @@ def test_a_plan_naming_no_module_or_not_fitting_is_one_line(tmp_path):
     assert not (tmp_path / "m.json").exists()
 
 
+@pytest.mark.skipif(mf.backend() == "mpi", reason="under mpi a failed step ends the whole job "
+                    "(docs/failures.md), so the threads run checks the message")
 def test_a_label_equal_to_ignore_index_stops_training_naming_the_step(tmp_path):
     m = small_gpt()
     idx = torch.randint(0, 32, (4, 8))
