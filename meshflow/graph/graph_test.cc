@@ -119,6 +119,19 @@ TEST(ModelFile, EveryBadFileIsOneErrorNamingTheCulprit) {
       {model(x, R"j({"name": "h", "op": "gelu", "inputs": ["x"], "approximate": "fast"})j"),
        "m.json: \"nodes[0].approximate\" must be \"none\" or \"tanh\""},
       {model(x, R"j({"name": "h", "op": "gelu", "inputs": ["x"], "approximate": "tanh"})j"), ""},
+      {model(x, R"j({"name": "h", "op": "relu", "inputs": ["x"], "weight": "out_in"})j"),
+       "m.json: \"nodes[0].weight\" is linear's (\"in_out\" or \"out_in\")"},
+      {model(x, R"j({"name": "h", "op": "linear", "inputs": ["x", "x"], "weight": "oi"})j"),
+       "m.json: \"nodes[0].weight\" must be \"in_out\" or \"out_in\""},
+      {model(x, R"j({"name": "h", "op": "linear", "inputs": ["x", "x"], "weight": "out_in"})j"),
+       ""},
+      {model(x, R"j({"name": "h", "op": "slice", "inputs": ["x"], "dim": 1, "start": 1})j"),
+       "m.json: missing field \"nodes[0].end\""},
+      {model(x, R"j({"name": "h", "op": "relu", "inputs": ["x"], "start": 1})j"),
+       "m.json: \"nodes[0].start\" is slice's"},
+      {model(x,
+             R"j({"name": "h", "op": "slice", "inputs": ["x"], "dim": -1, "start": 0, "end": 2})j"),
+       ""},
   };
   for (const Case& c : cases) {
     const std::string e = error_of([&] { parse_structure(c.text); });

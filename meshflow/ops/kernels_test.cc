@@ -662,6 +662,35 @@ TEST(Gradients, EveryForwardOperatorMatchesFiniteDifferences) {
                   tensors(rnd({3, 3}, 25), rnd({6, 3}, 26), rnd({6, 2}, 27)));
   check_gradients({.type = OpType::kReshape, .shape = {4, -1}}, tensors(rnd({2, 3, 4}, 15)));
   check_gradients({.type = OpType::kTranspose, .dims = {1, 2, 0}}, tensors(rnd({2, 3, 4}, 16)));
+  // For models brought from PyTorch: a slice, and linear of an [out, in] weight.
+  check_gradients({.type = OpType::kSlice, .dim = 1, .start = 1, .end = -1},
+                  tensors(rnd({2, 5, 3}, 28)));
+  check_gradients({.type = OpType::kLinear, .weight_out_in = true},
+                  tensors(rnd({2, 3, 4}, 29), rnd({5, 4}, 30), rnd({5}, 31)));
+}
+
+TEST(Kernels, LinearOfAnOutInWeightIsLinearOfItsTranspose) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const Tensor x = rnd({2, 3, 4}, 40, dtype), w = rnd({5, 4}, 41, dtype), b = rnd({5}, 42, dtype);
+    const Tensor wt = run({.type = OpType::kTranspose, .dims = {1, 0}}, {&w});
+    const Tensor want = run({.type = OpType::kLinear}, {&x, &wt, &b});
+    const Tensor got = run({.type = OpType::kLinear, .weight_out_in = true}, {&x, &w, &b});
+    ASSERT_EQ(got.shape(), (Shape{2, 3, 5}));
+    std::vector<double> expected;
+    for (std::int64_t i = 0; i < want.numel(); ++i) expected.push_back(at(want, i));
+    expect_near(got, expected, dtype == DType::kFloat32 ? 1e-6 : 1e-14, "linear out_in");
+    // Its rule: x's in dim pairs with the weight's dim 1, the result's last dim with dim 0.
+    const DimLabels l = dim_labels({.type = OpType::kLinear, .weight_out_in = true},
+                                   {spec_of(x), spec_of(w), spec_of(b)});
+    EXPECT_EQ(l.inputs[1], (std::vector<int>{2, 3}));
+    EXPECT_EQ(l.inputs[0].back(), 3);
+    EXPECT_EQ(l.output.back(), 2);
+  }
+  EXPECT_EQ(error_of([] {
+              infer({.type = OpType::kLinear, .weight_out_in = true},
+                    {{{3, 4}}, {{4, 5}}});
+            }),
+            "linear: operand shapes 3x4, 4x5 do not fit x[..., in] @ w[out, in]ᵀ + b[out]");
 }
 
 TEST(Kernels, BadOperandsAreOneClearErrorNamingTheOperator) {

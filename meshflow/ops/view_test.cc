@@ -110,6 +110,40 @@ Layout L(std::string_view mesh, std::string_view placements, Shape shape) {
   return make_layout(parse_mesh(mesh), parse_placements(placements), std::move(shape));
 }
 
+TEST(ViewKernels, SliceIsNumPysBasicSliceAndItsGradientPadsWithZeros) {
+  const Tensor x = random_tensor(DType::kFloat32, {2, 5, 3}, 7);
+  const Op op{.type = OpType::kSlice, .dim = -2, .start = -4, .end = 9};  // NumPy's x[:, -4:9]
+  const Tensor y = compute(op, {&x});
+  ASSERT_EQ(y.shape(), (Shape{2, 4, 3}));
+  for (std::int64_t i = 0; i < 2; ++i)
+    for (std::int64_t j = 0; j < 4; ++j)
+      for (std::int64_t k = 0; k < 3; ++k)
+        EXPECT_EQ(y.data<float>()[static_cast<std::size_t>((i * 4 + j) * 3 + k)],
+                  x.data<float>()[static_cast<std::size_t>((i * 5 + j + 1) * 3 + k)]);
+  const Op norm = normalize(op, {spec_of(x)});
+  EXPECT_EQ(norm.dim, 1);
+  EXPECT_EQ(norm.start, 1);
+  EXPECT_EQ(norm.end, 5);
+  EXPECT_EQ(to_string(norm), "slice(dim=1, start=1, end=5)");
+  const Tensor back = compute(
+      {.type = OpType::kSliceGrad, .dim = 1, .shape = {2, 5, 3}, .start = 1, .end = 5}, {&y});
+  for (std::int64_t i = 0; i < 2; ++i)
+    for (std::int64_t j = 0; j < 5; ++j)
+      for (std::int64_t k = 0; k < 3; ++k) {
+        const auto at = static_cast<std::size_t>((i * 5 + j) * 3 + k);
+        EXPECT_EQ(back.data<float>()[at], j == 0 ? 0.0f : x.data<float>()[at]);
+      }
+  // An empty range gives an empty dim; the sliced dim is never sharded, the others keep theirs.
+  EXPECT_EQ(infer({.type = OpType::kSlice, .dim = 0, .start = 3, .end = 1}, {spec_of(x)}).shape,
+            (Shape{0, 5, 3}));
+  const DimLabels l = dim_labels(norm, {spec_of(x)});
+  EXPECT_EQ(l.inputs[0], (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(l.output, (std::vector<int>{0, 3, 2}));
+  EXPECT_EQ(l.unshardable, (std::vector<int>{1, 3}));
+  EXPECT_EQ(testing::error_of([&] { infer({.type = OpType::kSlice, .dim = 3}, {spec_of(x)}); }),
+            "slice: dim 3 is out of range for a 3-d operand");
+}
+
 TEST(ReshapeKeepsShards, ExactlyWhenEveryDeviceHoldsTheSameFlatRange) {
   // [12, 8] -> [16, 6] on 4: rows 3 x 8 = 24 = 4 x 6 per device; a column shard is no block.
   EXPECT_TRUE(reshape_keeps_shards(L("4", "S(0)", {12, 8}), L("4", "S(0)", {16, 6})));
