@@ -31,6 +31,7 @@ args = parser.parse_args()
 fortunes = pathlib.Path("/usr/share/games/fortunes/fortunes")
 text = args.text or ([fortunes] if fortunes.exists()
                      else sorted(pathlib.Path(__file__).resolve().parent.glob("*.py")))
+args.out.mkdir(parents=True, exist_ok=True)
 data = args.out / "data"
 print(mf.data.prepare(text, data, separator="%" if text == [fortunes] else None))
 
@@ -62,7 +63,7 @@ result = converted.train(args.steps, optimizer="adamw", lr=3e-3, warmup_steps=20
 print(f"loss {result['steps'][0]['loss']:.3f} -> {result['steps'][-1]['loss']:.3f}, "
       f"val {result['evals'][-1]['val_loss']:.3f}")
 
-sample = converted.generate(args.out / "ck", "Q: ", max_new_tokens=120, temperature=0.8,
+sample = converted.generate(args.out / "ck", "Q: ", max_new_tokens=60, temperature=0.8,
                             top_k=40, seed=1, tokenizer=data)
 print(sample["samples"][0]["text"])
 
