@@ -355,7 +355,8 @@ void add_bench(CLI::App& app) {
       "the PCG runtime: an MLP's training step on 1, 2, 4 and 2x2 devices, a GPT's on 1 and 2 "
       "with SGD and with AdamW (its optimizer against the floor), each in 4 micro-batches against "
       "1, each reading a dataset against a fixed batch, every step against explain's estimate "
-      "(est_vs_measured), the bytes a GPT block moves under TP + SP; compile time");
+      "(est_vs_measured), the bytes a GPT block moves under TP + SP, the PyTorch GPT of "
+      "examples/torch converted by from_torch against PyTorch eager; compile time");
   t->add_option("--reps", train->reps, "timed repetitions")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
