@@ -88,7 +88,9 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
     auto multiply = [&] { gemm_into(full, w, y); };
     return sample(
         comm, reps,
-        [&] { allgather_product(comm, Op{.type = OpType::kMatmul}, x, rows, rest, {.form = form}); },
+        [&] {
+          allgather_product(comm, Op{.type = OpType::kMatmul}, x, rows, rest, {.form = form});
+        },
         [&] {
           gather();
           multiply();
@@ -106,7 +108,8 @@ Samples run_case(Communicator& comm, const std::string& name, std::int64_t rows,
   };
   auto multiply = [&] { gemm_into(x, w, partial); };
   return sample(
-      comm, reps, [&] { product_reduce_scatter(comm, Op{.type = OpType::kMatmul}, x, rest, {.form = form}); },
+      comm, reps,
+      [&] { product_reduce_scatter(comm, Op{.type = OpType::kMatmul}, x, rest, {.form = form}); },
       [&] {
         multiply();
         scatter();

@@ -55,9 +55,10 @@ std::string script(const TorchGptOptions& o, const fs::path& folder) {
       "    times.append(time.perf_counter() - t)\n"
       "print(json.dumps({{'convert_s': convert, 'convert_12_blocks_s': convert12, "
       "'pytorch_s': times[{warmup}:]}}))\n",
-      fmt::arg("dir", nlohmann::json(folder.string()).dump()), fmt::arg("threads", o.threads), fmt::arg("b", c.batch),
-      fmt::arg("s", c.seq), fmt::arg("d", c.width), fmt::arg("h", c.heads), fmt::arg("v", c.vocab),
-      fmt::arg("l", c.blocks), fmt::arg("mesh", nlohmann::json(o.mesh).dump()), fmt::arg("steps", o.steps + o.warmup),
+      fmt::arg("dir", nlohmann::json(folder.string()).dump()), fmt::arg("threads", o.threads),
+      fmt::arg("b", c.batch), fmt::arg("s", c.seq), fmt::arg("d", c.width), fmt::arg("h", c.heads),
+      fmt::arg("v", c.vocab), fmt::arg("l", c.blocks),
+      fmt::arg("mesh", nlohmann::json(o.mesh).dump()), fmt::arg("steps", o.steps + o.warmup),
       fmt::arg("warmup", o.warmup));
 }
 

@@ -671,7 +671,8 @@ std::optional<BenchResult> gpt_text_case(const TrainBenchOptions& o) {
 // torch_gpt: examples/torch/gpt.py at the bench GPT's size (its q/k/v fused, biases, tied
 // embeddings) converted by from_torch, data parallel on `mesh_text`, AdamW, against the same
 // module trained by PyTorch eager on the same batches with the devices' threads together.
-std::optional<BenchResult> torch_gpt_case(const TrainBenchOptions& o, const std::string& mesh_text) {
+std::optional<BenchResult> torch_gpt_case(const TrainBenchOptions& o,
+                                          const std::string& mesh_text) {
   const int devices = static_cast<int>(size(parse_mesh(mesh_text)));
   const int threads = devices * device_threads(o, devices);
   const TempFolder dir("meshflow_torch_gpt");
@@ -796,7 +797,8 @@ BenchReport run_train_bench(const TrainBenchOptions& o) {
     if (wanted("gpt_sp_bytes")) add_result(report, gpt_sp_bytes_case(o));
     if (wanted("torch_gpt")) {
       for (const std::string& mesh : o.gpt_meshes)
-        if (std::optional<BenchResult> r = torch_gpt_case(o, mesh)) add_result(report, std::move(*r));
+        if (std::optional<BenchResult> r = torch_gpt_case(o, mesh))
+          add_result(report, std::move(*r));
     }
     if (wanted("gpt_text"))
       if (std::optional<BenchResult> text = gpt_text_case(o)) add_result(report, std::move(*text));

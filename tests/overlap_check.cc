@@ -110,20 +110,23 @@ void check_allgather_product(Backend backend, const std::vector<int>& ranks) {
     const Tensor dx = compute(Op{.type = OpType::kMatmulGradA}, {&dy, &w});
     for (const auto& [form, scatter] : form_pairs(backend)) {
       // The forward gather, the backward reduce-scatter.
-      on_devices(
-          backend, n, plus(calls_of(form, n), scatter_calls_of(scatter, n)), [&](Communicator& g) {
-            const int r = g.rank();
-            const Tensor w_local = chunk_of(w, 1, n, r), b_local = chunk_of(b, 0, n, r);
-            const Tensor* rest[] = {&w_local, &b_local};
-            Tensor gathered;
-            const Tensor y_local = allgather_product(g, Op{.type = OpType::kLinear}, chunk_of(x, 0, n, r), m,
-                                                     rest, {.form = form, .gathered = &gathered});
-            expect_close(y_local, chunk_of(y, 2, n, r), n, "forward");
-            EXPECT_EQ(compare_close(gathered, x, 0, 0), std::nullopt) << "gathered x, " << n;
-            const Tensor* w_only[] = {&w_local};
-            const Tensor dx_local = product_reduce_scatter(g, Op{.type = OpType::kMatmulGradA}, chunk_of(dy, 2, n, r), w_only, {.form = scatter});
-            expect_close(dx_local, chunk_of(dx, 0, n, r), n, "backward");
-          });
+      on_devices(backend, n, plus(calls_of(form, n), scatter_calls_of(scatter, n)),
+                 [&](Communicator& g) {
+                   const int r = g.rank();
+                   const Tensor w_local = chunk_of(w, 1, n, r), b_local = chunk_of(b, 0, n, r);
+                   const Tensor* rest[] = {&w_local, &b_local};
+                   Tensor gathered;
+                   const Tensor y_local =
+                       allgather_product(g, Op{.type = OpType::kLinear}, chunk_of(x, 0, n, r), m,
+                                         rest, {.form = form, .gathered = &gathered});
+                   expect_close(y_local, chunk_of(y, 2, n, r), n, "forward");
+                   EXPECT_EQ(compare_close(gathered, x, 0, 0), std::nullopt) << "gathered x, " << n;
+                   const Tensor* w_only[] = {&w_local};
+                   const Tensor dx_local =
+                       product_reduce_scatter(g, Op{.type = OpType::kMatmulGradA},
+                                              chunk_of(dy, 2, n, r), w_only, {.form = scatter});
+                   expect_close(dx_local, chunk_of(dx, 0, n, r), n, "backward");
+                 });
     }
   }
 }
@@ -148,14 +151,15 @@ void check_product_reduce_scatter(Backend backend, const std::vector<int>& ranks
         const int r = g.rank();
         const Tensor w_local = chunk_of(w, 0, n, r);
         const Tensor* rest[] = {&w_local};
-        const Tensor y_local = product_reduce_scatter(g, Op{.type = OpType::kMatmul}, chunk_of(x, 1, n, r),
-                                                      rest, {.form = scatter});
+        const Tensor y_local = product_reduce_scatter(
+            g, Op{.type = OpType::kMatmul}, chunk_of(x, 1, n, r), rest, {.form = scatter});
         expect_close(y_local, chunk_of(y, 0, n, r), n, "forward");
         const Tensor* with_bias[] = {&w_local, &b};
-        const Tensor y_linear_local = product_reduce_scatter(g, Op{.type = OpType::kLinear}, chunk_of(x, 1, n, r), with_bias, {.form = scatter});
+        const Tensor y_linear_local = product_reduce_scatter(
+            g, Op{.type = OpType::kLinear}, chunk_of(x, 1, n, r), with_bias, {.form = scatter});
         expect_close(y_linear_local, chunk_of(y_linear, 0, n, r), n, "forward linear");
-        const Tensor dx_local = allgather_product(g, Op{.type = OpType::kMatmulGradA}, chunk_of(dy, 0, n, r), m,
-                                                  rest, {.form = form});
+        const Tensor dx_local = allgather_product(g, Op{.type = OpType::kMatmulGradA},
+                                                  chunk_of(dy, 0, n, r), m, rest, {.form = form});
         expect_close(dx_local, chunk_of(dx, 1, n, r), n, "backward");
       });
     }

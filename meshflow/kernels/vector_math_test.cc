@@ -55,8 +55,7 @@ double gelu_tanh(double x) {
 }
 double gelu_tanh_grad(double x) {
   const double t = std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x));
-  return 0.5 * (1 + t) +
-         0.5 * x * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
 }
 
 TEST(VectorMath, EveryIsaMatchesTheFloat64Functions) {

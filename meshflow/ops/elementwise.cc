@@ -218,9 +218,8 @@ template <typename T>
 void unary(const Op& op, const Tensor& a, Tensor& out) {
   const OpType type = op.type;
   if constexpr (std::is_same_v<T, float>) {
-    if (const VectorUnary f = type == OpType::kGelu && op.approximate_tanh
-                                  ? vector_math().gelu_tanh
-                                  : vector_unary(type)) {
+    if (const VectorUnary f = type == OpType::kGelu && op.approximate_tanh ? vector_math().gelu_tanh
+                                                                           : vector_unary(type)) {
       const auto* x = reinterpret_cast<const float*>(a.bytes());
       auto* y = reinterpret_cast<float*>(out.bytes());
       parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {

@@ -142,8 +142,8 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
                      {kG})};
       break;
     case OpType::kSliceGrad:
-      grads = {b.add(Op{.type = OpType::kSlice, .dim = op.dim, .start = op.start, .end = op.end},
-                     {kG})};
+      grads = {
+          b.add(Op{.type = OpType::kSlice, .dim = op.dim, .start = op.start, .end = op.end}, {kG})};
       break;
     case OpType::kTranspose: {
       std::vector<int> inverse(op.dims.size());

@@ -687,8 +687,7 @@ TEST(Kernels, LinearOfAnOutInWeightIsLinearOfItsTranspose) {
     EXPECT_EQ(l.output.back(), 2);
   }
   EXPECT_EQ(error_of([] {
-              infer({.type = OpType::kLinear, .weight_out_in = true},
-                    {{{3, 4}}, {{4, 5}}});
+              infer({.type = OpType::kLinear, .weight_out_in = true}, {{{3, 4}}, {{4, 5}}});
             }),
             "linear: operand shapes 3x4, 4x5 do not fit x[..., in] @ w[out, in]ᵀ + b[out]");
 }

@@ -106,8 +106,8 @@ void row_product(const Op& op, const T* a, std::int64_t m, std::int64_t a_width,
   gemm<T>(false, b_transposed, m, n, a_width, a, a_width, pb, ldb, T(1), out, n);
 }
 
-template void row_product<float>(const Op&, const float*, std::int64_t, std::int64_t,
-                                 const Tensor&, const Tensor*, float*, bool);
+template void row_product<float>(const Op&, const float*, std::int64_t, std::int64_t, const Tensor&,
+                                 const Tensor*, float*, bool);
 template void row_product<double>(const Op&, const double*, std::int64_t, std::int64_t,
                                   const Tensor&, const Tensor*, double*, bool);
 
@@ -129,8 +129,8 @@ void matmul_into(const Op& op, const std::vector<const Tensor*>& in, Tensor& out
         case OpType::kMatmul:
         case OpType::kLinear:
         case OpType::kMatmulGradA:
-          row_product<T>(op, pa, leading(as, 1), as.back(), b,
-                         in.size() == 3 ? in[2] : nullptr, pc, accumulate);
+          row_product<T>(op, pa, leading(as, 1), as.back(), b, in.size() == 3 ? in[2] : nullptr, pc,
+                         accumulate);
           break;
         case OpType::kMatmulGradB: {
           const std::int64_t rows = leading(as, 1), k = as.back(), n = bs.back();

@@ -61,8 +61,8 @@ Op normalize_slice(const Op& op, const std::vector<TensorSpec>& in) {
   const Shape& whole = op.type == OpType::kSlice ? in[0].shape : op.shape;
   const int rank = static_cast<int>(whole.size());
   if (op.dim < -rank || op.dim >= rank) {
-    fail(ErrorKind::kInvalidArgument, "{}: dim {} is out of range for a {}-d operand", name,
-         op.dim, rank);
+    fail(ErrorKind::kInvalidArgument, "{}: dim {} is out of range for a {}-d operand", name, op.dim,
+         rank);
   }
   Op out = op;
   out.dim = op.dim < 0 ? op.dim + rank : op.dim;
@@ -74,8 +74,9 @@ Op normalize_slice(const Op& op, const std::vector<TensorSpec>& in) {
     Shape expect = whole;
     expect[static_cast<std::size_t>(out.dim)] = out.end - out.start;
     if (in[0].shape != expect) {
-      fail(ErrorKind::kShapeMismatch, "slice_grad: operand {} is not a slice [{}, {}) of {} on dim {}",
-           to_string(in[0].shape), out.start, out.end, to_string(whole), out.dim);
+      fail(ErrorKind::kShapeMismatch,
+           "slice_grad: operand {} is not a slice [{}, {}) of {} on dim {}", to_string(in[0].shape),
+           out.start, out.end, to_string(whole), out.dim);
     }
   }
   return out;
@@ -100,9 +101,11 @@ Tensor slice_kernel(const Op& op, const Tensor& x) {
   std::byte* dst = y.bytes();
   for (std::int64_t o = 0; o < outer; ++o) {
     if (forward) {
-      std::memcpy(dst + o * piece, src + o * row + op.start * inner, static_cast<std::size_t>(piece));
+      std::memcpy(dst + o * piece, src + o * row + op.start * inner,
+                  static_cast<std::size_t>(piece));
     } else {
-      std::memcpy(dst + o * row + op.start * inner, src + o * piece, static_cast<std::size_t>(piece));
+      std::memcpy(dst + o * row + op.start * inner, src + o * piece,
+                  static_cast<std::size_t>(piece));
     }
   }
   return y;
@@ -258,8 +261,7 @@ Op normalize_view(const Op& op, const std::vector<TensorSpec>& in) {
 
 TensorSpec infer_view(const Op& raw, const std::vector<TensorSpec>& in) {
   const Op op = normalize_view(raw, in);
-  if (op.type == OpType::kReshape || op.type == OpType::kSliceGrad)
-    return {op.shape, in[0].dtype};
+  if (op.type == OpType::kReshape || op.type == OpType::kSliceGrad) return {op.shape, in[0].dtype};
   if (op.type == OpType::kSlice) {
     Shape out = in[0].shape;
     out[static_cast<std::size_t>(op.dim)] = op.end - op.start;

@@ -251,8 +251,9 @@ std::pair<const Tensor*, const Tensor*> operands(const Op& op, const Tensor& a,
 
 }  // namespace
 
-Tensor allgather_product(Communicator& group, const Op& op, const Tensor& a_local, std::int64_t rows,
-                         std::span<const Tensor* const> rest, const OverlapOptions& options) {
+Tensor allgather_product(Communicator& group, const Op& op, const Tensor& a_local,
+                         std::int64_t rows, std::span<const Tensor* const> rest,
+                         const OverlapOptions& options) {
   const auto [b, bias] = operands(op, a_local, rest);
   check_in_place(group, options.form, "allgather_product", "reads peers' blocks");
   if (a_local.dtype() == DType::kFloat64)

@@ -54,8 +54,9 @@ struct OverlapOptions {
 // Returns op(gather(a_local), rest...) whole on every rank of `group`: a_local is this rank's
 // chunk (chunk(rows, n, rank)) of operand 0's dim 0, `rest` the other operands (b, and linear's
 // bias), whole. float32 or float64.
-Tensor allgather_product(Communicator& group, const Op& op, const Tensor& a_local, std::int64_t rows,
-                         std::span<const Tensor* const> rest, const OverlapOptions& options = {});
+Tensor allgather_product(Communicator& group, const Op& op, const Tensor& a_local,
+                         std::int64_t rows, std::span<const Tensor* const> rest,
+                         const OverlapOptions& options = {});
 
 // Returns this rank's chunk of dim 0 of the sum over ranks of op(a_local, rest...), every
 // rank's term being of the same shape.

@@ -28,7 +28,8 @@ TEST(Overlap, TheInPlaceFormNeedsDevicesThatShareMemory) {
   const Tensor w = random_tensor(DType::kFloat32, {3, 4}, 2);
   const Tensor* rest[] = {&w};
   EXPECT_EQ(testing::error_of([&] {
-              allgather_product(alone, Op{.type = OpType::kMatmul}, x, 4, rest, {.form = GatherForm::kInPlace});
+              allgather_product(alone, Op{.type = OpType::kMatmul}, x, 4, rest,
+                                {.form = GatherForm::kInPlace});
             }),
             "the in_place form reads peers' blocks where they lie, but allgather_product on "
             "devices [0,1] on the recording backend does not share memory");
