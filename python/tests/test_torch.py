@@ -107,6 +107,21 @@ def extra_of(name):
     return None
 
 
+def check_one_sgd_step(m, inputs, tmp_path):
+    """PyTorch's loss and gradients against meshflow's first loss and its SGD step at lr 1
+    (the weights move by minus the gradient)."""
+    loss = m(*inputs)
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in m.named_parameters()}
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    model = mf.from_torch(m, inputs, out=tmp_path / "m.json")
+    result, after = weights_after(model, tmp_path, "ck", steps=1, optimizer="sgd", lr=1.0)
+    assert abs(result["steps"][0]["loss"] - loss.item()) <= 1e-5 * max(1, abs(loss.item()))
+    for k, g in grads.items():
+        np.testing.assert_allclose((before[k] - after[k]).numpy(), g.numpy(), rtol=1e-4,
+                                   atol=1e-5, err_msg=k)
+
+
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_each_mapped_call_equals_pytorch_forward_and_backward(name, tmp_path):
     torch.manual_seed(len(name))
@@ -115,16 +130,7 @@ def test_each_mapped_call_equals_pytorch_forward_and_backward(name, tmp_path):
     m = OneCall(f, dout=dout, extra=extra_of(name))
     x = torch.randn(4, 8)
     y = torch.randn(4, width) if width is not None else torch.randn(4)
-    loss = m(x, y)
-    loss.backward()
-    grads = {k: p.grad.clone() for k, p in m.named_parameters()}
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    model = mf.from_torch(m, (x, y), out=tmp_path / "m.json")
-    result, after = weights_after(model, tmp_path, "ck", steps=1, optimizer="sgd", lr=1.0)
-    assert abs(result["steps"][0]["loss"] - loss.item()) <= 1e-5 * max(1, abs(loss.item()))
-    for k, g in grads.items():
-        np.testing.assert_allclose((before[k] - after[k]).numpy(), g.numpy(), rtol=1e-4,
-                                   atol=1e-5, err_msg=k)
+    check_one_sgd_step(m, (x, y), tmp_path)
 
 
 def test_embedding_layer_norm_and_cross_entropy(tmp_path):
@@ -141,16 +147,7 @@ def test_embedding_layer_norm_and_cross_entropy(tmp_path):
     torch.manual_seed(3)
     m = Net()
     ids, labels = torch.randint(0, 10, (6,)), torch.randint(0, 10, (6,))
-    loss = m(ids, labels)
-    loss.backward()
-    grads = {k: p.grad.clone() for k, p in m.named_parameters()}
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    model = mf.from_torch(m, (ids, labels), out=tmp_path / "m.json")
-    result, after = weights_after(model, tmp_path, "ck", steps=1, optimizer="sgd", lr=1.0)
-    assert abs(result["steps"][0]["loss"] - loss.item()) <= 1e-5 * loss.item()
-    for k, g in grads.items():
-        np.testing.assert_allclose((before[k] - after[k]).numpy(), g.numpy(), rtol=1e-4,
-                                   atol=1e-6, err_msg=k)
+    check_one_sgd_step(m, (ids, labels), tmp_path)
 
 
 # -- tied weights and the round trip ----------------------------------------------------------
