@@ -78,6 +78,27 @@ def _call_aten(node, args):
     return op(*positional, **keywords)
 
 
+def _on(device, v):
+    if isinstance(v, torch.Tensor):
+        if device == "meta":
+            return v.detach().to("meta")
+        return torch.zeros(v.shape, dtype=v.dtype) if v.is_meta else v
+    if isinstance(v, (list, tuple)):
+        return type(v)(_on(device, x) for x in v)
+    return v
+
+
+def _shape_of_call(node, args):
+    """A mapped call's result with its shapes and dtypes, not its values (a meshflow value's
+    numbers are never read here): run on the meta device, which allocates and computes nothing,
+    or, for a call without a meta kernel, on zeros."""
+    with torch.no_grad():
+        try:
+            return _call_aten(node, [_on("meta", a) for a in args])
+        except (NotImplementedError, RuntimeError):
+            return _call_aten(node, [_on("cpu", a) for a in args])
+
+
 def _is_causal_mask(mask, rows, cols):
     """True when `mask` (bool, broadcast to [..., rows, cols]) is True exactly above the
     diagonal: masked_fill's form of the causal mask."""
@@ -193,8 +214,7 @@ class Tracer:
         handler = getattr(self, "aten_" + kind[6:].rstrip("_"), None)
         if handler is None:
             self.refuse(node, "has no meshflow operator")
-        with torch.no_grad():
-            value = _call_aten(node, [i.value for i in ins])
+        value = _shape_of_call(node, [i.value for i in ins])
         out = handler(node, ins, value)
         return out if isinstance(out, list) else [out]
 
