@@ -195,12 +195,11 @@ class _Placer:
         g = self.g
         for name, t in g.tensors.items():
             if t["kind"] == "input":
-                batch = len(t["shape"])
                 for d in self.dp:
                     if t["shape"][0] % self.shape[d]:
                         _fail(f"input {name}: batch {t['shape'][0]} does not split over "
                               f"{self.shape[d]} data-parallel devices")
-                self.placements[name] = self.layout(batch)
+                self.placements[name] = self.layout(len(t["shape"]))
             elif t["kind"] == "const":
                 self.placements[name] = self.layout(0, batch=False)
         for n in g.nodes:
@@ -326,7 +325,7 @@ def from_torch(module, example_inputs, loss=None, mesh="1", plan=None, data=None
     model = _model_object(g, placer, shape, names, data, out)
     weights_dir = out.parent / f"{out.stem}.weights"
     for name, spec in model["tensors"].items():
-        if "input" in spec and isinstance(spec["input"], str) or "weight" in spec:
+        if isinstance(spec.get("input"), str) or "weight" in spec:
             src = spec.get("weight", spec.get("input"))
             _save_npy(out.parent / src, g.arrays[name])
     state = module.state_dict()
@@ -521,7 +520,6 @@ def read_sharded(folder):
     shape = layout["shape"]
     placements = layout["placements"]
     out = np.zeros(shape, dtype=layout["dtype"])
-    filled = {}
     for i in range(int(np.prod(mesh))):
         coords = np.unravel_index(i, mesh)
         box = [[0, s] for s in shape]
@@ -531,11 +529,9 @@ def read_sharded(folder):
                 box[d] = list(_chunk(box[d][0], box[d][1], mesh[m], int(coords[m])))
             elif p.startswith("P"):
                 _fail(f"{folder}: a Partial layout is not a weight's")
-        key = tuple(tuple(b) for b in box)
         f = folder / f"rank{i}.npy"
         if f.is_file():
             out[tuple(slice(a, b) for a, b in box)] = np.load(f)
-            filled[key] = True
     return out
 
 
