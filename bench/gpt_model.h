@@ -42,4 +42,9 @@ class GptFiles {
   TempFolder folder_{"meshflow_gpt"};
 };
 
+// The same GPT in PyTorch eager (torch.nn layers without biases in the products, attention as
+// eager PyTorch computes it): Python that defines `step()`, one step of `optimizer` (a
+// torch.optim expression over `params`), for the bench's PyTorch baseline.
+std::string pytorch_gpt(const GptConfig& config, const std::string& optimizer);
+
 }  // namespace meshflow::bench

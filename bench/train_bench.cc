@@ -352,39 +352,6 @@ BenchResult train_step_case(const TrainBenchOptions& o, const std::string& mesh_
   return r;
 }
 
-// PyTorch's eager GPT of the same shape: torch.nn layers without biases in the products, and
-// attention as eager PyTorch 1.13 computes it (the whole S x S scores per head).
-std::string pytorch_gpt(const GptConfig& c, const std::string& optimizer) {
-  return fmt::format(
-      "B, S, D, H, V, L = {b}, {s}, {d}, {h}, {v}, {l}\n"
-      "def lin(i, o): return torch.nn.Linear(i, o, bias=False)\n"
-      "class Block(torch.nn.Module):\n"
-      "    def __init__(s):\n"
-      "        super().__init__()\n"
-      "        s.ln1, s.ln2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)\n"
-      "        s.q, s.k, s.v, s.o = lin(D, D), lin(D, D), lin(D, D), lin(D, D)\n"
-      "        s.w1, s.w2 = lin(D, 4 * D), lin(4 * D, D)\n"
-      "    def forward(s, x):\n"
-      "        n = s.ln1(x)\n"
-      "        q, k, v = [f(n).view(B, S, H, D // H).transpose(1, 2) for f in (s.q, s.k, s.v)]\n"
-      "        a = F.softmax(q @ k.transpose(-1, -2) / math.sqrt(D // H) + mask, dim=-1) @ v\n"
-      "        x = x + s.o(a.transpose(1, 2).reshape(B, S, D))\n"
-      "        return x + s.w2(F.gelu(s.w1(s.ln2(x))))\n"
-      "mask = torch.triu(torch.full((S, S), float('-inf')), 1)\n"
-      "tok, pos = torch.nn.Embedding(V, D), torch.nn.Parameter(torch.randn(S, D) * 0.1)\n"
-      "blocks = torch.nn.ModuleList([Block() for _ in range(L)])\n"
-      "lnf, head = torch.nn.LayerNorm(D), lin(D, V)\n"
-      "params = [pos] + [p for m in (tok, blocks, lnf, head) for p in m.parameters()]\n"
-      "opt = {opt}\n"
-      "ids, nxt = torch.randint(0, V, (B, S)), torch.randint(0, V, (B * S,))\n"
-      "def step():\n"
-      "    opt.zero_grad(); x = tok(ids) + pos\n"
-      "    for blk in blocks: x = blk(x)\n"
-      "    F.cross_entropy(head(lnf(x)).view(B * S, V), nxt).backward(); opt.step()\n",
-      fmt::arg("b", c.batch), fmt::arg("s", c.seq), fmt::arg("d", c.width), fmt::arg("h", c.heads),
-      fmt::arg("v", c.vocab), fmt::arg("l", c.blocks), fmt::arg("opt", optimizer));
-}
-
 // gpt_step (SGD at lr 0.01) or gpt_step_adamw (AdamW with torch's defaults), each against
 // PyTorch eager's same model with the same optimizer.
 BenchResult gpt_step_case(const TrainBenchOptions& o, const std::string& mesh_text,
