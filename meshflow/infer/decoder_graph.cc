@@ -209,8 +209,7 @@ struct Builder {
       case OpType::kSlice:
         if (op.dim == first.batch || op.dim == first.position)
           refuse(n, "slices the positions or the samples");
-        r = labelled_roles(n, op, specs, inputs);
-        break;
+        [[fallthrough]];
       default:
         r = labelled_roles(n, op, specs, inputs);
         break;

@@ -74,23 +74,27 @@ TEST(VectorMath, EveryIsaMatchesTheFloat64Functions) {
       m->sigmoid(x.data(), y.data(), len);
       for (std::size_t i = 0; i < x.size(); ++i)
         expect_close(y[i], 1 / (1 + std::exp(-double{x[i]})), "sigmoid", m->isa, x[i]);
-      m->gelu(x.data(), y.data(), len);
-      // 1 + erf(x/√2) cancels for negative x (PyTorch's formula too): error on x's scale.
-      for (std::size_t i = 0; i < x.size(); ++i)
-        expect_close(y[i], gelu(x[i]), "gelu", m->isa, x[i], std::abs(x[i]));
-      m->gelu_grad(g.data(), x.data(), y.data(), len);
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        // Φ(x) + x φ(x) cancels near x = -0.75: absolute error against g's scale.
-        EXPECT_NEAR(y[i], g[i] * gelu_grad(x[i]), 1e-6 * (1 + std::abs(g[i])))
-            << "gelu_grad " << m->isa << " x=" << x[i];
-      }
-      m->gelu_tanh(x.data(), y.data(), len);
-      for (std::size_t i = 0; i < x.size(); ++i)
-        expect_close(y[i], gelu_tanh(x[i]), "gelu_tanh", m->isa, x[i], std::abs(x[i]));
-      m->gelu_tanh_grad(g.data(), x.data(), y.data(), len);
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        EXPECT_NEAR(y[i], g[i] * gelu_tanh_grad(x[i]), 1e-6 * (1 + std::abs(g[i])))
-            << "gelu_tanh_grad " << m->isa << " x=" << x[i];
+      // Both forms of GELU and their gradients, each against its float64 formula.
+      struct Form {
+        const char* name;
+        void (*fwd)(const float*, float*, std::int64_t);
+        void (*grad)(const float*, const float*, float*, std::int64_t);
+        double (*want)(double);
+        double (*want_grad)(double);
+      };
+      for (const Form& f :
+           {Form{"gelu", m->gelu, m->gelu_grad, gelu, gelu_grad},
+            Form{"gelu_tanh", m->gelu_tanh, m->gelu_tanh_grad, gelu_tanh, gelu_tanh_grad}}) {
+        f.fwd(x.data(), y.data(), len);
+        // 1 + erf(x/√2) cancels for negative x (PyTorch's formula too): error on x's scale.
+        for (std::size_t i = 0; i < x.size(); ++i)
+          expect_close(y[i], f.want(x[i]), f.name, m->isa, x[i], std::abs(x[i]));
+        f.grad(g.data(), x.data(), y.data(), len);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          // Φ(x) + x φ(x) cancels near x = -0.75: absolute error against g's scale.
+          EXPECT_NEAR(y[i], g[i] * f.want_grad(x[i]), 1e-6 * (1 + std::abs(g[i])))
+              << f.name << "_grad " << m->isa << " x=" << x[i];
+        }
       }
     }
   }

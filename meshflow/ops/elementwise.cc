@@ -196,13 +196,13 @@ void binary(const Op& op, const Tensor& a, const Tensor& b, Tensor& out) {
   }
 }
 
-// Returns the vector loop of float32 unary `type`, or null where the scalar loop serves.
+// Returns the vector loop of float32 unary `op`, or null where the scalar loop serves.
 using VectorUnary = void (*)(const float*, float*, std::int64_t);
-VectorUnary vector_unary(OpType type) {
+VectorUnary vector_unary(const Op& op) {
   const VectorMath& m = vector_math();
-  switch (type) {
+  switch (op.type) {
     case OpType::kGelu:
-      return m.gelu;
+      return op.approximate_tanh ? m.gelu_tanh : m.gelu;
     case OpType::kTanh:
       return m.tanh;
     case OpType::kSigmoid:
@@ -218,8 +218,7 @@ template <typename T>
 void unary(const Op& op, const Tensor& a, Tensor& out) {
   const OpType type = op.type;
   if constexpr (std::is_same_v<T, float>) {
-    if (const VectorUnary f = type == OpType::kGelu && op.approximate_tanh ? vector_math().gelu_tanh
-                                                                           : vector_unary(type)) {
+    if (const VectorUnary f = vector_unary(op)) {
       const auto* x = reinterpret_cast<const float*>(a.bytes());
       auto* y = reinterpret_cast<float*>(out.bytes());
       parallel_for(out.numel(), kElementGrain, [&](std::int64_t begin, std::int64_t end) {

@@ -94,16 +94,14 @@ GradProgram gradient_program(const Op& raw, const std::vector<TensorSpec>& in) {
       grads = {ga, b.op(OpType::kNeg, {ga})};
       break;
     }
+    case OpType::kMatmul:
     case OpType::kLinear:
       if (op.weight_out_in) {  // y = x @ wᵀ: dx = g @ w, dw = Σ gᵀ x ([out, in])
         grads = {b.op(OpType::kMatmul, {kG, input(1)}), b.op(OpType::kMatmulGradB, {kG, input(0)})};
-        if (in.size() == 3) grads.push_back(b.sum_to(kG, in[2].shape, out));
-        break;
+      } else {
+        grads = {b.op(OpType::kMatmulGradA, {kG, input(1)}),
+                 b.op(OpType::kMatmulGradB, {input(0), kG})};
       }
-      [[fallthrough]];
-    case OpType::kMatmul:
-      grads = {b.op(OpType::kMatmulGradA, {kG, input(1)}),
-               b.op(OpType::kMatmulGradB, {input(0), kG})};
       if (in.size() == 3) grads.push_back(b.sum_to(kG, in[2].shape, out));
       break;
     case OpType::kMatmulGradA:  // a @ bᵀ (a matmul whose b is a folded transpose)
