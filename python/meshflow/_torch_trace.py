@@ -141,7 +141,7 @@ class Tracer:
         path = _module_path(node)
         name = self.fresh(base or path or op)
         self.g.nodes.append({"name": name, "op": op, "inputs": list(inputs), **attrs,
-                             "module": path, "kind": node.kind()})
+                             "module": path, "kind": node.kind(), "_shape": list(value.shape)})
         return Val(value, name)
 
     def constant_input(self, node, value):
@@ -294,14 +294,11 @@ class Tracer:
             self.refuse(node, f"has alpha {ins[2].value} (meshflow: 1)")
         return self.emit(node, op, [self.operand(node, a), self.operand(node, b)], value)
 
-    def aten_add(self, node, ins, value):
-        return self.binary(node, ins, value, "add")
+    def _binary_call(op):  # noqa: N805  (builds a method; deleted below)
+        return lambda self, node, ins, value: self.binary(node, ins, value, op)
 
-    def aten_sub(self, node, ins, value):
-        return self.binary(node, ins, value, "sub")
-
-    def aten_mul(self, node, ins, value):
-        return self.binary(node, ins, value, "mul")
+    aten_add, aten_sub, aten_mul = _binary_call("add"), _binary_call("sub"), _binary_call("mul")
+    del _binary_call
 
     def aten_div(self, node, ins, value):
         if len(ins) > 2:
@@ -311,20 +308,12 @@ class Tracer:
     def unary(self, node, ins, value, op, **attrs):
         return self.emit(node, op, [self.operand(node, ins[0])], value, **attrs)
 
-    def aten_neg(self, node, ins, value):
-        return self.unary(node, ins, value, "neg")
+    def _unary_call(op):  # noqa: N805  (builds a method; deleted below)
+        return lambda self, node, ins, value: self.unary(node, ins, value, op)
 
-    def aten_relu(self, node, ins, value):
-        return self.unary(node, ins, value, "relu")
-
-    def aten_tanh(self, node, ins, value):
-        return self.unary(node, ins, value, "tanh")
-
-    def aten_sigmoid(self, node, ins, value):
-        return self.unary(node, ins, value, "sigmoid")
-
-    def aten_exp(self, node, ins, value):
-        return self.unary(node, ins, value, "exp")
+    aten_neg, aten_relu, aten_tanh = _unary_call("neg"), _unary_call("relu"), _unary_call("tanh")
+    aten_sigmoid, aten_exp = _unary_call("sigmoid"), _unary_call("exp")
+    del _unary_call
 
     def aten_gelu(self, node, ins, value):
         form = ins[1].value if len(ins) > 1 else "none"
@@ -336,11 +325,10 @@ class Tracer:
             self.refuse(node, f"drops with p = {p.value} (meshflow maps dropout with p = 0)")
         return Val(value, x.name, x.tag)
 
-    def aten_contiguous(self, node, ins, value):
+    def aten_contiguous(self, node, ins, value):  # clone too: the same value, another copy
         return Val(value, ins[0].name, ins[0].tag)
 
-    def aten_clone(self, node, ins, value):
-        return Val(value, ins[0].name, ins[0].tag)
+    aten_clone = aten_contiguous
 
     def aten_softmax(self, node, ins, value):
         x, dim = ins[0], ins[1].value
@@ -391,20 +379,10 @@ class Tracer:
             return x
         return self.emit(node, "reshape", [self.operand(node, x)], value, shape=shape)
 
-    def aten_view(self, node, ins, value):
+    def aten_view(self, node, ins, value):  # and every other call that only re-shapes
         return self.reshape(node, ins[0], value)
 
-    def aten_reshape(self, node, ins, value):
-        return self.reshape(node, ins[0], value)
-
-    def aten_flatten(self, node, ins, value):
-        return self.reshape(node, ins[0], value)
-
-    def aten_unsqueeze(self, node, ins, value):
-        return self.reshape(node, ins[0], value)
-
-    def aten_squeeze(self, node, ins, value):
-        return self.reshape(node, ins[0], value)
+    aten_reshape = aten_flatten = aten_unsqueeze = aten_squeeze = aten_view
 
     def slices(self, node, x, pieces, dim):
         rank = x.value.dim()
@@ -419,14 +397,10 @@ class Tracer:
             start += size
         return Val(list(pieces), tag=("list", outs))
 
-    def aten_split(self, node, ins, value):
+    def aten_split(self, node, ins, value):  # split_with_sizes and chunk too: (x, _, dim)
         return self.slices(node, ins[0], value, ins[2].value)
 
-    def aten_split_with_sizes(self, node, ins, value):
-        return self.slices(node, ins[0], value, ins[2].value)
-
-    def aten_chunk(self, node, ins, value):
-        return self.slices(node, ins[0], value, ins[2].value)
+    aten_split_with_sizes = aten_chunk = aten_split
 
     def aten_slice(self, node, ins, value):
         x, dim, start, end, step = ins

@@ -68,7 +68,12 @@ class _Wrapped:
 
 
 def _strip(name, prefix):
-    return name[len(prefix):] if prefix and name.startswith(prefix) else name
+    """`name` under the traced wrapper ("m", "m.x.y") as the module names it ("", "x.y")."""
+    if not prefix:
+        return name
+    if name == prefix.rstrip("."):
+        return ""
+    return name[len(prefix):] if name.startswith(prefix) else name
 
 
 def _read_module(module, example_inputs, loss):
@@ -100,9 +105,7 @@ def _read_module(module, example_inputs, loss):
     g.arrays = {renamed.get(k, k): v for k, v in g.arrays.items()}
     for n in g.nodes:
         n["inputs"] = [renamed.get(i, i) for i in n["inputs"]]
-        n["module"] = _strip(n["module"], prefix.rstrip(".") + "." if prefix else "")
-        if n["module"] == prefix.rstrip("."):
-            n["module"] = ""
+        n["module"] = _strip(n["module"], prefix)
         if "split" in n:
             n["split"]["of"] = renamed.get(n["split"]["of"], n["split"]["of"])
     outs = _torch_trace.flatten_outputs(out)
@@ -152,6 +155,15 @@ def _styles(plan, module):
             if ok:
                 styles[p] = style
     return styles
+
+
+def _part_order(width, parts, degree):
+    """The rows of a fused product of `parts` even parts split over `degree` devices, in the
+    order that gives each device its block of every part: device d's q block, k block, ..."""
+    part = width // parts
+    local = part // degree
+    return np.concatenate([np.arange(p * part + d * local, p * part + (d + 1) * local)
+                           for d in range(degree) for p in range(parts)])
 
 
 class _Placer:
@@ -267,8 +279,7 @@ class _Placer:
                 continue
             part = width // parts
             local = part // self.n
-            perm = np.concatenate([np.arange(p * part + d * local, p * part + (d + 1) * local)
-                                   for d in range(self.n) for p in range(parts)])
+            perm = _part_order(width, parts, self.n)
             for t in n["inputs"][1:]:
                 g.arrays[t] = g.arrays[t][perm]
             self.permutations.append({"tensors": n["inputs"][1:], "parts": parts,
@@ -349,44 +360,9 @@ def from_torch(module, example_inputs, loss=None, mesh="1", plan=None, data=None
 
 
 def _annotate_shapes(g):
-    """Each node's result shape ("_shape"), from the shape rules of the operators it uses."""
-    shapes = {k: list(v["shape"]) for k, v in g.tensors.items()}
-    for n in g.nodes:
-        n["_shape"] = list(n.pop("_value_shape", None) or _infer(n, shapes))
-        shapes[n["name"]] = n["_shape"]
-    g.shapes = shapes
-
-
-def _infer(n, shapes):
-    a = shapes[n["inputs"][0]]
-    op = n["op"]
-    if op == "linear":
-        return a[:-1] + [shapes[n["inputs"][1]][0]]
-    if op == "matmul":
-        return a[:-1] + [shapes[n["inputs"][1]][1]]
-    if op in ("add", "sub", "mul", "div"):
-        return list(np.broadcast_shapes(tuple(a), tuple(shapes[n["inputs"][1]])))
-    if op == "embedding":
-        return a + [shapes[n["inputs"][1]][1]]
-    if op == "slice":
-        s = list(a)
-        s[n["dim"]] = n["end"] - n["start"]
-        return s
-    if op == "reshape":
-        s = list(n["shape"])
-        if -1 in s:
-            known = int(np.prod([x for x in s if x != -1]))
-            s[s.index(-1)] = int(np.prod(a)) // known
-        return s
-    if op == "transpose":
-        return [a[d] for d in n["dims"]]
-    if op in ("sum", "mean"):
-        return [x for d, x in enumerate(a) if d not in n["dims"]]
-    if op in ("softmax_cross_entropy", "mse"):
-        return []
-    if op == "attention":
-        return a[:-1] + [shapes[n["inputs"][2]][-1]]
-    return list(a)
+    """g.shapes: every tensor's and node's shape (the tracer records each node's "_shape")."""
+    g.shapes = {k: list(v["shape"]) for k, v in g.tensors.items()}
+    g.shapes.update({n["name"]: n["_shape"] for n in g.nodes})
 
 
 def _model_object(g, placer, shape, names, data, out):
@@ -563,13 +539,8 @@ def to_torch_state_dict(path, model=None):
     for perm in side["permutations"]:
         for t in perm["tensors"]:
             a = arrays[t]
-            width, parts, n = a.shape[0], perm["parts"], perm["degree"]
-            part = width // parts
-            local = part // n
-            order = np.concatenate([np.arange(q * part + d * local, q * part + (d + 1) * local)
-                                    for d in range(n) for q in range(parts)])
             undone = np.empty_like(a)
-            undone[order] = a
+            undone[_part_order(a.shape[0], perm["parts"], perm["degree"])] = a
             arrays[t] = undone
     state = {}
     for name, names in side["weights"].items():
