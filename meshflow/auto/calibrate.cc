@@ -267,7 +267,8 @@ MachineModel calibrate(const CalibrateOptions& options) {
     MachineModel m = machine;
     const std::string link_name =
         options.backend == Backend::kThreads ? std::string("shared_memory") : std::string("mpi");
-    const int threads = std::max(1, available_cores() / n);
+    const int threads = options.threads_per_device > 0 ? options.threads_per_device
+                                                       : std::max(1, available_cores() / n);
     ThreadTeam team(threads);
     const UseTeam use(&team);
     const std::string at_once =

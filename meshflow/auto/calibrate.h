@@ -29,7 +29,10 @@ namespace meshflow {
 struct CalibrateOptions {
   Backend backend = Backend::kThreads;
   int devices = 4;  // threads: device threads; mpi: 0 = the world
-  int reps = 5;     // timed repetitions per measurement; the median counts
+  // Threads each device computes with (0: the cores this process may run on divided by the
+  // devices, at least 1, as train's default).
+  int threads_per_device = 0;
+  int reps = 5;  // timed repetitions per measurement; the median counts
   // Called on device 0 with one line per finished measurement (may be empty: quiet).
   std::function<void(const std::string& line)> progress;
 };
