@@ -13,7 +13,6 @@
 
 #include "bench/collectives_bench.h"
 #include "meshflow/auto/autoshard.h"
-#include "meshflow/auto/calibrate.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
 #include "meshflow/core/json_field.h"
@@ -176,6 +175,7 @@ struct LayoutCase {
   };
   std::string model, mesh;
   const MachineModel* machine = nullptr;
+  std::string machine_source;  // which description `machine` is
   std::vector<Entry> entries;  // the hand layouts, then the chosen one
   AutoshardResult chosen;
 };
@@ -248,6 +248,7 @@ BenchResult layout_result(const LayoutCase& c, std::vector<double>& estimates,
   r.extra["best_hand_layout"] = best;
   r.extra["est_step_s"] = a.est_step_s;
   r.extra["est_vs_measured"] = layouts["auto"]["est_vs_measured"];
+  r.extra["machine"] = c.machine_source;
   r.extra["given_est_step_s"] = a.given_est_step_s ? nlohmann::json(*a.given_est_step_s) : nullptr;
   r.extra["search_s"] = a.search_s;
   r.extra["layouts"] = layouts;
@@ -326,28 +327,17 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
     if (model != "mlp" && model != "gpt")
       fail(ErrorKind::kInvalidArgument, "bench autoshard: no model \"{}\" (mlp or gpt)", model);
   }
-  // Calibrated per device count before anything is timed, kCalibrations times with the counts
-  // taking turns, each rate the median of its calibrations. One calibration, even at 11
-  // repetitions, moved ±10% from run to run here (GEMM 117-138 GFLOP/s), and once a slow spell
-  // of the machine during the 2-device calibration priced every 2-device layout 1.6x its
-  // measured step; the rank correlation compares estimates made with different device counts'
-  // descriptions.
-  constexpr int kCalibrateReps = 11, kCalibrations = 3;
-  std::map<int, MachineModel> machines;
-  if (!o.machine && !o.models.empty()) {
-    std::map<int, std::vector<MachineModel>> runs;
-    for (const std::string& mesh : o.meshes) runs[size(parse_mesh(mesh))];
-    for (int k = 0; k < kCalibrations; ++k) {
-      for (auto& [devices, models] : runs) {
-        print_progress(report, fmt::format("calibrating {} devices ({} of {})", devices, k + 1,
-                                           kCalibrations));
-        models.push_back(calibrate({.devices = devices, .reps = kCalibrateReps}));
-      }
-    }
-    for (const auto& [devices, models] : runs) machines.emplace(devices, median_machine(models));
+  // Each device count's description, measured (the cache's: the median of several
+  // calibrations) before anything is timed.
+  std::map<int, ChosenMachine> machines;
+  for (const std::string& mesh : o.meshes) {
+    const int devices = size(parse_mesh(mesh));
+    if (machines.contains(devices) || o.models.empty()) continue;
+    machines.emplace(
+        devices, o.machine ? o.machine(devices, 0) : ChosenMachine{default_machine(), "built-in"});
   }
   auto machine_for = [&](int devices) -> const MachineModel* {
-    return o.machine ? o.machine : &machines.at(devices);
+    return &machines.at(devices).machine;
   };
   for (const std::string& model : o.models) {
     if (o.meshes.empty()) break;
@@ -388,6 +378,7 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
         if (two_d) hand.push_back({"dp_tp", file("dp_tp"), 0});
       }
       cases.push_back(prepare_case(model, mesh, hand, folder.path(), machine_for(devices)));
+      cases.back().machine_source = machines.at(devices).source;
     }
     time_cases(o, cases, report);
     std::vector<double> estimates, measured;

@@ -1,6 +1,6 @@
 // `meshflow bench autoshard`: the layout `meshflow autoshard` chooses against layouts written by
-// hand, each trained and timed in the same run (threads), with the machine description
-// `calibrate` measures for that device count (or --machine's). The layouts of a model take
+// hand, each trained and timed in the same run (threads), priced with this machine's measured
+// description for that device count (or --machine's). The layouts of a model take
 // turns over all its meshes, one timed step each per round.
 //   <model> <mesh>  for the MLP (batch 512, 1024 -> 4096 -> 1024, bias, ReLU, softmax
 //               cross-entropy) and the bench GPT (bench/gpt_model.h) on meshes 2, 4 and 2x2:
@@ -15,12 +15,13 @@
 //               MLP chain on 64 devices (8x8), search_s and priced_s (built-in machine)
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "bench/gpt_model.h"
 #include "bench/report.h"
-#include "meshflow/plan/cost_model.h"
+#include "meshflow/auto/machine_cache.h"
 
 namespace meshflow::bench {
 
@@ -33,8 +34,9 @@ struct AutoshardBenchOptions {
   std::vector<std::string> meshes{"2", "4", "2x2"};
   std::vector<std::string> models{"mlp", "gpt"};
   bool search_cases = true;
-  // The machine description to price with (null: `calibrate` on threads for each device count).
-  const MachineModel* machine = nullptr;
+  // The machine description to price a device count's layouts with (threads per device 0: the
+  // default), and which it is (each case's "machine"); empty: the built-in one.
+  std::function<ChosenMachine(int devices, int threads_per_device)> machine;
 };
 
 BenchReport run_autoshard_bench(const AutoshardBenchOptions& options);

@@ -124,11 +124,16 @@ int device_threads(const TrainBenchOptions& o, int devices) {
   return o.threads_per_device > 0 ? o.threads_per_device : default_threads_per_device(devices);
 }
 
-// Returns explain's estimate of the step train_model runs for `m` (threads, no overlap).
+// Returns explain's estimate of the step train_model runs for `m` (threads, no overlap), priced
+// with o.machine's description for its devices, which r's "machine" names.
 Explanation estimated_step(const Model& m, const TrainBenchOptions& o, const Optimizer& optimizer,
-                           int micro_batches, int zero, int threads_per_device,
-                           Recompute recompute) {
-  Explanation e = explain_compiled(m.pcg, {.plan = {.machine = o.machine},
+                           int micro_batches, int zero, int threads_per_device, Recompute recompute,
+                           BenchResult& r) {
+  const ChosenMachine machine =
+      o.machine ? o.machine(static_cast<int>(pcg_devices(m.pcg).size()), threads_per_device)
+                : ChosenMachine{.machine = default_machine(), .source = "built-in"};
+  r.extra["machine"] = machine.source;
+  Explanation e = explain_compiled(m.pcg, {.plan = {.machine = &machine.machine},
                                            .decompose = {.shared_memory = true},
                                            .update = optimizer.rule,
                                            .micro_batches = micro_batches,
@@ -203,7 +208,7 @@ void time_training(const Model& m, const TrainBenchOptions& o, const Optimizer& 
   r.extra["measured_peak_bytes"] = t.measured.peak;
   r.extra["measured_memory"] = to_json(t.measured.at_peak);
   const Explanation e = estimated_step(m, o, optimizer, micro_batches, zero,
-                                       options.run.threads_per_device, recompute);
+                                       options.run.threads_per_device, recompute, r);
   const StepTime& est = *e.step_time;
   r.extra["est_peak_bytes"] = e.memory->peak;
   r.extra["est_memory"] = to_json(e.memory->at_peak);

@@ -30,12 +30,13 @@
 //               row-parallel linear layers) mapped on an 8x8 mesh of 64 devices
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "bench/gpt_model.h"
 #include "bench/report.h"
-#include "meshflow/plan/cost_model.h"
+#include "meshflow/auto/machine_cache.h"
 
 namespace meshflow::bench {
 
@@ -54,8 +55,9 @@ struct TrainBenchOptions {
   // devices' threads together.
   int threads_per_device = 0;
   std::vector<std::string> cases;  // only the cases named (empty: every case)
-  // The machine description est_step_s prices each case's step with (null: the built-in one).
-  const MachineModel* machine = nullptr;
+  // The machine description est_step_s prices a case's step with, for its devices and each
+  // one's threads, and which it is (the report's "machine"); empty: the built-in one.
+  std::function<ChosenMachine(int devices, int threads_per_device)> machine;
 };
 
 BenchReport run_train_bench(const TrainBenchOptions& options);

@@ -46,6 +46,15 @@ void add_output_flags(CLI::App* cmd, bool& json, bool& progress) {
 // the memory and cores it measures (and only device 0 prints).
 bool runs_here() { return prints_shared_errors(); }
 
+// Returns the benches' descriptions (threads): --machine's, or this machine's measured one for
+// each device count and threads per device, measured the first time.
+std::function<ChosenMachine(int, int)> bench_machine(const std::string& text) {
+  return [text](int devices, int threads_per_device) {
+    return *machine_option(text, MachineUse::kMeasure, Backend::kThreads, devices,
+                           threads_per_device);
+  };
+}
+
 // What the distributed benchmarks (collectives, redistribute) take, parsed.
 struct DistributedRun {
   Backend backend;
@@ -274,17 +283,12 @@ void add_bench(CLI::App& app) {
   au->add_option("--gpt-width", as->gpt.width, "the GPT's width")->capture_default_str();
   au->add_option("--gpt-heads", as->gpt.heads, "the GPT's heads")->capture_default_str();
   au->add_option("--gpt-vocab", as->gpt.vocab, "the GPT's vocabulary")->capture_default_str();
-  au->add_option("--machine", *as_machine,
-                 "price with this machine description (default: `calibrate` for each device "
-                 "count, measured first)");
+  au->add_option("--machine", *as_machine, machine_help(MachineUse::kMeasure));
   au->add_flag("!--no-search", as->search_cases, "skip the search-time cases");
   add_output_flags(au, *as_json, as->progress);
   au->callback([as, as_json, as_machine] {
     if (!runs_here()) return;
-    // Without --machine the bench calibrates for each device count.
-    std::shared_ptr<MachineModel> machine;
-    if (!as_machine->empty()) machine = machine_option(*as_machine);
-    as->machine = machine.get();
+    as->machine = bench_machine(*as_machine);
     print_report(bench::run_autoshard_bench(*as), *as_json);
   });
 
@@ -409,13 +413,10 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(2, 1 << 20))
       ->capture_default_str();
   auto train_machine = std::make_shared<std::string>();
-  t->add_option("--machine", *train_machine,
-                "machine description JSON the step estimates (est_step_s) price with (default: "
-                "the built-in one)");
+  t->add_option("--machine", *train_machine, machine_help(MachineUse::kMeasure));
   add_output_flags(t, *train_json, train->progress);
   t->callback([train, train_json, train_machine] {
-    const std::shared_ptr<MachineModel> machine = machine_option(*train_machine);
-    train->machine = machine.get();
+    train->machine = bench_machine(*train_machine);
     if (runs_here()) print_report(bench::run_train_bench(*train), *train_json);
   });
 
@@ -431,15 +432,17 @@ void add_bench(CLI::App& app) {
       "[bytes / 2 KiB, 512], w [512, 512]",
       "--cases", "subset, e.g. allgather_gemm_permute",
       [simulate](const DistributedRun& r, bool* printer) {
-        const std::shared_ptr<MachineModel> machine =
-            simulate->on ? machine_option(simulate->machine) : nullptr;
+        const std::shared_ptr<const ChosenMachine> machine =
+            simulate->on
+                ? machine_option(simulate->machine, MachineUse::kBuiltIn, Backend::kThreads, 1)
+                : nullptr;
         return bench::run_overlap_bench({.progress = r.progress,
                                          .backend = r.backend,
                                          .devices = r.devices,
                                          .sizes = r.sizes,
                                          .cases = r.subset,
                                          .reps = r.reps,
-                                         .simulate = machine.get()},
+                                         .simulate = machine ? &machine->machine : nullptr},
                                         printer);
       });
   overlap->add_flag("--simulate", simulate->on,

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "meshflow/auto/machine_cache.h"
 #include "meshflow/comm/backend.h"
 #include "meshflow/plan/cost_model.h"
 
@@ -14,9 +15,23 @@ namespace meshflow::cli {
 // The most threads a device (--threads-per-device) or a bench (--threads) may ask for.
 constexpr int kMostThreads = 1 << 12;
 
-// Returns the machine model named by --machine (the default when empty). The model must
+// What a command given no --machine does with this machine's measured description
+// (auto/machine_cache.h): estimates (explain, autoshard, train --auto, the benches) measure it
+// where the cache holds none; runs and plans use it where the cache holds it, else the built-in
+// one, so that a run never waits for a measurement; `redistribute`, whose devices are known
+// only once its folder is read, takes the built-in one.
+enum class MachineUse { kMeasure, kCached, kBuiltIn };
+
+// Returns the description --machine names ("default": the built-in one; a file), or, where it is
+// empty, this machine's for `devices` devices with `threads_per_device` threads each (0: the
+// default) on `backend`, as `use` says, with its lines on standard error. The description must
 // outlive the plan options that point at it.
-std::shared_ptr<MachineModel> machine_option(const std::string& path);
+std::shared_ptr<const ChosenMachine> machine_option(const std::string& text, MachineUse use,
+                                                    Backend backend, int devices,
+                                                    int threads_per_device = 0);
+
+// Returns --machine's help for a command that uses the measured description as `use` says.
+std::string machine_help(MachineUse use);
 
 // Returns the backend --backend names, or where it is empty the one the process was started for
 // (mpi under mpirun, else threads).

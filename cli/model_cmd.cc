@@ -49,7 +49,8 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool runs) {
                        : "estimate the step with this many threads per device (default: this "
                          "machine's cores divided by the devices, at least 1)")
       ->check(CLI::Range(1, kMostThreads));
-  cmd->add_option("--machine", a.machine, "machine description JSON for the cost model");
+  cmd->add_option("--machine", a.machine,
+                  machine_help(runs ? MachineUse::kCached : MachineUse::kMeasure));
   cmd->add_flag("--overlap", a.overlap,
                 "run all-gathers into and reduce-scatters out of matrix products as loops that "
                 "overlap each block's transfer with the product, where the cost model estimates "
@@ -202,6 +203,11 @@ ModelRunOptions run_options(const CommonArgs& a, const MachineModel* machine) {
   return o;
 }
 
+// Returns the description --machine names for `devices` devices of `a`'s run.
+std::shared_ptr<const ChosenMachine> machine_of(const CommonArgs& a, MachineUse use, int devices) {
+  return machine_option(a.machine, use, backend_option(a.backend), devices, a.threads_per_device);
+}
+
 // Returns fn(). Under mpi every rank computes the same from the same input and fails alike, so
 // its error is reported once (by device 0) rather than by every rank.
 template <typename Fn>
@@ -292,9 +298,9 @@ void add_run(CLI::App& app) {
   add_common(cmd, *args, /*runs=*/true);
   cmd->add_option("--save", args->save, "write each output as a sharded folder DIR/<name>/");
   cmd->callback([args] {
-    auto machine = machine_option(args->machine);
-    const ModelRunOptions options = run_options(*args, machine.get());
-    const Model model = load(args->model, options.backend);
+    const Model model = load(args->model, backend(*args));
+    const auto machine = machine_of(*args, MachineUse::kCached, model_device_count(model));
+    const ModelRunOptions options = run_options(*args, &machine->machine);
     const std::optional<ModelData> data =
         every_device(options.backend, [&] { return read_model_data(model); });
     const RunReport r = run_model_on_data(model, data, options);
@@ -386,18 +392,22 @@ void add_train(CLI::App& app) {
                 "micro-batches, recomputation; each option given here stays fixed)");
   add_search_options(cmd, args->mesh, args->memory_limit);
   cmd->callback([args] {
-    auto machine = machine_option(args->machine);
-    const ModelRunOptions options = run_options(*args, machine.get());
     if (!args->autoshard && (!args->mesh.empty() || args->memory_limit))
       fail(ErrorKind::kInvalidArgument, "--{} needs --auto",
            args->mesh.empty() ? "memory-limit" : "mesh");
-    Model model = load(args->model, options.backend);
+    Model model = load(args->model, backend(*args));
+    // --auto estimates (and measures this machine where it must); a plain run reads the cache.
+    const auto machine =
+        machine_of(*args, args->autoshard ? MachineUse::kMeasure : MachineUse::kCached,
+                   args->autoshard && !args->mesh.empty() ? size(parse_mesh(args->mesh))
+                                                          : model_device_count(model));
+    const ModelRunOptions options = run_options(*args, &machine->machine);
     if (args->autoshard) {
       model = every_device(options.backend, [&] {
         const AutoshardResult r = autoshard(
             args->model,
             search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
-                           args->zero, args->micro_batches, args->recompute, machine.get()),
+                           args->zero, args->micro_batches, args->recompute, &machine->machine),
             std::filesystem::path(args->model).parent_path());
         const std::filesystem::path base = std::filesystem::path(args->model).parent_path();
         return parse_model(r.model.dump(), base.empty() ? "." : base, args->model);
@@ -512,9 +522,9 @@ void add_explain(CLI::App& app) {
   add_schedule_option(cmd, args->schedule);
   add_recompute_option(cmd, args->recompute);
   cmd->callback([args] {
-    auto machine = machine_option(args->machine);
     const Model model = load(args->model, backend(*args));
-    const PlanOptions plan{.machine = machine.get()};
+    const auto machine = machine_of(*args, MachineUse::kMeasure, model_device_count(model));
+    const PlanOptions plan{.machine = &machine->machine};
     const Optimizer optimizer =
         every_device(backend(*args), [&] { return optimizer_of(args->optimizer, model); });
     const TrainingCompile training{
@@ -537,7 +547,7 @@ void add_explain(CLI::App& app) {
                     .threads_per_device = args->threads_per_device});
     // The pipeline's schedule, where the step runs on stages: its memory is the pipeline's.
     const std::optional<ScheduleExplanation> schedule = explain_model_schedule(
-        model, run_options(*args, machine.get()), training,
+        model, run_options(*args, &machine->machine), training,
         every_device(backend(*args), [&] { return chosen_schedule(args->schedule, model); }));
     if (schedule && schedule->memory) e.memory = schedule->memory;
     every_device(backend(*args), [&] {
@@ -581,7 +591,7 @@ void add_autoshard(CLI::App& app) {
                   "fix the activation recomputation: none, selective or full (default: searched "
                   "under --memory-limit, else none; or the model file's \"train\")")
       ->check(CLI::IsMember({"none", "selective", "full"}));
-  cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
+  cmd->add_option("--machine", args->machine, machine_help(MachineUse::kMeasure));
   cmd->add_option("--threads-per-device", args->threads_per_device,
                   "estimate with this many threads per device (default: this machine's cores "
                   "divided by the devices, at least 1)")
@@ -589,18 +599,20 @@ void add_autoshard(CLI::App& app) {
   cmd->add_option("--out", args->out, "write the chosen model file here (runs with `train`)");
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->callback([args] {
-    auto machine = machine_option(args->machine);
     const Model model = load_model(args->model);
+    const auto machine =
+        machine_of(*args, MachineUse::kMeasure,
+                   args->mesh.empty() ? model_device_count(model) : size(parse_mesh(args->mesh)));
     const std::filesystem::path out_dir = args->out.empty()
                                               ? std::filesystem::path(args->model).parent_path()
                                               : std::filesystem::path(args->out).parent_path();
     if (!args->out.empty() && !out_dir.empty() && !std::filesystem::is_directory(out_dir))
       fail(ErrorKind::kIo, "--out {}: the folder {} does not exist", args->out, out_dir.string());
-    const AutoshardResult r =
-        autoshard(args->model,
-                  search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
-                                 args->zero, args->micro_batches, args->recompute, machine.get()),
-                  out_dir.empty() ? "." : out_dir);
+    const AutoshardResult r = autoshard(
+        args->model,
+        search_options(*args, args->optimizer, model, args->mesh, args->memory_limit, args->zero,
+                       args->micro_batches, args->recompute, &machine->machine),
+        out_dir.empty() ? "." : out_dir);
     if (!args->out.empty()) write_file_atomic(args->out, r.model.dump(2) + "\n");
     if (args->json) {
       fmt::print("{}\n", to_json(r).dump(2));

@@ -10,8 +10,35 @@
 
 namespace meshflow::cli {
 
-std::shared_ptr<MachineModel> machine_option(const std::string& path) {
-  return std::make_shared<MachineModel>(path.empty() ? default_machine() : load_machine(path));
+std::shared_ptr<const ChosenMachine> machine_option(const std::string& text, MachineUse use,
+                                                    Backend backend, int devices,
+                                                    int threads_per_device) {
+  const MachineChoice choice = use == MachineUse::kBuiltIn && text.empty()
+                                   ? parse_machine_choice("default")
+                                   : parse_machine_choice(text);
+  if (choice.kind != MachineChoice::Kind::kMeasured)
+    return std::make_shared<const ChosenMachine>(choose_machine(choice, {}));
+  const MachineCacheOptions options{.measure = use == MachineUse::kMeasure,
+                                    .note = [](const std::string& line) {
+                                      fmt::print(stderr, "meshflow: {}\n", line);
+                                      std::fflush(stderr);
+                                    }};
+  return std::make_shared<const ChosenMachine>(
+      choose_machine(choice, machine_key(backend, devices, threads_per_device), options));
+}
+
+std::string machine_help(MachineUse use) {
+  switch (use) {
+    case MachineUse::kMeasure:
+      return "machine description JSON for the cost model, or default (the built-in one) "
+             "(default: this machine's, measured by calibrate the first time and cached)";
+    case MachineUse::kCached:
+      return "machine description JSON for the cost model, or default (the built-in one) "
+             "(default: this machine's where calibrate has measured it, else the built-in one)";
+    case MachineUse::kBuiltIn:
+      break;
+  }
+  return "machine description JSON the plan is chosen with (default: the built-in one)";
 }
 
 Backend backend_option(const std::string& name) {
@@ -33,7 +60,7 @@ void add_plan(CLI::App& app) {
   cmd->add_option("--from", args->from, "source placements, e.g. \"P(sum),R,P(sum)\"")->required();
   cmd->add_option("--to", args->to, "destination placements")->required();
   cmd->add_option("--to-mesh", args->to_mesh, "destination mesh (default: the source mesh)");
-  cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
+  cmd->add_option("--machine", args->machine, machine_help(MachineUse::kCached));
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->add_flag("--devices", args->devices,
                 "also print each device's program: every call, group, count and region it runs");
@@ -44,8 +71,9 @@ void add_plan(CLI::App& app) {
     const Layout from = make_layout(mesh, parse_placements(args->from), shape, dtype);
     const Layout to = make_layout(args->to_mesh.empty() ? mesh : parse_mesh(args->to_mesh),
                                   parse_placements(args->to), shape, dtype);
-    auto machine = machine_option(args->machine);
-    const Plan plan = plan_redistribute(from, to, {.machine = machine.get()});
+    const auto machine = machine_option(args->machine, MachineUse::kCached, detect_backend(),
+                                        static_cast<int>(std::max(size(from.mesh), size(to.mesh))));
+    const Plan plan = plan_redistribute(from, to, {.machine = &machine->machine});
     if (args->json) {
       fmt::print("{}\n", to_json(plan).dump(2));
       return;
@@ -72,15 +100,15 @@ void add_redistribute(CLI::App& app) {
   cmd->add_option("--out", args->out, "destination sharded folder")->required();
   cmd->add_option("--backend", args->backend,
                   "threads or mpi (default: mpi under mpirun, else threads)");
-  cmd->add_option("--machine", args->machine, "machine description JSON for the cost model");
+  cmd->add_option("--machine", args->machine, machine_help(MachineUse::kBuiltIn));
   cmd->add_flag("--json", args->json, "print the plan and timing as JSON");
   cmd->add_flag("--quiet", args->quiet, "print nothing on success (no progress either)");
   cmd->callback([args] {
-    auto machine = machine_option(args->machine);
     RedistributeFolderOptions o{.in = args->in, .out = args->out, .to = parse_placements(args->to)};
     if (!args->to_mesh.empty()) o.to_mesh = parse_mesh(args->to_mesh);
     o.backend = backend_option(args->backend);
-    o.plan.machine = machine.get();
+    const auto machine = machine_option(args->machine, MachineUse::kBuiltIn, o.backend, 1);
+    o.plan.machine = &machine->machine;
     if (!args->quiet && ::isatty(STDERR_FILENO)) {
       o.progress = [](std::string_view stage) { fmt::print(stderr, "redistribute: {}\n", stage); };
     }

@@ -2,6 +2,7 @@
 // arrays: read in place going in, and coming out either handed over (a result meshflow made) or
 // viewed read-only (a DTensor's shard); every kernel, collective and wait runs with the GIL
 // released; meshflow::Error becomes the meshflow.Error subclass of its kind.
+#include <fmt/format.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshflow/auto/autoshard.h"
+#include "meshflow/auto/machine_cache.h"
 #include "meshflow/comm/session.h"
 #include "meshflow/core/error.h"
 #include "meshflow/core/file.h"
@@ -185,11 +187,29 @@ int threads_option(std::optional<int> threads_per_device) {
   return threads_per_device.value_or(0);
 }
 
-ModelRunOptions model_options(bool overlap, std::optional<int> threads_per_device) {
+// Returns the description machine= names for `devices` devices (None: this machine's, from the
+// cache, measured first where `measure` says and the cache holds none, else the built-in one;
+// "default": the built-in one; else a description file), its lines on standard error.
+ChosenMachine machine_option(const std::optional<std::string>& machine, int devices,
+                             std::optional<int> threads_per_device, bool measure) {
+  const MachineCacheOptions options{.measure = measure, .note = [](const std::string& line) {
+                                      fmt::print(stderr, "meshflow: {}\n", line);
+                                      std::fflush(stderr);
+                                    }};
+  return choose_machine(
+      parse_machine_choice(machine.value_or("")),
+      machine_key(session().backend(), devices, threads_option(threads_per_device)), options);
+}
+
+// Returns the options of a run of `model`, its plans chosen with `machine`, which must outlive
+// them.
+ModelRunOptions model_options(bool overlap, std::optional<int> threads_per_device,
+                              const ChosenMachine& machine) {
   ModelRunOptions o;
   o.backend = session().backend();
   o.overlap = overlap;
   o.threads_per_device = threads_option(threads_per_device);
+  o.plan.machine = &machine.machine;
   return o;
 }
 
@@ -240,7 +260,9 @@ std::string shared_report(std::string text, bool reporter) {
 }
 
 py::dict run_outputs(const LoadedModel& m, bool overlap, std::optional<int> threads_per_device) {
-  ModelRunOptions o = model_options(overlap, threads_per_device);
+  const ChosenMachine machine =
+      machine_option(std::nullopt, model_device_count(m.model), threads_per_device, false);
+  ModelRunOptions o = model_options(overlap, threads_per_device, machine);
   const std::filesystem::path dir = shared_scratch();
   o.save = dir;
   std::vector<std::pair<std::string, Tensor>> values;
@@ -436,7 +458,9 @@ PYBIND11_MODULE(_meshflow, module) {
           resumed = read_checkpoint(resume_path(*resume));
         }
         const OptimizerOptions given = optimizer_options(optimizer);
-        ModelRunOptions run = model_options(overlap, threads_per_device);
+        const ChosenMachine machine =
+            machine_option(std::nullopt, model_device_count(m.model), threads_per_device, false);
+        ModelRunOptions run = model_options(overlap, threads_per_device, machine);
         run.timeout = timeout_of_seconds(timeout);
         TrainOptions o{.run = run,
                        .steps = steps,
@@ -566,7 +590,8 @@ PYBIND11_MODULE(_meshflow, module) {
                                  std::optional<int> micro_batches, std::optional<int> zero,
                                  std::optional<int> threads_per_device,
                                  std::optional<std::string> schedule,
-                                 std::optional<std::string> recompute) {
+                                 std::optional<std::string> recompute,
+                                 std::optional<std::string> machine) {
     if (micro_batches && *micro_batches < 1)
       fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
     const TrainDefaults defaults = train_defaults_from_json(m.model.train, m.model.source);
@@ -575,8 +600,11 @@ PYBIND11_MODULE(_meshflow, module) {
     const int m_batches = micro_batches.value_or(defaults.micro_batches.value_or(1));
     const int zero_level = resolve_zero(zero, defaults, OptionStyle::kKeyword);
     const Recompute policy = resolve_recompute(recompute, defaults);
+    const ChosenMachine chosen =
+        machine_option(machine, model_device_count(m.model), threads_per_device, true);
     Explanation e = explain_compiled(
-        m.model.pcg, {.overlap = overlap,
+        m.model.pcg, {.plan = {.machine = &chosen.machine},
+                      .overlap = overlap,
                       .decompose = {.shared_memory = session().backend() == Backend::kThreads},
                       .update = o.rule,
                       .micro_batches = m_batches,
@@ -584,7 +612,7 @@ PYBIND11_MODULE(_meshflow, module) {
                       .recompute = policy,
                       .threads_per_device = threads_option(threads_per_device)});
     const std::optional<ScheduleExplanation> stages = explain_model_schedule(
-        m.model, model_options(overlap, threads_per_device),
+        m.model, model_options(overlap, threads_per_device, chosen),
         {.update = o.rule, .micro_batches = m_batches, .zero = zero_level, .recompute = policy},
         resolve_schedule(schedule, defaults));
     if (stages && stages->memory) e.memory = stages->memory;
@@ -605,15 +633,16 @@ PYBIND11_MODULE(_meshflow, module) {
           fail(ErrorKind::kInvalidArgument, "micro_batches= {}: must be >= 1", *micro_batches);
         const Model model = load_model(path);
         const TrainDefaults defaults = train_defaults_from_json(model.train, model.source);
-        std::optional<MachineModel> described;
-        if (machine) described = load_machine(*machine);
+        const ChosenMachine described =
+            machine_option(machine, mesh ? size(parse_mesh(*mesh)) : model_device_count(model),
+                           threads_per_device, true);
         AutoshardOptions o{.mesh = mesh,
                            .memory_limit = memory_limit,
                            .update = resolve_optimizer(optimizer_options(optimizer),
                                                        defaults.optimizer, OptionStyle::kKeyword)
                                          .rule,
                            .micro_batches = micro_batches,
-                           .plan = {.machine = described ? &*described : nullptr},
+                           .plan = {.machine = &described.machine},
                            .threads_per_device = threads_option(threads_per_device)};
         if (zero) o.zero = resolve_zero(zero, defaults, OptionStyle::kKeyword);
         if (recompute) o.recompute = parse_recompute(*recompute);

@@ -157,6 +157,32 @@ std::filesystem::path machine_cache_file(const MachineKey& key,
                               key.devices, key.threads_per_device, key.cores, slug(key.cpu));
 }
 
+std::vector<MachineKey> cached_keys(const std::filesystem::path& folder, Backend backend) {
+  const MachineKey here = machine_key(backend, 1);
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("machine-") && name.ends_with(".json")) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<MachineKey> keys;
+  for (const std::filesystem::path& file : files) {
+    try {
+      const nlohmann::json j = parse_json(read_file(file), file.string());
+      MachineKey key = here;
+      key.devices = j.at("key").at("devices").get<int>();
+      key.threads_per_device = j.at("key").at("threads_per_device").get<int>();
+      if (key.devices < 1 || key.threads_per_device < 1) continue;
+      machine_from_cache_text(read_file(file), key, file.string());  // trusted, and this machine's
+      keys.push_back(key);
+    } catch (const std::exception&) {
+      // Another machine's, or not trusted: not this machine's to refresh.
+    }
+  }
+  return keys;
+}
+
 std::string machine_cache_text(const MachineKey& key, const MachineModel& machine) {
   const nlohmann::json j = {{"version", kMachineCacheVersion},
                             {"key", key_json(key)},

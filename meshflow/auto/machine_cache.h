@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "meshflow/comm/backend.h"
 #include "meshflow/plan/cost_model.h"
@@ -55,6 +56,10 @@ std::filesystem::path machine_cache_folder();
 // Returns key's file in `folder`: "machine-threads-2x1-2cores-intel-r-xeon-r-processor.json".
 std::filesystem::path machine_cache_file(const MachineKey& key,
                                          const std::filesystem::path& folder);
+
+// Returns the keys of the trusted files in `folder` that are this machine's (its processor and
+// cores) on `backend`, in file-name order.
+std::vector<MachineKey> cached_keys(const std::filesystem::path& folder, Backend backend);
 
 // Returns the cache file's text for `key`, {"version", "key", "machine"}, and the description
 // it holds (throws Error(kInvalidArgument) naming `source` and the field where `json` is not

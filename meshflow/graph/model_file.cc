@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "meshflow/core/error.h"
@@ -286,6 +287,13 @@ Model parse_model(std::string_view text, const std::filesystem::path& base,
   r.model.source = std::string(source);
   r.model.base = base;
   return std::move(r.model);
+}
+
+int model_device_count(const Model& model) {
+  std::set<DeviceId> devices;
+  for (const auto& [name, mesh] : model.meshes)
+    devices.insert(mesh.devices.begin(), mesh.devices.end());
+  return std::max(1, static_cast<int>(devices.size()));
 }
 
 Model load_model(const std::filesystem::path& path) {

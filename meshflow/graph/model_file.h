@@ -31,6 +31,9 @@ struct Model {
 // Returns the model in file `path`, its data files' headers checked against it.
 Model load_model(const std::filesystem::path& path);
 
+// Returns how many devices `model`'s meshes span together (at least 1).
+int model_device_count(const Model& model);
+
 // Returns the model `text` describes; `base` is the folder relative paths start from, `source`
 // names the text in messages.
 Model parse_model(std::string_view text, const std::filesystem::path& base,

@@ -103,12 +103,16 @@ class Model:
     def explain(self, overlap=False, lr=None, optimizer=None, momentum=None, betas=None,
                 eps=None, weight_decay=None, clip_grad_norm=None, warmup_steps=None, decay=None,
                 decay_steps=None, micro_batches=None, zero=None, threads_per_device=None,
-                schedule=None, recompute=None):
+                schedule=None, recompute=None, machine=None):
         """Returns the dict ``meshflow explain --json`` prints for the step ``train`` with the
         same options would run: every value's layout (optimizer state included), every move,
         for a model with a loss ``est_step_s``, ``memory_per_device_bytes`` and ``recompute``
         (the recomputed nodes per backward segment), and ``schedule`` and ``est_bubble`` (None
-        unless the model runs on stages)."""
+        unless the model runs on stages).
+
+        ``machine`` is ``meshflow explain --machine``: a description file (``meshflow
+        calibrate --out``), ``"default"`` (the built-in description), or None: this machine's,
+        measured the first time and cached."""
         options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                        weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
                        warmup_steps=warmup_steps, decay=decay, decay_steps=decay_steps)
@@ -118,7 +122,8 @@ class Model:
                                        None if threads_per_device is None
                                        else int(threads_per_device),
                                        None if schedule is None else str(schedule),
-                                       None if recompute is None else str(recompute))
+                                       None if recompute is None else str(recompute),
+                                       None if machine is None else str(machine))
 
 
 def autoshard(path, mesh=None, memory_limit=None, out=None, optimizer=None, lr=None,
@@ -132,8 +137,8 @@ def autoshard(path, mesh=None, memory_limit=None, out=None, optimizer=None, lr=N
 
     ``mesh`` ("4", "2x2") searches on one mesh of that shape instead of the model's own;
     ``zero``, ``micro_batches`` and ``recompute``, where given, are kept; the optimizer options are ``train``'s;
-    ``machine`` is a machine description file (``meshflow calibrate``). ``out`` writes the chosen
-    model file, which ``Model.load(out).train(...)`` runs as it is. No choice fits: raises
+    ``machine`` is as ``Model.explain``'s (None: this machine's measured description). ``out``
+    writes the chosen model file, which ``Model.load(out).train(...)`` runs as it is. No choice fits: raises
     InvalidArgumentError giving the least memory any choice needs."""
     options = dict(optimizer=optimizer, lr=lr, momentum=momentum, betas=betas, eps=eps,
                    weight_decay=weight_decay, clip_grad_norm=clip_grad_norm,
