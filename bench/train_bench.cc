@@ -130,7 +130,7 @@ Explanation estimated_step(const Model& m, const TrainBenchOptions& o, const Opt
                            int micro_batches, int zero, int threads_per_device, Recompute recompute,
                            BenchResult& r) {
   const ChosenMachine machine =
-      o.machine ? o.machine(static_cast<int>(pcg_devices(m.pcg).size()), threads_per_device)
+      o.machine ? o.machine(model_device_count(m), threads_per_device)
                 : ChosenMachine{.machine = default_machine(), .source = "built-in"};
   r.extra["machine"] = machine.source;
   Explanation e = explain_compiled(m.pcg, {.plan = {.machine = &machine.machine},

@@ -19,7 +19,8 @@ constexpr int kMostThreads = 1 << 12;
 // (auto/machine_cache.h): estimates (explain, autoshard, train --auto, the benches) measure it
 // where the cache holds none; runs and plans use it where the cache holds it, else the built-in
 // one, so that a run never waits for a measurement; `redistribute`, whose devices are known
-// only once its folder is read, takes the built-in one.
+// only once its folder is read, takes the built-in one. Outside mpirun an mpi description is
+// read where cached and never measured (only mpi's processes can measure it).
 enum class MachineUse { kMeasure, kCached, kBuiltIn };
 
 // Returns the description --machine names ("default": the built-in one; a file), or, where it is

@@ -395,7 +395,17 @@ void add_train(CLI::App& app) {
     if (!args->autoshard && (!args->mesh.empty() || args->memory_limit))
       fail(ErrorKind::kInvalidArgument, "--{} needs --auto",
            args->mesh.empty() ? "memory-limit" : "mesh");
+    if (args->checkpoint.empty() && (args->checkpoint_every > 0 || args->keep_last > 0)) {
+      fail(ErrorKind::kInvalidArgument, "--{} needs --checkpoint DIR",
+           args->checkpoint_every > 0 ? "checkpoint-every" : "keep-last");
+    }
     Model model = load(args->model, backend(*args));
+    if (args->autoshard) {  // the search's options checked before any measurement
+      every_device(backend(*args), [&] {
+        return search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
+                              args->zero, args->micro_batches, args->recompute, nullptr);
+      });
+    }
     // --auto estimates (and measures this machine where it must); a plain run reads the cache.
     const auto machine =
         machine_of(*args, args->autoshard ? MachineUse::kMeasure : MachineUse::kCached,
@@ -412,10 +422,6 @@ void add_train(CLI::App& app) {
         const std::filesystem::path base = std::filesystem::path(args->model).parent_path();
         return parse_model(r.model.dump(), base.empty() ? "." : base, args->model);
       });
-    }
-    if (args->checkpoint.empty() && (args->checkpoint_every > 0 || args->keep_last > 0)) {
-      fail(ErrorKind::kInvalidArgument, "--{} needs --checkpoint DIR",
-           args->checkpoint_every > 0 ? "checkpoint-every" : "keep-last");
     }
     std::optional<Checkpoint> resumed;
     int steps = args->steps;
@@ -523,8 +529,6 @@ void add_explain(CLI::App& app) {
   add_recompute_option(cmd, args->recompute);
   cmd->callback([args] {
     const Model model = load(args->model, backend(*args));
-    const auto machine = machine_of(*args, MachineUse::kMeasure, model_device_count(model));
-    const PlanOptions plan{.machine = &machine->machine};
     const Optimizer optimizer =
         every_device(backend(*args), [&] { return optimizer_of(args->optimizer, model); });
     const TrainingCompile training{
@@ -534,6 +538,9 @@ void add_explain(CLI::App& app) {
         .zero = every_device(backend(*args), [&] { return zero_of(args->zero, model); }),
         .recompute =
             every_device(backend(*args), [&] { return chosen_recompute(args->recompute, model); })};
+    // Measured (where it must be) once every option has been checked.
+    const auto machine = machine_of(*args, MachineUse::kMeasure, model_device_count(model));
+    const PlanOptions plan{.machine = &machine->machine};
     Explanation e = explain_compiled(
         model.pcg, {.plan = plan,
                     .overlap = args->overlap,
@@ -600,19 +607,20 @@ void add_autoshard(CLI::App& app) {
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->callback([args] {
     const Model model = load_model(args->model);
-    const auto machine =
-        machine_of(*args, MachineUse::kMeasure,
-                   args->mesh.empty() ? model_device_count(model) : size(parse_mesh(args->mesh)));
     const std::filesystem::path out_dir = args->out.empty()
                                               ? std::filesystem::path(args->model).parent_path()
                                               : std::filesystem::path(args->out).parent_path();
     if (!args->out.empty() && !out_dir.empty() && !std::filesystem::is_directory(out_dir))
       fail(ErrorKind::kIo, "--out {}: the folder {} does not exist", args->out, out_dir.string());
-    const AutoshardResult r = autoshard(
-        args->model,
+    AutoshardOptions search =
         search_options(*args, args->optimizer, model, args->mesh, args->memory_limit, args->zero,
-                       args->micro_batches, args->recompute, &machine->machine),
-        out_dir.empty() ? "." : out_dir);
+                       args->micro_batches, args->recompute, nullptr);
+    // Measured (where it must be) once every option has been checked.
+    const auto machine =
+        machine_of(*args, MachineUse::kMeasure,
+                   args->mesh.empty() ? model_device_count(model) : size(parse_mesh(args->mesh)));
+    search.plan.machine = &machine->machine;
+    const AutoshardResult r = autoshard(args->model, search, out_dir.empty() ? "." : out_dir);
     if (!args->out.empty()) write_file_atomic(args->out, r.model.dump(2) + "\n");
     if (args->json) {
       fmt::print("{}\n", to_json(r).dump(2));

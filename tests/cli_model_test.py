@@ -104,7 +104,8 @@ with tempfile.TemporaryDirectory() as tmp:
         link = machine["links"][machine["default_link"]]
         check(machine["default_link"] == ("mpi" if mpirun else "shared_memory") and link["bandwidth_gbps"] > 0
               and machine["gemm_gflops"] > 0 and machine["elementwise_gbps"] > 0, f"calibrated: {machine}")
-        given = json.loads(run("explain", model("dp_tp_mlp"), "--json").stdout)["est_step_s"]
+        given = json.loads(run("explain", model("dp_tp_mlp"), "--json", "--machine",
+                               "default").stdout)["est_step_s"]
         own = run("explain", model("dp_tp_mlp"), "--json", "--machine", out)
         check(own.returncode == 0 and json.loads(own.stdout)["est_step_s"] != given,
               f"explain --machine prices with the calibrated description: {given} {own.stdout[:200]}")
@@ -114,6 +115,62 @@ with tempfile.TemporaryDirectory() as tmp:
         bad = run("explain", model("dp_tp_mlp"), "--machine", out)
         check(bad.returncode == 1 and bad.stderr.count("\n") == 1 and '"memcpy_gbps"' in bad.stderr,
               f"an incomplete description: one line naming the field: {bad.stderr!r}")
+
+# Without --machine, explain prices with this machine's description: measured the first time
+# into the cache folder (one progress line says so), read after without measuring, measured
+# again for another key (threads per device) and over a corrupt file (one line naming it);
+# --machine default and --machine FILE never touch the cache. A 2-device copy of dp_mlp keeps
+# each measurement short.
+with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as tmp:
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = cache
+    try:
+        two = json.load(open(model("dp_mlp")))
+        two["meshes"]["dp"] = "2"
+        for t in two["tensors"].values():
+            if "input" in t:
+                t["input"] = os.path.join(examples, t["input"])
+        path = f"{tmp}/dp2.json"
+        with open(path, "w") as f:
+            json.dump(two, f)
+        folder = f"{cache}/meshflow"
+        files = lambda: sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        measured = lambda r: r.stderr.count("measuring this machine for the cost model")
+        ranks = 2 if mpirun else None
+        est = lambda r: json.loads(r.stdout)["est_step_s"] if r.returncode == 0 else None
+
+        first = run("explain", path, "--json", ranks=ranks)
+        check(first.returncode == 0 and measured(first) == 1 and len(files()) == 1,
+              f"a first explain measures and writes the cache: {files()} {first.stderr[-400:]!r}")
+        second = run("explain", path, "--json", ranks=ranks)
+        check(second.returncode == 0 and measured(second) == 0 and second.stderr == "" and
+              est(second) == est(first), f"a second explain reads it: {second.stderr[-300:]!r}")
+        builtin = run("explain", path, "--json", "--machine", "default", ranks=ranks)
+        check(builtin.returncode == 0 and est(builtin) != est(first),
+              f"the measured description prices unlike the built-in one: {est(builtin)} {est(first)}")
+        other = run("explain", path, "--json", "--threads-per-device", "2", ranks=ranks)
+        check(other.returncode == 0 and measured(other) == 1 and len(files()) == 2,
+              f"another key is measured again: {files()} {other.stderr[-300:]!r}")
+        with open(f"{folder}/{files()[0]}", "w") as f:
+            f.write('{"version": 1, "key": ')
+        corrupt = run("explain", path, "--json", ranks=ranks)
+        lines = [l for l in corrupt.stderr.splitlines() if files()[0] in l and "again" in l]
+        check(corrupt.returncode == 0 and measured(corrupt) == 1 and len(lines) == 1,
+              f"a corrupt cache file is measured over, with one line: {corrupt.stderr[-400:]!r}")
+        check(json.load(open(f"{folder}/{files()[0]}"))["version"] == 1,
+              "the corrupt file is written over")
+        with open(f"{tmp}/m.json", "w") as f:  # the measured description, as a file
+            json.dump(json.load(open(f"{folder}/{files()[0]}"))["machine"], f)
+        shutil.rmtree(folder)
+        for machine in ["default", f"{tmp}/m.json"]:
+            r = run("explain", path, "--json", "--machine", machine, ranks=ranks)
+            check(r.returncode == 0 and measured(r) == 0 and not os.path.exists(folder),
+                  f"--machine {machine} never touches the cache: {r.returncode} {r.stderr[-200:]!r}")
+    finally:
+        if saved is None:
+            del os.environ["XDG_CACHE_HOME"]
+        else:
+            os.environ["XDG_CACHE_HOME"] = saved
 
 if mpirun:
     b = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "-n", "2", meshflow,

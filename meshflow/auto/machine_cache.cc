@@ -223,32 +223,41 @@ std::optional<MachineModel> cached_machine(const MachineKey& key,
   const std::filesystem::path folder =
       options.folder.empty() ? machine_cache_folder() : options.folder;
   const std::filesystem::path file = machine_cache_file(key, folder);
-  if (key.backend == Backend::kThreads) {
+  if (key.backend == Backend::kThreads || detect_backend() != Backend::kMpi) {
     if (!options.refresh) {
       const std::string text = trusted_text(key, file, options);
       if (!text.empty()) return machine_from_cache_text(text, key, file.string());
     }
-    if (!options.measure && !options.refresh) return std::nullopt;
+    // mpi's figures are measured by mpi's processes only (started by mpirun).
+    if (key.backend == Backend::kMpi || (!options.measure && !options.refresh)) return std::nullopt;
     return measure_and_write(key, file, options, /*writes=*/true);
   }
-  // mpi: rank 0 reads and decides; every rank gets its verdict, the trusted description's JSON
-  // or nothing, so that every rank measures (a collective) or none does.
+  // mpi: the world's processes are measured together, so the key is the world's. Rank 0 reads
+  // and decides; every rank gets its verdict, the trusted description's JSON or nothing, so
+  // that every rank measures (a collective) or none does.
   const bool rank0 = prints_shared_errors();
   MachineCacheOptions rank_options = options;
   if (!rank0) rank_options.note = nullptr;
+  MachineKey world_key = key;
   std::string verdict;
   launch({.backend = Backend::kMpi}, [&](Communicator& world) {
+    world_key.devices = world.size();
     std::string mine;
+    const std::filesystem::path world_file = machine_cache_file(world_key, folder);
     if (world.rank() == 0 && !options.refresh) {
-      const std::string text = trusted_text(key, file, rank_options);
-      if (!text.empty())
-        mine = machine_to_json(machine_from_cache_text(text, key, file.string())).dump();
+      const std::string text = trusted_text(world_key, world_file, rank_options);
+      if (!text.empty()) {
+        mine =
+            machine_to_json(machine_from_cache_text(text, world_key, world_file.string())).dump();
+      }
     }
     verdict = broadcast_string(world, mine, Rank{0});
   });
-  if (!verdict.empty()) return machine_from_json(nlohmann::json::parse(verdict), file.string());
+  const std::filesystem::path world_file = machine_cache_file(world_key, folder);
+  if (!verdict.empty())
+    return machine_from_json(nlohmann::json::parse(verdict), world_file.string());
   if (!options.measure && !options.refresh) return std::nullopt;
-  return measure_and_write(key, file, rank_options, rank0);
+  return measure_and_write(world_key, world_file, rank_options, rank0);
 }
 
 MachineChoice parse_machine_choice(const std::string& text) {

@@ -85,8 +85,10 @@ struct MachineCacheOptions {
 };
 
 // Returns key's description from the cache, measured and written first where the cache holds
-// no trusted file (or options.refresh); nullopt where it holds none and !options.measure. Under
-// mpi every rank must call it (key.backend kMpi).
+// no trusted file (or options.refresh); nullopt where it holds none and !options.measure, and
+// for an mpi key outside mpirun where it holds none (only mpi's processes measure mpi). Under
+// mpirun every rank must call it, and the key's devices are the world's (its processes are
+// measured together).
 std::optional<MachineModel> cached_machine(const MachineKey& key,
                                            const MachineCacheOptions& options = {});
 

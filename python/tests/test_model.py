@@ -1,5 +1,6 @@
 """Model files from Python: run, train with check, explain."""
 
+import json
 import os
 import pathlib
 import tempfile
@@ -48,6 +49,32 @@ def test_explain_estimates_the_step_train_would_run():
         assert "micro_batches= 0" in str(e)
     else:
         raise AssertionError("no error")
+
+
+def test_explain_and_autoshard_take_machine(tmp_path, monkeypatch):
+    # None: this machine's description, measured once into the cache folder and read after;
+    # "default": the built-in one; a file: that description. Both calls take the same machine=.
+    cache = tmp_path / "cache"  # under mpirun rank 0's alone is read and written
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    m = mf.Model.load(MODELS / "dp_mlp.json")
+    built_in = m.explain(machine="default")
+    measured = m.explain()
+    assert m.explain()["est_step_s"] == measured["est_step_s"]
+    assert measured["est_step_s"] != built_in["est_step_s"]
+    if mf.rank() == 0:
+        (file,) = list((cache / "meshflow").iterdir())
+        assert json.loads(file.read_text())["machine"]["gemm_gflops"] > 0
+    # A machine whose kernels are a hundred thousand times slower than any real one's.
+    link = {"bandwidth_gbps": 5.0, "latency_us": 2.0}
+    (tmp_path / "slow.json").write_text(json.dumps({
+        "links": {"shared_memory": link, "mpi": link}, "default_link": "shared_memory",
+        "memcpy_gbps": 10.0, "collective_overhead_us": 20.0, "gemm_gflops": 0.001,
+        "elementwise_gbps": 0.001}))
+    slow = m.explain(machine=tmp_path / "slow.json")
+    assert slow["est_step_s"] > measured["est_step_s"]
+    for machine, est in [("default", built_in), (tmp_path / "slow.json", slow)]:
+        r = mf.autoshard(MODELS / "dp_mlp.json", machine=machine)
+        assert r["given_est_step_s"] == pytest.approx(est["est_step_s"], rel=1e-9)
 
 
 def test_bad_model_is_an_exception(tmp_path):
