@@ -27,7 +27,8 @@
 //               shuffled order, written out), optimizer and threads; both final losses reported
 //               (skipped where /usr/share/games/fortunes is missing)
 //   compile     the passes and shard expansion of a 1,000-layer MLP (alternating column- and
-//               row-parallel linear layers) mapped on an 8x8 mesh of 64 devices
+//               row-parallel linear layers) mapped on an 8x8 mesh of 64 devices, until the task
+//               graph exists; teardown_s the freeing of it, timed apart
 #pragma once
 
 #include <functional>

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "meshflow/core/error.h"
+#include "meshflow/kernels/parallel.h"
 #include "meshflow/ops/op.h"
 #include "meshflow/plan/plan_cache.h"
 
@@ -44,34 +45,44 @@ void link(DeviceTasks& dt, std::size_t values, const std::set<ValueId>& keep) {
   for (const Task& task : dt.tasks)
     for (ValueId v : writes_in_place(task)) readers[v];
   std::vector<int> last_use(values, -1);
+  std::vector<ValueId> reads, made, writes;  // per task, their storage reused
   for (std::size_t t = 0; t < dt.tasks.size(); ++t) {
     Task& task = dt.tasks[t];
-    const std::vector<ValueId> reads = task_reads(task);
+    task_reads(task, reads);
     // An update writes its weight and state in place, a replacing move its weight; every
     // other task writes its own value, and a fused kernel's the others' values, a decomposed
     // gather its operand 0 as gathered.
-    const std::vector<ValueId> in_place = writes_in_place(task);
-    std::vector<ValueId> writes = in_place.empty() ? std::vector<ValueId>{task.out} : in_place;
+    const std::vector<ValueId> in_place = std::holds_alternative<ComputeTask>(task.work)
+                                              ? std::vector<ValueId>{}
+                                              : writes_in_place(task);
+    writes.clear();
     if (in_place.empty()) {
-      const std::vector<ValueId> made = values_made(task);
+      writes.push_back(task.out);
+      values_made(task, made);
       for (ValueId v : made)
         if (v != task.out) writes.push_back(v);
+    } else {
+      writes = in_place;
     }
-    std::set<int> deps;
+    std::vector<int>& deps = task.deps;  // sorted and made unique below
+    deps.clear();
     for (ValueId v : reads) {
       const auto i = static_cast<std::size_t>(v);
-      if (writer[i] >= 0) deps.insert(writer[i]);
-      if (auto r = readers.find(v); r != readers.end()) r->second.push_back(static_cast<int>(t));
+      if (writer[i] >= 0) deps.push_back(writer[i]);
+      if (!readers.empty())
+        if (auto r = readers.find(v); r != readers.end()) r->second.push_back(static_cast<int>(t));
       last_use[i] = static_cast<int>(t);
     }
     for (ValueId v : in_place)
       for (int r : readers[v])
-        if (r != static_cast<int>(t)) deps.insert(r);
-    task.deps.assign(deps.begin(), deps.end());
+        if (r != static_cast<int>(t)) deps.push_back(r);
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     for (ValueId v : writes) {
       const auto written = static_cast<std::size_t>(v);
       writer[written] = static_cast<int>(t);
-      if (auto r = readers.find(v); r != readers.end()) r->second.clear();
+      if (!readers.empty())
+        if (auto r = readers.find(v); r != readers.end()) r->second.clear();
       if (last_use[written] < static_cast<int>(t)) last_use[written] = static_cast<int>(t);
     }
   }
@@ -105,31 +116,39 @@ std::vector<bool> once_per_step(const Pcg& pcg) {
 // make for them or for the caller, and marks the kernels that can add into those values' sums.
 void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueId>& keep,
                           const std::vector<bool>& once) {
-  std::set<ValueId> read_once, read_per_micro_batch, made_per_micro_batch;
+  // Per value (ValueIds are dense): read by a once-per-step task, read and made by a
+  // per-micro-batch task, accumulated.
+  const std::size_t values = pcg.nodes.size();
+  std::vector<char> read_once(values, 0), read_per_micro_batch(values, 0),
+      made_per_micro_batch(values, 0), accumulated(values, 0);
+  std::vector<ValueId> reads, made;  // per task, their storage reused
   for (Task& task : dt.tasks) {
     task.once_per_step = once[static_cast<std::size_t>(task.out)];
-    const std::vector<ValueId> reads = task_reads(task);
-    (task.once_per_step ? read_once : read_per_micro_batch).insert(reads.begin(), reads.end());
-    if (!task.once_per_step) {
-      const std::vector<ValueId> made = values_made(task);
-      made_per_micro_batch.insert(made.begin(), made.end());
+    std::vector<char>& read = task.once_per_step ? read_once : read_per_micro_batch;
+    task_reads(task, reads);
+    for (ValueId v : reads) read[static_cast<std::size_t>(v)] = 1;
+    if (task.once_per_step) continue;
+    values_made(task, made);
+    for (ValueId v : made) made_per_micro_batch[static_cast<std::size_t>(v)] = 1;
+  }
+  for (std::size_t v = 0; v < values; ++v) {
+    if (!made_per_micro_batch[v]) continue;
+    const Node& n = pcg.nodes[v];
+    if (is_floating(n.spec.dtype) && (read_once[v] || keep.count(static_cast<ValueId>(v)))) {
+      dt.accumulated.push_back(static_cast<ValueId>(v));
+      accumulated[v] = 1;
     }
   }
-  for (ValueId v : made_per_micro_batch) {
-    const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
-    if (is_floating(n.spec.dtype) && (read_once.count(v) || keep.count(v)))
-      dt.accumulated.push_back(v);
-  }
-  const std::set<ValueId> accumulated(dt.accumulated.begin(), dt.accumulated.end());
   for (Task& task : dt.tasks) {
     const auto* compute = std::get_if<ComputeTask>(&task.work);
-    task.accumulates = compute && compute->fused.empty() && accumulated.count(task.out) &&
-                       !read_per_micro_batch.count(task.out);
+    const auto out = static_cast<std::size_t>(task.out);
+    task.accumulates =
+        compute && compute->fused.empty() && accumulated[out] && !read_per_micro_batch[out];
     if (compute && compute->call->op.type == OpType::kReshape) {
       const ValueId in = compute->call->args[0];
       task.reuses_input =
           std::find(task.release.begin(), task.release.end(), in) != task.release.end() &&
-          !accumulated.count(in);
+          !accumulated[static_cast<std::size_t>(in)];
     }
   }
 }
@@ -138,17 +157,24 @@ void split_by_micro_batch(DeviceTasks& dt, const Pcg& pcg, const std::set<ValueI
 
 std::vector<ValueId> task_reads(const Task& task) {
   std::vector<ValueId> reads;
+  task_reads(task, reads);
+  return reads;
+}
+
+void task_reads(const Task& task, std::vector<ValueId>& reads) {
+  reads.clear();
   std::visit(
       [&](const auto& w) {
         using W = std::decay_t<decltype(w)>;
-        if constexpr (std::is_same_v<W, ComputeTask>) reads = w.call->args;
+        if constexpr (std::is_same_v<W, ComputeTask>)
+          reads.insert(reads.end(), w.call->args.begin(), w.call->args.end());
         if constexpr (std::is_same_v<W, OverlapTask>) {
-          reads = w.call->args;
+          reads.insert(reads.end(), w.call->args.begin(), w.call->args.end());
           if (w.decomposition.kind == Decomposition::Kind::kGatherOperand) reads[0] = w.source;
         }
-        if constexpr (std::is_same_v<W, MoveTask>) reads = {w.input};
+        if constexpr (std::is_same_v<W, MoveTask>) reads.push_back(w.input);
         if constexpr (std::is_same_v<W, UpdateTask>) {
-          reads = {w.weight, w.grad, w.norm};
+          reads.insert(reads.end(), {w.weight, w.grad, w.norm});
           reads.insert(reads.end(), w.state.begin(), w.state.end());
         }
         if constexpr (std::is_same_v<W, GradNormTask>) {
@@ -157,7 +183,6 @@ std::vector<ValueId> task_reads(const Task& task) {
         }
       },
       task.work);
-  return reads;
 }
 
 std::vector<bool> accumulated_in_place(const DeviceTasks& dt) {
@@ -176,13 +201,18 @@ bool makes_value(const Task& task) {
 
 std::vector<ValueId> values_made(const Task& task) {
   std::vector<ValueId> made;
+  values_made(task, made);
+  return made;
+}
+
+void values_made(const Task& task, std::vector<ValueId>& made) {
+  made.clear();
   if (makes_value(task)) made.push_back(task.out);
   if (const auto* c = std::get_if<ComputeTask>(&task.work))
     for (const FusedKernel& f : c->fused) made.push_back(f.out);
   if (const auto* o = std::get_if<OverlapTask>(&task.work);
       o && o->decomposition.kind == Decomposition::Kind::kGatherOperand)
     made.push_back(o->call->args[0]);
-  return made;
 }
 
 std::vector<ValueId> writes_in_place(const Task& task) {
@@ -354,11 +384,21 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         for (ValueId o : members)
           if (o != primary)
             siblings.emplace_back(o, kernel_call(pcg.nodes[static_cast<std::size_t>(o)])->op);
+        // An operand on the product's own mesh (most are) takes the device's coordinates
+        // found once.
+        std::vector<char> own_mesh;
+        for (ValueId v : p.inputs)
+          own_mesh.push_back(pcg.nodes[static_cast<std::size_t>(v)].layout->mesh == p.layout->mesh);
         for (DeviceId d : on) {
+          const std::vector<std::int64_t> coords = coordinates(p.layout->mesh, d);
           ShardOffsets offsets;
-          for (ValueId v : p.inputs)
-            offsets.push_back(shard_box(*pcg.nodes[static_cast<std::size_t>(v)].layout, d).offset);
-          ComputeTask c{call, local_shape(*p.layout, d), std::move(offsets)};
+          offsets.reserve(p.inputs.size());
+          for (std::size_t i = 0; i < p.inputs.size(); ++i) {
+            const Layout& l = *pcg.nodes[static_cast<std::size_t>(p.inputs[i])].layout;
+            offsets.push_back(own_mesh[i] ? shard_box_at(l, coords).offset
+                                          : shard_box(l, d).offset);
+          }
+          ComputeTask c{call, shard_box_at(*p.layout, coords).extent, std::move(offsets)};
           for (const auto& [o, op] : siblings) {
             c.fused.push_back(FusedKernel{
                 .out = o,
@@ -415,10 +455,18 @@ TaskGraph expand_shards(const Pcg& pcg, const std::vector<ValueId>& keep_values,
         break;
     }
   }
-  for (DeviceTasks& dt : g.devices) {
-    link(dt, pcg.nodes.size(), keep);
-    split_by_micro_batch(dt, pcg, keep, once);
-  }
+  // Each device's list is linked on its own: the devices split over this machine's cores.
+  const int parts = std::max(1, std::min(available_cores(), static_cast<int>(g.devices.size())));
+  ThreadTeam team(parts);
+  team.run(parts, [&](int part) {
+    const auto n = static_cast<std::int64_t>(g.devices.size());
+    for (std::int64_t i = part_begin(n, parts, part, 1); i < part_begin(n, parts, part + 1, 1);
+         ++i) {
+      DeviceTasks& dt = g.devices[static_cast<std::size_t>(i)];
+      link(dt, pcg.nodes.size(), keep);
+      split_by_micro_batch(dt, pcg, keep, once);
+    }
+  });
   return g;
 }
 

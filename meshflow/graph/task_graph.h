@@ -168,8 +168,10 @@ std::string to_text(const TaskGraph& graph);
 // value's running sum in its kernel (Task::accumulates) rather than making a value to add.
 std::vector<bool> accumulated_in_place(const DeviceTasks& dt);
 
-// Returns the values `task` reads (an update: its weight, gradient, norm and state).
+// Returns the values `task` reads (an update: its weight, gradient, norm and state). The second
+// form fills `reads` (cleared first), reusing its storage across tasks.
 std::vector<ValueId> task_reads(const Task& task);
+void task_reads(const Task& task, std::vector<ValueId>& reads);
 
 // Returns whether `task` makes a new value on its device: a move only on its destination's
 // devices; an update writes its weight in place and makes none, and a move that replaces a
@@ -177,8 +179,10 @@ std::vector<ValueId> task_reads(const Task& task);
 bool makes_value(const Task& task);
 
 // Returns the values `task` makes on its device: its own where makes_value, and those of the
-// kernels fused into it and a decomposed gather's operand 0 as gathered.
+// kernels fused into it and a decomposed gather's operand 0 as gathered. The second form fills
+// `made` (cleared first).
 std::vector<ValueId> values_made(const Task& task);
+void values_made(const Task& task, std::vector<ValueId>& made);
 
 // Returns the values `task` writes in place: an update's weight (or chunk) and state, the
 // weight a move replaces; none for other tasks.
