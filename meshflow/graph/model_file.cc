@@ -291,8 +291,15 @@ Model parse_model(std::string_view text, const std::filesystem::path& base,
 
 int model_device_count(const Model& model) {
   std::set<DeviceId> devices;
-  for (const auto& [name, mesh] : model.meshes)
+  auto add = [&](const DeviceMesh& mesh) {
     devices.insert(mesh.devices.begin(), mesh.devices.end());
+  };
+  for (const auto& [name, mesh] : model.meshes) add(mesh);
+  // A model built in code names no meshes: its nodes' pins do.
+  for (const Node& n : model.pcg.nodes) {
+    if (n.layout) add(n.layout->mesh);
+    if (n.mesh) add(*n.mesh);
+  }
   return std::max(1, static_cast<int>(devices.size()));
 }
 

@@ -31,7 +31,8 @@ struct Model {
 // Returns the model in file `path`, its data files' headers checked against it.
 Model load_model(const std::filesystem::path& path);
 
-// Returns how many devices `model`'s meshes span together (at least 1).
+// Returns how many devices `model`'s meshes and its nodes' pinned layouts and meshes span
+// together (at least 1).
 int model_device_count(const Model& model);
 
 // Returns the model `text` describes; `base` is the folder relative paths start from, `source`
