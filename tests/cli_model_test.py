@@ -283,9 +283,9 @@ with tempfile.TemporaryDirectory() as tmp:
                       if t["ts"] <= p["ts"] and p["ts"] + p["dur"] <= t["ts"] + t["dur"]]
             check(len(hidden) >= 4, f"device {d}: products inside transfers {hidden}")
 
-    # explain --overlap --json: the example's blocks are far too small for a loop to pay, so the
-    # cost model keeps each collective whole and says why.
-    r = run("explain", model("tp_sp_mlp"), "--overlap", "--json")
+    # explain --overlap --json: the example's blocks are far too small for a loop to pay (on the
+    # built-in description), so the cost model keeps each collective whole and says why.
+    r = run("explain", model("tp_sp_mlp"), "--overlap", "--json", "--machine", "default")
     check(r.returncode == 0, r.stderr)
     moves = json.loads(r.stdout)["moves"]
     kept = [(m["value"], m["steps"]) for m in moves if "kept_whole" in m]
