@@ -84,7 +84,8 @@ void add_calibrate(CLI::App& app) {
         keys.push_back(machine_key(backend, devices, args->threads_per_device));
       }
       for (const MachineKey& key : keys) {
-        cached_machine(key, {.folder = folder, .refresh = true, .note = progress});
+        cached_machine(key,
+                       {.folder = folder, .refresh = true, .note = progress, .progress = progress});
         if (prints_shared_errors())
           fmt::print("wrote {} ({})\n", machine_cache_file(key, folder).string(), to_string(key));
       }

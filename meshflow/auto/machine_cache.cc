@@ -91,7 +91,7 @@ MachineModel measure_and_write(const MachineKey& key, const std::filesystem::pat
                     "in {}",
                     to_string(key), file.string()));
   }
-  const MachineModel machine = measure_machine(key, options.calibrations);
+  const MachineModel machine = measure_machine(key, options.calibrations, options.progress);
   if (writes) {
     // A cache that cannot be written costs the next estimate another measurement, nothing more.
     try {
@@ -237,7 +237,7 @@ std::optional<MachineModel> cached_machine(const MachineKey& key,
   // that every rank measures (a collective) or none does.
   const bool rank0 = prints_shared_errors();
   MachineCacheOptions rank_options = options;
-  if (!rank0) rank_options.note = nullptr;
+  if (!rank0) rank_options.note = rank_options.progress = nullptr;
   MachineKey world_key = key;
   std::string verdict;
   launch({.backend = Backend::kMpi}, [&](Communicator& world) {

@@ -82,6 +82,8 @@ struct MachineCacheOptions {
   // Called on the reporting device with one line: that it measures (and where it keeps the
   // result), that a file is not trusted and why, how long the measurement took.
   std::function<void(const std::string&)> note;
+  // Called with calibrate's line per finished measurement (meshflow calibrate's progress).
+  std::function<void(const std::string&)> progress;
 };
 
 // Returns key's description from the cache, measured and written first where the cache holds
