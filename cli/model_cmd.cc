@@ -400,8 +400,9 @@ void add_train(CLI::App& app) {
            args->checkpoint_every > 0 ? "checkpoint-every" : "keep-last");
     }
     Model model = load(args->model, backend(*args));
-    if (args->autoshard) {  // the search's options checked before any measurement
-      every_device(backend(*args), [&] {
+    std::optional<AutoshardOptions> search;  // --auto: checked before any measurement
+    if (args->autoshard) {
+      search = every_device(backend(*args), [&] {
         return search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
                               args->zero, args->micro_batches, args->recompute, nullptr);
       });
@@ -412,13 +413,11 @@ void add_train(CLI::App& app) {
                    args->autoshard && !args->mesh.empty() ? size(parse_mesh(args->mesh))
                                                           : model_device_count(model));
     const ModelRunOptions options = run_options(*args, &machine->machine);
-    if (args->autoshard) {
+    if (search) {
+      search->plan.machine = &machine->machine;
       model = every_device(options.backend, [&] {
-        const AutoshardResult r = autoshard(
-            args->model,
-            search_options(*args, args->optimizer, model, args->mesh, args->memory_limit,
-                           args->zero, args->micro_batches, args->recompute, &machine->machine),
-            std::filesystem::path(args->model).parent_path());
+        const AutoshardResult r =
+            autoshard(args->model, *search, std::filesystem::path(args->model).parent_path());
         const std::filesystem::path base = std::filesystem::path(args->model).parent_path();
         return parse_model(r.model.dump(), base.empty() ? "." : base, args->model);
       });
