@@ -19,10 +19,7 @@ std::shared_ptr<const ChosenMachine> machine_option(const std::string& text, Mac
   if (choice.kind != MachineChoice::Kind::kMeasured)
     return std::make_shared<const ChosenMachine>(choose_machine(choice, {}));
   const MachineCacheOptions options{.measure = use == MachineUse::kMeasure,
-                                    .note = [](const std::string& line) {
-                                      fmt::print(stderr, "meshflow: {}\n", line);
-                                      std::fflush(stderr);
-                                    }};
+                                    .note = note_on_stderr};
   return std::make_shared<const ChosenMachine>(
       choose_machine(choice, machine_key(backend, devices, threads_per_device), options));
 }

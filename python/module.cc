@@ -192,10 +192,7 @@ int threads_option(std::optional<int> threads_per_device) {
 // "default": the built-in one; else a description file), its lines on standard error.
 ChosenMachine machine_option(const std::optional<std::string>& machine, int devices,
                              std::optional<int> threads_per_device, bool measure) {
-  const MachineCacheOptions options{.measure = measure, .note = [](const std::string& line) {
-                                      fmt::print(stderr, "meshflow: {}\n", line);
-                                      std::fflush(stderr);
-                                    }};
+  const MachineCacheOptions options{.measure = measure, .note = note_on_stderr};
   return choose_machine(
       parse_machine_choice(machine.value_or("")),
       machine_key(session().backend(), devices, threads_option(threads_per_device)), options);

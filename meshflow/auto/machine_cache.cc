@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -218,19 +219,28 @@ MachineModel measure_machine(const MachineKey& key, int calibrations,
   return median_machine(runs);
 }
 
-std::optional<MachineModel> cached_machine(const MachineKey& key,
-                                           const MachineCacheOptions& options) {
+namespace {
+
+// A description from the cache and the file it is kept in (under mpi, the world's key's).
+struct CachedMachine {
+  MachineModel machine;
+  std::filesystem::path file;
+};
+
+std::optional<CachedMachine> cached_with_file(const MachineKey& key,
+                                              const MachineCacheOptions& options) {
   const std::filesystem::path folder =
       options.folder.empty() ? machine_cache_folder() : options.folder;
   const std::filesystem::path file = machine_cache_file(key, folder);
   if (key.backend == Backend::kThreads || detect_backend() != Backend::kMpi) {
     if (!options.refresh) {
       const std::string text = trusted_text(key, file, options);
-      if (!text.empty()) return machine_from_cache_text(text, key, file.string());
+      if (!text.empty())
+        return CachedMachine{machine_from_cache_text(text, key, file.string()), file};
     }
     // mpi's figures are measured by mpi's processes only (started by mpirun).
     if (key.backend == Backend::kMpi || (!options.measure && !options.refresh)) return std::nullopt;
-    return measure_and_write(key, file, options, /*writes=*/true);
+    return CachedMachine{measure_and_write(key, file, options, /*writes=*/true), file};
   }
   // mpi: the world's processes are measured together, so the key is the world's. Rank 0 reads
   // and decides; every rank gets its verdict, the trusted description's JSON or nothing, so
@@ -255,9 +265,24 @@ std::optional<MachineModel> cached_machine(const MachineKey& key,
   });
   const std::filesystem::path world_file = machine_cache_file(world_key, folder);
   if (!verdict.empty())
-    return machine_from_json(nlohmann::json::parse(verdict), world_file.string());
+    return CachedMachine{machine_from_json(nlohmann::json::parse(verdict), world_file.string()),
+                         world_file};
   if (!options.measure && !options.refresh) return std::nullopt;
-  return measure_and_write(world_key, world_file, rank_options, rank0);
+  return CachedMachine{measure_and_write(world_key, world_file, rank_options, rank0), world_file};
+}
+
+}  // namespace
+
+std::optional<MachineModel> cached_machine(const MachineKey& key,
+                                           const MachineCacheOptions& options) {
+  std::optional<CachedMachine> cached = cached_with_file(key, options);
+  if (!cached) return std::nullopt;
+  return std::move(cached->machine);
+}
+
+void note_on_stderr(const std::string& line) {
+  fmt::print(stderr, "meshflow: {}\n", line);
+  std::fflush(stderr);
 }
 
 MachineChoice parse_machine_choice(const std::string& text) {
@@ -276,11 +301,9 @@ ChosenMachine choose_machine(const MachineChoice& choice, const MachineKey& key,
     case MachineChoice::Kind::kMeasured:
       break;
   }
-  const std::filesystem::path folder =
-      options.folder.empty() ? machine_cache_folder() : options.folder;
-  if (std::optional<MachineModel> measured = cached_machine(key, options)) {
-    return {.machine = std::move(*measured),
-            .source = fmt::format("measured ({})", machine_cache_file(key, folder).string())};
+  if (std::optional<CachedMachine> cached = cached_with_file(key, options)) {
+    return {.machine = std::move(cached->machine),
+            .source = fmt::format("measured ({})", cached->file.string())};
   }
   return {.machine = default_machine(), .source = "built-in (no measurement cached)"};
 }

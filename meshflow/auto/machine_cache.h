@@ -94,6 +94,9 @@ struct MachineCacheOptions {
 std::optional<MachineModel> cached_machine(const MachineKey& key,
                                            const MachineCacheOptions& options = {});
 
+// Writes "meshflow: LINE" to standard error: the command line's and Python's `note`.
+void note_on_stderr(const std::string& line);
+
 // What `--machine` (Python's machine=) names: this machine's measured description (not given),
 // the built-in one ("default") or a description file.
 struct MachineChoice {
