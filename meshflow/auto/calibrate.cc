@@ -218,6 +218,7 @@ MachineModel median_machine(const std::vector<MachineModel>& machines) {
   out.elementwise_gbps = median_of([](const MachineModel& m) { return m.elementwise_gbps; });
   out.collective_overhead_us =
       median_of([](const MachineModel& m) { return m.collective_overhead_us; });
+  out.collective_sync_us = median_of([](const MachineModel& m) { return m.collective_sync_us; });
   out.device_handoff_us = median_of([](const MachineModel& m) { return m.device_handoff_us; });
   for (auto& [name, link] : out.links) {
     link.bandwidth_gbps =
@@ -410,6 +411,37 @@ MachineModel calibrate(const CalibrateOptions& options) {
       m.default_link = link_name;
       say(fmt::format("fit: {} link {:.2f} GB/s, {:.1f} us a round, {:.1f} us a collective",
                       link_name, link.bandwidth_gbps, link.latency_us, m.collective_overhead_us));
+
+      // What a collective costs where the devices come to it from computing: rounds of a product
+      // then a collective of a few bytes, against the products alone and the collectives alone.
+      constexpr int kRounds = 8;
+      const auto work = std::find_if(probes.begin(), probes.end(), [](const KernelProbe& p) {
+        return p.name == "matmul [512, 512] x [512, 2048]";
+      });
+      MESHFLOW_CHECK(work != probes.end());
+      const Call& product = calls[static_cast<std::size_t>(work - probes.begin())];
+      Tensor few = random({64}, 300 + static_cast<std::uint64_t>(comm.rank()));
+      Tensor few_out = Tensor::uninitialized(DType::kFloat32, {64});
+      auto meet = [&] {
+        all_reduce(comm, {.send = few.bytes(), .recv = few_out.bytes(), .count = 64});
+      };
+      auto compute = [&] { run_kernel(product.op, product.in, product.specs); };
+      const std::vector<double> t = timed_in_turn(comm, options.reps,
+                                                  {[&] {
+                                                     for (int r = 0; r < kRounds; ++r) compute();
+                                                   },
+                                                   [&] {
+                                                     for (int r = 0; r < kRounds; ++r) {
+                                                       compute();
+                                                       meet();
+                                                     }
+                                                   },
+                                                   [&] {
+                                                     for (int r = 0; r < kRounds; ++r) meet();
+                                                   }});
+      m.collective_sync_us = std::max(0.0, (t[1] - t[0] - t[2]) / kRounds * 1e6);
+      say(fmt::format("a collective after a product ({}): {:.1f} us beyond both alone",
+                      work->name, m.collective_sync_us));
     } else {
       say("one device: no link to measure; the built-in links and collective overhead stay");
     }

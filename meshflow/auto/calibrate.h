@@ -9,7 +9,9 @@
 //   - the devices' link: collectives of a few bytes and of megabytes (all-gather, all-reduce,
 //     reduce-scatter, all-to-all, permute), fitted to step_seconds' overhead + rounds x latency
 //     + received / bandwidth (+ local_copy_bytes at the measured memcpy rate);
-//   - device_handoff_us (threads): handing an empty job to the device threads and waiting.
+//   - device_handoff_us (threads): handing an empty job to the device threads and waiting;
+//   - collective_sync_us: rounds of a product then a collective of a few bytes, less the
+//     products alone and the collectives alone, a round (the devices' arrivals apart).
 // Every fit weighs each measurement by its own time (relative error), and keeps rates positive.
 // The threads backend's link is "shared_memory" (copies by the computing cores), mpi's "mpi"; the
 // built-in "network" class stays for meshes that name it.

@@ -62,12 +62,14 @@ TEST(CalibrateFits, MedianMachineTakesEachRatesMedian) {
     runs[i].memcpy_gbps = memcpy[i];
     runs[i].links.at("shared_memory").bandwidth_gbps = bandwidth[i];
     runs[i].collective_overhead_us = 10.0 * static_cast<double>(i + 1);
+    runs[i].collective_sync_us = 900.0 - 400.0 * static_cast<double>(i);
   }
   const MachineModel m = median_machine(runs);
   EXPECT_EQ(m.gemm_gflops, 120);
   EXPECT_EQ(m.memcpy_gbps, 11);
   EXPECT_EQ(m.links.at("shared_memory").bandwidth_gbps, 9);
   EXPECT_EQ(m.collective_overhead_us, 20);
+  EXPECT_EQ(m.collective_sync_us, 500);
   EXPECT_EQ(m.links.at("network"), default_machine().links.at("network"));
   EXPECT_EQ(m.cores, default_machine().cores);
 }
@@ -77,8 +79,10 @@ TEST(Calibrate, TwoDeviceThreadsGiveADescriptionOfTheirOwn) {
   const MachineModel m = calibrate(
       {.devices = 2, .reps = 1, .progress = [&](const std::string& l) { lines.push_back(l); }});
   // A line per measurement: the hand-off, memcpy, 18 kernels and their fit, 5 collectives at 2
-  // sizes and their fit.
-  EXPECT_EQ(lines.size(), 1u + 1u + 18u + 1u + 10u + 1u);
+  // sizes and their fit, a collective after a product.
+  EXPECT_EQ(lines.size(), 1u + 1u + 18u + 1u + 10u + 1u + 1u);
+  EXPECT_TRUE(std::isfinite(m.collective_sync_us) && m.collective_sync_us >= 0)
+      << m.collective_sync_us;
   EXPECT_EQ(m.default_link, "shared_memory");
   const LinkClass& link = m.links.at("shared_memory");
   EXPECT_TRUE(link.copies_on_cores);

@@ -24,7 +24,7 @@
 namespace meshflow {
 
 // The version of the cache files this build writes and trusts.
-inline constexpr int kMachineCacheVersion = 1;
+inline constexpr int kMachineCacheVersion = 2;
 
 // More devices than this many a core are measured as this many a core: their kernels take turns
 // on the cores (which the cost model's core_sharing prices), and measuring them all at once

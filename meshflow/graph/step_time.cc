@@ -23,6 +23,17 @@ const Node& decomposed_product(const Pcg& pcg, const Decomposition& d) {
   return *it;
 }
 
+// Returns whether `task` is a move that every device of its groups waits in: a plan with a step
+// that communicates, not started and left running (Task::asynchronous).
+bool meets_peers(const Pcg& pcg, const Task& task, PlanCache& plans) {
+  if (!std::holds_alternative<MoveTask>(task.work) || task.asynchronous) return false;
+  const Node& n = pcg.nodes[static_cast<std::size_t>(task.out)];
+  const Layout& from = *pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout;
+  const std::shared_ptr<const Plan> plan = plans.get(from, *n.layout);
+  return std::any_of(plan->steps.begin(), plan->steps.end(),
+                     [](const Step& s) { return s.kind != StepKind::kLocal; });
+}
+
 }  // namespace
 
 StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceId device,
@@ -92,14 +103,22 @@ std::vector<StepTime> estimate_step_time(const Pcg& pcg, const TaskGraph& g, int
   const double sharing =
       core_sharing(machine, static_cast<std::int64_t>(g.devices.size()), threads_per_device);
   std::vector<StepTime> out;
+  const double sync_s = machine.collective_sync_us * 1e-6;
   for (const DeviceTasks& dt : g.devices) {
     StepTime step{.device = dt.device};
+    double worked_s = 0;  // the device's work since it last waited for its peers
     for (const Task& task : dt.tasks) {
       const StepTime t = task_time(pcg, g, task, dt.device, machine, plans);
       const double times = task.once_per_step ? 1 : micro_batches;
       step.compute_s += times * t.compute_s;
       step.move_s += times * t.move_s;
       step.update_s += times * t.update_s;
+      worked_s += t.compute_s * sharing + t.update_s;
+      if (sync_s > 0 && meets_peers(pcg, task, plans)) {
+        // The devices come to it apart, by at most what they did since they last met.
+        step.move_s += times * std::min(sync_s, worked_s);
+        worked_s = 0;
+      }
     }
     if (micro_batches > 1) {
       // The runtime sums each accumulated value over the micro-batches: a task that

@@ -1,6 +1,7 @@
 // Time of a training step per device (DESIGN's "Estimates", est_step_s): every task of a task
 // graph priced by the one cost model (plan/cost_model.h) the planner and overlap use: a kernel
-// by its work points and the bytes it reads and writes, a move by its plan's estimate, a
+// by its work points and the bytes it reads and writes, a move by its plan's estimate (and,
+// where the device computed since it last met its peers, the machine's collective_sync_us), a
 // decomposed collective by its loop's timeline, the optimizer's update and the gradient norm by
 // the bytes they stream; the per-micro-batch tasks counted once per micro-batch with the
 // accumulation of their gradients.

@@ -77,6 +77,32 @@ TEST(StepTime, DataParallelHalvesTheProductsAndAddsTheGradientReduction) {
   EXPECT_DOUBLE_EQ(e.step_time->total(), slowest(two));
 }
 
+// The devices come to a collective apart by what they computed since they last met: each move
+// that communicates pays collective_sync_us, at most the work since the device's previous one.
+// One device meets no peer and pays nothing.
+TEST(StepTime, ACollectiveAfterWorkPaysTheDevicesArrivingApart) {
+  MachineModel m = default_machine();
+  m.cores = 0;
+  const std::vector<StepTime> alone = estimate(regression(1), 1, m);
+  const std::vector<StepTime> two = estimate(regression(2), 1, m);
+  const Explanation e = explain_compiled(regression(2), {.plan = {.machine = &m}});
+  ASSERT_EQ(e.moves.size(), 2u) << to_text(e);  // the gradient's all-reduce, the norm's sum
+  m.collective_sync_us = 0.001;  // less than any work between two moves
+  EXPECT_EQ(estimate(regression(1), 1, m)[0].total(), alone[0].total());
+  const std::vector<StepTime> little = estimate(regression(2), 1, m);
+  for (std::size_t d = 0; d < two.size(); ++d) {
+    EXPECT_NEAR(little[d].move_s, two[d].move_s + 2 * 1e-9, 1e-15) << "device " << d;
+    EXPECT_EQ(little[d].compute_s, two[d].compute_s);
+  }
+  m.collective_sync_us = 1e6;  // more than the whole step's work: each pays the work before it
+  const std::vector<StepTime> bounded = estimate(regression(2), 1, m);
+  for (std::size_t d = 0; d < two.size(); ++d) {
+    const double paid = bounded[d].move_s - two[d].move_s;
+    EXPECT_GE(paid, two[d].compute_s * 0.5) << "device " << d;  // the forward and backward
+    EXPECT_LE(paid, two[d].compute_s + two[d].update_s + 1e-12) << "device " << d;
+  }
+}
+
 // Four micro-batches: the same products in quarters, the gradient reduced once per step, one
 // update; what is added is the accumulation of the gradient (one add per micro-batch after the
 // first and a scale, each a pass over it).

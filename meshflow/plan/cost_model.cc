@@ -78,6 +78,7 @@ MachineModel machine_from_json(const nlohmann::json& json, std::string_view sour
   m.memcpy_gbps = memcpy_gbps.as_number(0, kMax);
   if (!(m.memcpy_gbps > 0)) memcpy_gbps.reject("must be > 0");
   m.collective_overhead_us = root.member("collective_overhead_us").as_number(0, kMax);
+  if (auto sync = root.find("collective_sync_us")) m.collective_sync_us = sync->as_number(0, kMax);
   m.local_step_us = default_machine().local_step_us;
   if (auto local = root.find("local_step_us")) m.local_step_us = local->as_number(0, kMax);
   m.gemm_gflops = default_machine().gemm_gflops;
@@ -113,6 +114,7 @@ nlohmann::json machine_to_json(const MachineModel& machine) {
                         {"default_link", machine.default_link},
                         {"memcpy_gbps", machine.memcpy_gbps},
                         {"collective_overhead_us", machine.collective_overhead_us},
+                        {"collective_sync_us", machine.collective_sync_us},
                         {"local_step_us", machine.local_step_us},
                         {"gemm_gflops", machine.gemm_gflops},
                         {"elementwise_gbps", machine.elementwise_gbps},

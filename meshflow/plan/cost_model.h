@@ -31,6 +31,11 @@ struct MachineModel {
   std::vector<std::string> dim_links;  // optional: the link class of mesh dim i
   double memcpy_gbps = 0;              // local copies, chunking and reductions
   double collective_overhead_us = 0;   // fixed cost of starting and finishing one collective
+  // What a collective costs besides where its devices come to it from computing: they arrive
+  // apart (each kernel at its own pace, devices taking turns on fewer cores), and the cores of
+  // those that arrived idle until the last one does. At most the work since their last
+  // collective (they cannot drift further apart). Measured by calibrate; 0 where not measured.
+  double collective_sync_us = 0;
   double local_step_us = 0;  // fixed cost of a step done on each device alone (a tie-breaker)
   double gemm_gflops = 0;    // one device's matrix-product rate (kernels, decomposed collectives)
   // One device's rate through a kernel that is no matrix product (elementwise, normalisation,
@@ -56,8 +61,8 @@ const LinkClass& link_of(const MachineModel& model, int mesh_dim);
 // Returns the model described by `json`: {"links": {"name": {"bandwidth_gbps", "latency_us",
 // "copies_on_cores" (optional)}},
 // "default_link", "dim_links" (optional), "memcpy_gbps", "collective_overhead_us",
-// "local_step_us", "gemm_gflops", "elementwise_gbps", "cores" and "device_handoff_us"
-// (optional)}; throws Error naming the file and the bad field.
+// "collective_sync_us", "local_step_us", "gemm_gflops", "elementwise_gbps", "cores" and
+// "device_handoff_us" (optional)}; throws Error naming the file and the bad field.
 MachineModel machine_from_json(const nlohmann::json& json, std::string_view source);
 MachineModel load_machine(const std::filesystem::path& path);
 // Returns the JSON machine_from_json reads back as `machine` (every field written).

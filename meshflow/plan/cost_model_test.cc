@@ -186,6 +186,18 @@ TEST(KernelCost, TheSlowerOfComputeAndMemoryAndTheHandoffIsReadFromFiles) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("device_handoff_us"), std::string::npos) << e.what();
   }
+  j["device_handoff_us"] = 7.5;
+  // A file written before calibrate measured it has none: 0, the built-in description's.
+  EXPECT_EQ(machine_from_json(j, "m.json").collective_sync_us, 0);
+  j["collective_sync_us"] = 1250;
+  EXPECT_EQ(machine_from_json(j, "m.json").collective_sync_us, 1250);
+  j["collective_sync_us"] = -1;
+  try {
+    machine_from_json(j, "m.json");
+    ADD_FAILURE() << "a negative collective_sync_us was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("collective_sync_us"), std::string::npos) << e.what();
+  }
 }
 
 // Each collective's terms: the bytes it receives over the link, and beside them the bytes it
@@ -234,6 +246,7 @@ TEST(MachineJson, WrittenDescriptionsReadBackEqual) {
   m.dim_links = {"net", "l"};
   m.cores = 3;
   m.device_handoff_us = 17;
+  m.collective_sync_us = 1250;
   EXPECT_EQ(machine_from_json(machine_to_json(m), "m.json"), m);
   EXPECT_EQ(machine_from_json(machine_to_json(default_machine()), "m.json"), default_machine());
 }
