@@ -18,8 +18,7 @@ std::shared_ptr<const ChosenMachine> machine_option(const std::string& text, Mac
                                    : parse_machine_choice(text);
   if (choice.kind != MachineChoice::Kind::kMeasured)
     return std::make_shared<const ChosenMachine>(choose_machine(choice, {}));
-  const MachineCacheOptions options{.measure = use == MachineUse::kMeasure,
-                                    .note = note_on_stderr};
+  const MachineCacheOptions options{.measure = use == MachineUse::kMeasure, .note = note_on_stderr};
   return std::make_shared<const ChosenMachine>(
       choose_machine(choice, machine_key(backend, devices, threads_per_device), options));
 }

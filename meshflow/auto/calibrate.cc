@@ -440,8 +440,8 @@ MachineModel calibrate(const CalibrateOptions& options) {
                                                      for (int r = 0; r < kRounds; ++r) meet();
                                                    }});
       m.collective_sync_us = std::max(0.0, (t[1] - t[0] - t[2]) / kRounds * 1e6);
-      say(fmt::format("a collective after a product ({}): {:.1f} us beyond both alone",
-                      work->name, m.collective_sync_us));
+      say(fmt::format("a collective after a product ({}): {:.1f} us beyond both alone", work->name,
+                      m.collective_sync_us));
     } else {
       say("one device: no link to measure; the built-in links and collective overhead stay");
     }

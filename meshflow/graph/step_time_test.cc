@@ -87,7 +87,7 @@ TEST(StepTime, ACollectiveAfterWorkPaysTheDevicesArrivingApart) {
   const std::vector<StepTime> two = estimate(regression(2), 1, m);
   const Explanation e = explain_compiled(regression(2), {.plan = {.machine = &m}});
   ASSERT_EQ(e.moves.size(), 2u) << to_text(e);  // the gradient's all-reduce, the norm's sum
-  m.collective_sync_us = 0.001;  // less than any work between two moves
+  m.collective_sync_us = 0.001;                 // less than any work between two moves
   EXPECT_EQ(estimate(regression(1), 1, m)[0].total(), alone[0].total());
   const std::vector<StepTime> little = estimate(regression(2), 1, m);
   for (std::size_t d = 0; d < two.size(); ++d) {
