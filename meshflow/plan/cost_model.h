@@ -31,7 +31,7 @@ struct MachineModel {
   std::vector<std::string> dim_links;  // optional: the link class of mesh dim i
   double memcpy_gbps = 0;              // local copies, chunking and reductions
   double collective_overhead_us = 0;   // fixed cost of starting and finishing one collective
-  // What a collective costs besides where its devices come to it from computing: they arrive
+  // What a collective costs on top where its devices come to it from computing: they arrive
   // apart (each kernel at its own pace, devices taking turns on fewer cores), and the cores of
   // those that arrived idle until the last one does. At most the work since their last
   // collective (they cannot drift further apart). Measured by calibrate; 0 where not measured.
