@@ -383,7 +383,13 @@ BenchReport run_autoshard_bench(const AutoshardBenchOptions& o) {
     time_cases(o, cases, report);
     std::vector<double> estimates, measured;
     std::vector<BenchResult> results;
-    for (const LayoutCase& c : cases) results.push_back(layout_result(c, estimates, measured));
+    for (const LayoutCase& c : cases) {
+      std::vector<double> mesh_estimates, mesh_measured;
+      results.push_back(layout_result(c, mesh_estimates, mesh_measured));
+      results.back().extra["mesh_rank_correlation"] = spearman(mesh_estimates, mesh_measured);
+      estimates.insert(estimates.end(), mesh_estimates.begin(), mesh_estimates.end());
+      measured.insert(measured.end(), mesh_measured.begin(), mesh_measured.end());
+    }
     const double rho = spearman(estimates, measured);
     for (BenchResult& r : results) {
       r.extra["rank_correlation"] = rho;

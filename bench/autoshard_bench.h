@@ -10,7 +10,8 @@
 //               every dim of a mesh of more dims, and DP at ZeRO 1 and 3 (FSDP)) on the same
 //               mesh (`--meshes`, any shape); `layouts` gives each one's median (min, max),
 //               estimate and est_vs_measured; rank_correlation is Spearman's between the estimates
-//               and the measured medians of every layout of the model over all its meshes
+//               and the measured medians of every layout of the model over all its meshes,
+//               mesh_rank_correlation over the case's mesh's alone
 //   search <model> the search alone on a large model: a 12-block GPT on 2x4 and a 1,000-layer
 //               MLP chain on 64 devices (8x8), search_s and priced_s (built-in machine)
 #pragma once

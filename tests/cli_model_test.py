@@ -157,8 +157,9 @@ with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as tm
         lines = [l for l in corrupt.stderr.splitlines() if files()[0] in l and "again" in l]
         check(corrupt.returncode == 0 and measured(corrupt) == 1 and len(lines) == 1,
               f"a corrupt cache file is measured over, with one line: {corrupt.stderr[-400:]!r}")
-        check(json.load(open(f"{folder}/{files()[0]}"))["version"] == 1,
-              "the corrupt file is written over")
+        rewritten = json.load(open(f"{folder}/{files()[0]}"))
+        check(rewritten["version"] == json.load(open(f"{folder}/{files()[1]}"))["version"] and
+              "machine" in rewritten, "the corrupt file is written over")
         with open(f"{tmp}/m.json", "w") as f:  # the measured description, as a file
             json.dump(json.load(open(f"{folder}/{files()[0]}"))["machine"], f)
         shutil.rmtree(folder)
