@@ -426,19 +426,20 @@ MachineModel calibrate(const CalibrateOptions& options) {
         all_reduce(comm, {.send = few.bytes(), .recv = few_out.bytes(), .count = 64});
       };
       auto compute = [&] { run_kernel(product.op, product.in, product.specs); };
-      const std::vector<double> t = timed_in_turn(comm, options.reps,
-                                                  {[&] {
-                                                     for (int r = 0; r < kRounds; ++r) compute();
-                                                   },
-                                                   [&] {
-                                                     for (int r = 0; r < kRounds; ++r) {
-                                                       compute();
-                                                       meet();
-                                                     }
-                                                   },
-                                                   [&] {
-                                                     for (int r = 0; r < kRounds; ++r) meet();
-                                                   }});
+      auto products = [&] {
+        for (int r = 0; r < kRounds; ++r) compute();
+      };
+      auto products_then_meets = [&] {
+        for (int r = 0; r < kRounds; ++r) {
+          compute();
+          meet();
+        }
+      };
+      auto meets = [&] {
+        for (int r = 0; r < kRounds; ++r) meet();
+      };
+      const std::vector<double> t =
+          timed_in_turn(comm, options.reps, {products, products_then_meets, meets});
       m.collective_sync_us = std::max(0.0, (t[1] - t[0] - t[2]) / kRounds * 1e6);
       say(fmt::format("a collective after a product ({}): {:.1f} us beyond both alone", work->name,
                       m.collective_sync_us));

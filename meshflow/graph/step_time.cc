@@ -23,13 +23,18 @@ const Node& decomposed_product(const Pcg& pcg, const Decomposition& d) {
   return *it;
 }
 
+// Returns the plan of move task `task`: its node's input layout to its own.
+std::shared_ptr<const Plan> move_plan(const Pcg& pcg, const Task& task, PlanCache& plans) {
+  const Node& n = pcg.nodes[static_cast<std::size_t>(task.out)];
+  const Layout& from = *pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout;
+  return plans.get(from, *n.layout);
+}
+
 // Returns whether `task` is a move that every device of its groups waits in: a plan with a step
 // that communicates, not started and left running (Task::asynchronous).
 bool meets_peers(const Pcg& pcg, const Task& task, PlanCache& plans) {
   if (!std::holds_alternative<MoveTask>(task.work) || task.asynchronous) return false;
-  const Node& n = pcg.nodes[static_cast<std::size_t>(task.out)];
-  const Layout& from = *pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout;
-  const std::shared_ptr<const Plan> plan = plans.get(from, *n.layout);
+  const std::shared_ptr<const Plan> plan = move_plan(pcg, task, plans);
   return std::any_of(plan->steps.begin(), plan->steps.end(),
                      [](const Step& s) { return s.kind != StepKind::kLocal; });
 }
@@ -60,9 +65,7 @@ StepTime task_time(const Pcg& pcg, const TaskGraph& g, const Task& task, DeviceI
     return t;
   }
   if (std::holds_alternative<MoveTask>(task.work)) {
-    const Node& n = pcg.nodes[static_cast<std::size_t>(task.out)];
-    const Layout& from = *pcg.nodes[static_cast<std::size_t>(n.inputs[0])].layout;
-    t.move_s = plans.get(from, *n.layout)->est_s;
+    t.move_s = move_plan(pcg, task, plans)->est_s;
     return t;
   }
   if (const auto* o = std::get_if<OverlapTask>(&task.work)) {
