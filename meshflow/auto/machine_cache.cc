@@ -81,6 +81,41 @@ std::string trusted_text(const MachineKey& key, const std::filesystem::path& fil
   }
 }
 
+// Makes `machine`, just measured for `key`, agree with the trusted files of `key`'s kernel
+// regime (same_kernel_regime) in `file`'s folder on the kernel rates: a refresh writes its rates
+// into them; a first measurement takes theirs. Each change is one line through `note`.
+void share_kernel_rates(const MachineKey& key, const std::filesystem::path& file,
+                        const MachineCacheOptions& options, MachineModel& machine) {
+  const std::filesystem::path folder = file.parent_path();
+  for (const MachineKey& other : cached_keys(folder, key.backend)) {
+    if (other == key || !same_kernel_regime(other, key)) continue;
+    const std::filesystem::path other_file = machine_cache_file(other, folder);
+    MachineModel theirs;
+    try {
+      theirs = machine_from_cache_text(read_file(other_file), other, other_file.string());
+    } catch (const Error&) {
+      continue;  // gone or rewritten since cached_keys read it: no longer one to agree with
+    }
+    if (!options.refresh) {
+      machine.gemm_gflops = theirs.gemm_gflops;
+      machine.elementwise_gbps = theirs.elementwise_gbps;
+      if (options.note) {
+        options.note(fmt::format("kernel rates from {} (as many cores busy, with as many threads)",
+                                 other_file.string()));
+      }
+      return;
+    }
+    theirs.gemm_gflops = machine.gemm_gflops;
+    theirs.elementwise_gbps = machine.elementwise_gbps;
+    try {
+      write_file_atomic(other_file, machine_cache_text(other, theirs));
+      if (options.note) options.note(fmt::format("kernel rates also into {}", other_file.string()));
+    } catch (const Error& e) {
+      if (options.note) options.note(fmt::format("not kept: {}", e.what()));
+    }
+  }
+}
+
 // Measures `key` and writes its file: the body of cached_machine where the cache holds nothing
 // trusted. Every rank of an mpi job calls it; rank 0 writes.
 MachineModel measure_and_write(const MachineKey& key, const std::filesystem::path& file,
@@ -92,7 +127,8 @@ MachineModel measure_and_write(const MachineKey& key, const std::filesystem::pat
                     "in {}",
                     to_string(key), file.string()));
   }
-  const MachineModel machine = measure_machine(key, options.calibrations, options.progress);
+  MachineModel machine = measure_machine(key, options.calibrations, options.progress);
+  if (writes && key.backend == Backend::kThreads) share_kernel_rates(key, file, options, machine);
   if (writes) {
     // A cache that cannot be written costs the next estimate another measurement, nothing more.
     try {
@@ -128,6 +164,14 @@ MachineKey machine_key(Backend backend, int devices, int threads_per_device) {
                                ? threads_per_device
                                : std::max(1, available_cores() / std::max(1, devices));
   return key;
+}
+
+bool same_kernel_regime(const MachineKey& a, const MachineKey& b) {
+  auto busy = [](const MachineKey& k) {
+    return std::min(k.devices * k.threads_per_device, k.cores);
+  };
+  return a.cpu == b.cpu && a.cores == b.cores && a.backend == b.backend &&
+         a.threads_per_device == b.threads_per_device && busy(a) == busy(b);
 }
 
 std::string to_string(const MachineKey& key) {

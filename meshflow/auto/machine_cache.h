@@ -9,7 +9,10 @@
 //     over, with one line through `note`;
 //   - a file is written whole (write_file_atomic), so a reader sees the old one or the new one;
 //   - under mpi world rank 0 alone reads and writes, and every rank returns the figures rank 0
-//     read or the measurement every rank took part in: the same on every rank.
+//     read or the measurement every rank took part in: the same on every rank;
+//   - threads' trusted files of one kernel regime (same_kernel_regime) hold the same kernel
+//     rates: a key measured where such a file is trusted takes them from it, and a refresh
+//     writes its own into every such file. (mpi's keys keep their own: one world size a job.)
 #pragma once
 
 #include <filesystem>
@@ -24,7 +27,7 @@
 namespace meshflow {
 
 // The version of the cache files this build writes and trusts.
-inline constexpr int kMachineCacheVersion = 2;
+inline constexpr int kMachineCacheVersion = 3;
 
 // More devices than this many a core are measured as this many a core: their kernels take turns
 // on the cores (which the cost model's core_sharing prices), and measuring them all at once
@@ -45,6 +48,13 @@ struct MachineKey {
 // default, cores / devices, at least 1) on `backend` on this machine, devices capped at
 // kMostMeasuredDevicesPerCore a core.
 MachineKey machine_key(Backend backend, int devices, int threads_per_device = 0);
+
+// Whether `a` and `b` measure the same kernel rates: the same processor, cores, backend and
+// threads a device, and as many cores busy (devices x threads, at most the cores). Their rates
+// are per core (calibrate divides by core_sharing), so 2 and 4 one-thread devices on 2 cores
+// share them, and the cache keeps one pair for them (cached_machine) so that their estimates
+// compare; 1 and 2 devices on 2 cores, or 1 and 2 threads a device, do not.
+bool same_kernel_regime(const MachineKey& a, const MachineKey& b);
 
 // Returns "threads, 2 devices x 1 thread, 2 cores of Intel(R) Xeon(R) Processor".
 std::string to_string(const MachineKey& key);

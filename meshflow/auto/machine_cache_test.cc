@@ -114,6 +114,63 @@ TEST(MachineCache, MeasuresOnceThenReads) {
   EXPECT_EQ(noted.measurements(), 3);
 }
 
+TEST(MachineKey, KernelRegimeIsTheBusyCoresAndTheirThreads) {
+  const MachineKey k = machine_key(Backend::kThreads, 1, 1);
+  MachineKey a = k, b = k;
+  a.cores = b.cores = 2;
+  a.devices = 2, b.devices = 4;  // both keep 2 cores busy with one thread a device
+  EXPECT_TRUE(same_kernel_regime(a, b));
+  b.devices = 1;  // one core busy
+  EXPECT_FALSE(same_kernel_regime(a, b));
+  b = a;
+  b.threads_per_device = 2;
+  EXPECT_FALSE(same_kernel_regime(a, b));
+  b = a;
+  b.backend = Backend::kMpi;
+  EXPECT_FALSE(same_kernel_regime(a, b));
+  b = a;
+  b.cpu = a.cpu + " v2";
+  EXPECT_FALSE(same_kernel_regime(a, b));
+}
+
+TEST(MachineCache, KeysOfOneKernelRegimeShareTheKernelRates) {
+  Folder f;
+  // One device and two, each with every core's threads: every core busy either way.
+  const MachineKey one = machine_key(Backend::kThreads, 1, 0);
+  const MachineKey two = machine_key(Backend::kThreads, 2, one.threads_per_device);
+  ASSERT_TRUE(same_kernel_regime(one, two));
+  MachineModel planted = default_machine();
+  planted.gemm_gflops = 12.5;
+  planted.elementwise_gbps = 0.75;
+  const std::filesystem::path one_file = machine_cache_file(one, f.path);
+  std::filesystem::create_directories(f.path);
+  write_file_atomic(one_file, machine_cache_text(one, planted));
+
+  // Measured after `one`: its kernel rates are one's, the rest its own; one line names the file.
+  Noted noted;
+  const std::optional<MachineModel> measured = cached_machine(two, noted.options(f.path));
+  ASSERT_TRUE(measured.has_value());
+  EXPECT_EQ(noted.measurements(), 1);
+  EXPECT_EQ(measured->gemm_gflops, 12.5);
+  EXPECT_EQ(measured->elementwise_gbps, 0.75);
+  EXPECT_NE(measured->memcpy_gbps, planted.memcpy_gbps);
+  int naming = 0;
+  for (const std::string& l : noted.lines) naming += l.find(one_file.string()) != std::string::npos;
+  EXPECT_EQ(naming, 1);
+  EXPECT_EQ(cached_machine(two, noted.options(f.path)), measured);
+
+  // A refresh measures them again and writes them into one's file too, the rest of it kept.
+  const std::optional<MachineModel> fresh = cached_machine(
+      two,
+      {.folder = f.path, .refresh = true, .calibrations = 1, .note = noted.options(f.path).note});
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_NE(fresh->gemm_gflops, 12.5);
+  const MachineModel one_after = machine_from_cache_text(read_file(one_file), one, "one");
+  EXPECT_EQ(one_after.gemm_gflops, fresh->gemm_gflops);
+  EXPECT_EQ(one_after.elementwise_gbps, fresh->elementwise_gbps);
+  EXPECT_EQ(one_after.memcpy_gbps, planted.memcpy_gbps);
+}
+
 TEST(MachineCache, CorruptOrForeignFileIsMeasuredOverWithOneLine) {
   Folder f;
   const MachineKey k = machine_key(Backend::kThreads, 1, 1);
