@@ -214,12 +214,13 @@ std::vector<MachineKey> cached_keys(const std::filesystem::path& folder, Backend
   std::vector<MachineKey> keys;
   for (const std::filesystem::path& file : files) {
     try {
-      const nlohmann::json j = parse_json(read_file(file), file.string());
+      const std::string text = read_file(file);
+      const nlohmann::json j = parse_json(text, file.string());
       MachineKey key = here;
       key.devices = j.at("key").at("devices").get<int>();
       key.threads_per_device = j.at("key").at("threads_per_device").get<int>();
       if (key.devices < 1 || key.threads_per_device < 1) continue;
-      machine_from_cache_text(read_file(file), key, file.string());  // trusted, and this machine's
+      machine_from_cache_text(text, key, file.string());  // trusted, and this machine's
       keys.push_back(key);
     } catch (const std::exception&) {
       // Another machine's, or not trusted: not this machine's to refresh.
