@@ -3,6 +3,8 @@
 // checked by degrees, and seeded initialisers give the same tensor on any mesh.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "meshflow/core/error.h"
 #include "meshflow/core/npy.h"
 #include "meshflow/graph/model_file.h"
@@ -233,6 +235,72 @@ TEST(Source, InitialisersGiveTheSameTensorOnAnyMesh) {
       .name = "u", .spec = {{1}}, .source = Source{.kind = Source::Kind::kUniform, .a = 0, .b = 1}};
   EXPECT_FLOAT_EQ(load_global(u).data<float>()[0],
                   static_cast<float>((0x6627e8d5u >> 8) / 16777216.0));
+}
+
+// Four devices load at once through one share: each gets what it would draw alone, in a
+// buffer of its own; each shared box is drawn once; a box one device holds is not shared.
+TEST(SourceShare, ReplicasDrawEachBoxOnceAndEachGetsItsOwnCopy) {
+  auto weight = [](std::string name, Source::Kind kind, Shape shape, std::string mesh,
+                   std::string placements) {
+    Node n{.name = std::move(name),
+           .kind = NodeKind::kWeight,
+           .spec = {shape},
+           .source = Source{.kind = kind, .a = 0.5, .b = 2.0, .seed = 7}};
+    n.layout = make_layout(parse_mesh(mesh), parse_placements(placements), shape);
+    return n;
+  };
+  Pcg pcg;
+  pcg.nodes = {weight("r", Source::Kind::kNormal, {33, 17}, "4", "R"),        // 1 box, 4 hold
+               weight("s", Source::Kind::kUniform, {6, 5}, "2x2", "S(0),R"),  // 2 boxes, 2 each
+               weight("alone", Source::Kind::kNormal, {8, 3}, "4", "S(0)"),   // 4 boxes, 1 each
+               weight("z", Source::Kind::kFill, {4}, "4", "R")};              // not drawn
+  TaskGraph tasks;
+  for (DeviceId d = 0; d < 4; ++d) tasks.devices.push_back({.device = d, .sources = {0, 1, 2, 3}});
+  const std::vector<DeviceId> local{0, 1, 2, 3};
+  for (int round = 0; round < 20; ++round) {
+    SourceShare share(pcg, tasks, local);
+    std::vector<std::vector<Tensor>> got(4);
+    std::vector<std::thread> threads;
+    for (DeviceId d = 0; d < 4; ++d)
+      threads.emplace_back([&, d] { got[d] = load_sources(pcg, tasks.devices[d], &share); });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(share.drawn(), 1 + 2);
+    for (DeviceId d = 0; d < 4; ++d) {
+      const std::vector<Tensor> alone = load_sources(pcg, tasks.devices[d]);
+      for (std::size_t v = 0; v < pcg.nodes.size(); ++v) {
+        const std::span<const float> want = alone[v].data<float>();
+        const std::span<const float> have = got[d][v].data<float>();
+        ASSERT_EQ(std::vector<float>(have.begin(), have.end()),
+                  std::vector<float>(want.begin(), want.end()))
+            << pcg.nodes[v].name << " on device " << d;
+        for (DeviceId other = 0; other < d; ++other)
+          EXPECT_NE(got[other][v].data<float>().data(), have.data()) << pcg.nodes[v].name;
+      }
+    }
+  }
+}
+
+// A draw that fails (an initialiser of int64) fails every replica with its error; none hangs.
+TEST(SourceShare, AFailedDrawFailsEveryTakerOfItsBox) {
+  Node n{.name = "ids",
+         .kind = NodeKind::kWeight,
+         .spec = {{5}, DType::kInt64},
+         .source = Source::normal(1.0, 3)};
+  n.layout = make_layout(parse_mesh("3"), parse_placements("R"), {5}, DType::kInt64);
+  Pcg pcg;
+  pcg.nodes = {n};
+  TaskGraph tasks;
+  for (DeviceId d = 0; d < 3; ++d) tasks.devices.push_back({.device = d, .sources = {0}});
+  const std::vector<DeviceId> local{0, 1, 2};
+  SourceShare share(pcg, tasks, local);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (DeviceId d = 0; d < 3; ++d)
+    threads.emplace_back(
+        [&, d] { errors[d] = error_of([&] { load_sources(pcg, tasks.devices[d], &share); }); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(share.drawn(), 1);
+  for (const std::string& e : errors) EXPECT_NE(e.find("not int64"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Loading sources: .npy files, sharded folders and DESIGN's Philox initialisers.
 #include "meshflow/graph/source.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -157,13 +158,96 @@ Tensor load_global(const Node& node) {
   }
 }
 
-std::vector<Tensor> load_sources(const Pcg& pcg, const DeviceTasks& tasks) {
+SourceShare::SourceShare(const Pcg& pcg, const TaskGraph& tasks, std::span<const DeviceId> local) {
+  std::map<Key, int> holders;
+  for (const DeviceTasks& dt : tasks.devices) {
+    if (std::find(local.begin(), local.end(), dt.device) == local.end()) continue;
+    for (ValueId v : dt.sources) {
+      const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+      const bool drawn_alike =
+          n.source.kind == Source::Kind::kNormal || n.source.kind == Source::Kind::kUniform;
+      if (drawn_alike && n.micro_batches <= 1)
+        ++holders[{v, shard_box(*n.layout, dt.device).offset}];
+    }
+  }
+  for (const auto& [key, count] : holders)
+    if (count > 1) entries_[key].takers = count;
+}
+
+int SourceShare::drawn() const {
+  std::lock_guard lock(mu_);
+  return drawn_;
+}
+
+SourceShare::Entries::iterator SourceShare::find(const Pcg& pcg, ValueId v, DeviceId device) {
+  const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
+  if (n.micro_batches > 1 || !n.layout) return entries_.end();
+  return entries_.find({v, shard_box(*n.layout, device).offset});
+}
+
+Tensor SourceShare::take(Entries::iterator it) {
+  Entry& e = it->second;
+  MESHFLOW_CHECK(e.ready && e.takers > 0, "a shared source taken before it is drawn");
+  const bool last = --e.takers == 0;
+  if (e.error) {
+    const std::exception_ptr error = e.error;
+    if (last) entries_.erase(it);
+    std::rethrow_exception(error);
+  }
+  if (!last) return e.tensor.clone();
+  Tensor out = std::move(e.tensor);
+  entries_.erase(it);
+  return out;
+}
+
+std::vector<Tensor> load_sources(const Pcg& pcg, const DeviceTasks& tasks, SourceShare* share) {
   std::vector<Tensor> values(pcg.nodes.size());
+  // Boxes another device is drawing, taken once the device's other sources are loaded. Their
+  // entries stay in the map until this device takes them (it is one of their takers).
+  std::vector<std::pair<ValueId, SourceShare::Entries::iterator>> drawn_elsewhere;
   for (ValueId v : tasks.sources) {
     const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
-    values[static_cast<std::size_t>(v)] = n.micro_batches > 1
-                                              ? load_micro_batch(n, *n.layout, tasks.device, 0)
-                                              : load_shard(n, *n.layout, tasks.device);
+    Tensor& value = values[static_cast<std::size_t>(v)];
+    std::unique_lock<std::mutex> lock;
+    auto it = SourceShare::Entries::iterator();
+    if (share) {
+      lock = std::unique_lock(share->mu_);
+      it = share->find(pcg, v, tasks.device);
+    }
+    if (!share || it == share->entries_.end()) {
+      if (lock) lock.unlock();
+      value = n.micro_batches > 1 ? load_micro_batch(n, *n.layout, tasks.device, 0)
+                                  : load_shard(n, *n.layout, tasks.device);
+      continue;
+    }
+    SourceShare::Entry& e = it->second;
+    if (e.ready) {
+      value = share->take(it);
+    } else if (e.claimed) {
+      drawn_elsewhere.emplace_back(v, it);
+    } else {
+      e.claimed = true;
+      lock.unlock();
+      Tensor drawn;
+      std::exception_ptr error;
+      try {
+        drawn = load_shard(n, *n.layout, tasks.device);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      e.tensor = std::move(drawn);
+      e.error = error;
+      e.ready = true;
+      ++share->drawn_;
+      share->ready_.notify_all();
+      value = share->take(it);
+    }
+  }
+  for (const auto& [v, it] : drawn_elsewhere) {
+    std::unique_lock lock(share->mu_);
+    share->ready_.wait(lock, [&] { return it->second.ready; });
+    values[static_cast<std::size_t>(v)] = share->take(it);
   }
   return values;
 }
