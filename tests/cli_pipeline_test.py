@@ -148,10 +148,13 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run_meshflow(meshflow, ["explain", f"{tmp}/back.json", "--micro-batches", "2"])
     check('pipeline: none, the stages run one after another: "move:b@c" moves from stage 1 to '
           'stage 0 in the forward pass' in r.stdout, f"explain of stages that cannot overlap: {r.stdout[-300:]}")
-    # explain: each stage's groups, activation sets and estimated bytes, and the est bubble.
+    # explain: each stage's groups, activation sets and estimated bytes, and the est bubble,
+    # on the built-in description (zb's estimate, 0.307, is near its bound of 0.311, and a memcpy
+    # rate measured under load can move it past).
     for schedule in ["gpipe", "1f1b", "zb"]:
         r = run_meshflow(meshflow, ["explain", os.path.join(examples, "pipeline4_mlp.json"),
-                                    "--micro-batches", "8", "--schedule", schedule, "--json"])
+                                    "--micro-batches", "8", "--schedule", schedule, "--json",
+                                    "--machine", "default"])
         j = json.loads(r.stdout) if r.returncode == 0 else {}
         stages = j.get("schedule") or []
         check(len(stages) == 4 and [s["mesh"] for s in stages] == [f"1@{d}" for d in range(4)],
