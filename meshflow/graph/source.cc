@@ -189,10 +189,10 @@ Tensor SourceShare::take(Entries::iterator it) {
   Entry& e = it->second;
   MESHFLOW_CHECK(e.ready && e.takers > 0, "a shared source taken before it is drawn");
   const bool last = --e.takers == 0;
-  if (e.error) {
-    const std::exception_ptr error = e.error;
+  if (e.failure) {
+    Error error(e.failure->kind, e.failure->message.c_str(), e.failure->scope);
     if (last) entries_.erase(it);
-    std::rethrow_exception(error);
+    throw error;
   }
   if (!last) return e.tensor.clone();
   Tensor out = std::move(e.tensor);
@@ -229,15 +229,19 @@ std::vector<Tensor> load_sources(const Pcg& pcg, const DeviceTasks& tasks, Sourc
       e.claimed = true;
       lock.unlock();
       Tensor drawn;
-      std::exception_ptr error;
+      std::optional<SourceShare::Entry::Failure> failure;
       try {
         drawn = load_shard(n, *n.layout, tasks.device);
+      } catch (const Error& error) {
+        failure = {error.kind(), error.what(), error.scope()};
+      } catch (const std::exception& error) {
+        failure = {ErrorKind::kInternal, error.what(), ErrorScope::kThisDevice};
       } catch (...) {
-        error = std::current_exception();
+        failure = {ErrorKind::kInternal, "drawing a shared source failed", ErrorScope::kThisDevice};
       }
       lock.lock();
       e.tensor = std::move(drawn);
-      e.error = error;
+      e.failure = std::move(failure);
       e.ready = true;
       ++share->drawn_;
       share->ready_.notify_all();

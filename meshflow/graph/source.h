@@ -8,14 +8,16 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "meshflow/core/error.h"
 #include "meshflow/graph/pcg.h"
 #include "meshflow/graph/task_graph.h"
 
@@ -59,7 +61,15 @@ class SourceShare {
     int takers = 0;  // the devices still to take it
     bool claimed = false, ready = false;
     Tensor tensor;
-    std::exception_ptr error;
+    // A failed draw: each taker throws an Error of its own made from these (an exception
+    // object, or an Error's message, shared among threads would be read by one while
+    // another's handler frees it).
+    struct Failure {
+      ErrorKind kind;
+      std::string message;
+      ErrorScope scope;
+    };
+    std::optional<Failure> failure;
   };
   using Entries = std::map<Key, Entry>;
 
