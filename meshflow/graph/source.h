@@ -76,7 +76,7 @@ class SourceShare {
   // Returns the entry of `device`'s box of source `v`, or end() when it is not shared.
   Entries::iterator find(const Pcg& pcg, ValueId v, DeviceId device);
   // Returns the ready entry's tensor: a copy, or the tensor itself to its last taker, who drops
-  // the entry. Rethrows a failed draw's error. Called with `mu_` held.
+  // the entry. Throws a failed draw's error (an Error of its own). Called with `mu_` held.
   Tensor take(Entries::iterator it);
 
   mutable std::mutex mu_;
