@@ -180,9 +180,9 @@ int SourceShare::drawn() const {
 }
 
 SourceShare::Entries::iterator SourceShare::find(const Pcg& pcg, ValueId v, DeviceId device) {
-  const Node& n = pcg.nodes[static_cast<std::size_t>(v)];
-  if (n.micro_batches > 1 || !n.layout) return entries_.end();
-  return entries_.find({v, shard_box(*n.layout, device).offset});
+  // Only the constructor adds entries: a micro-batched source has none.
+  return entries_.find(
+      {v, shard_box(*pcg.nodes[static_cast<std::size_t>(v)].layout, device).offset});
 }
 
 Tensor SourceShare::take(Entries::iterator it) {

@@ -133,7 +133,7 @@ struct Session {
   const PreparedModel* prepared = nullptr;  // null when preparing failed (the launch then fails)
   const ModelRunOptions* options = nullptr;
   const StepLoop* loop = nullptr;
-  SourceShare* share = nullptr;  // the threads backend's: replicas draw their weights once
+  std::optional<SourceShare> share;  // the threads backend's: replicas draw their weights once
   std::mutex mu;
   fs::path staged;  // the leader's, for cleanup
   LoopEnd end;      // the same on every device
@@ -151,8 +151,8 @@ struct Session {
         pipeline = &prepared->pipelines[i];
     }
     PipelineStepStats most;  // the peaks over the steps
-    std::vector<Tensor> values =
-        mine ? load_sources(pcg, *mine, share) : std::vector<Tensor>(pcg.nodes.size());
+    std::vector<Tensor> values = mine ? load_sources(pcg, *mine, share ? &*share : nullptr)
+                                      : std::vector<Tensor>(pcg.nodes.size());
     if (loop->after_load) loop->after_load(world, values);
     std::vector<std::vector<Tensor>> micro_inputs;
     if (mine && prepared->micro_batches > 1) micro_inputs = load_micro_batches(pcg, *mine);
@@ -427,15 +427,12 @@ LoopEnd run_loop(const PreparedModel* prepared, const std::string& error,
                  const ModelRunOptions& options, const StepLoop& loop) {
   Session s{.prepared = prepared, .options = &options, .loop = &loop};
   LaunchOptions lo{.backend = options.backend, .timeout = options.timeout};
-  std::optional<SourceShare> share;
   if (prepared) {
     // Under mpi, listing the devices makes a world too small for them one clear error.
     for (const DeviceTasks& dt : prepared->tasks.devices) lo.devices.push_back(dt.device);
     // On threads every device loads in this process (under mpi each rank is one device).
-    if (options.backend == Backend::kThreads) {
-      share.emplace(prepared->pcg, prepared->tasks, lo.devices);
-      s.share = &*share;
-    }
+    if (options.backend == Backend::kThreads)
+      s.share.emplace(prepared->pcg, prepared->tasks, lo.devices);
     if (std::find(lo.devices.begin(), lo.devices.end(), prepared->leader) == lo.devices.end())
       lo.devices.insert(lo.devices.begin(), prepared->leader);
     lo.agreement = {{"the model", to_text(prepared->pcg)}};
